@@ -1,0 +1,46 @@
+# The README opens with `make demo` and `make test`; both create .venv when it is missing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-slow lint fuzz bench bench-quick clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/opfuse optimize src/opfuse/examples/convnet.onnx -o build/convnet.opt.onnx \
+		--log-level info --fusion-result build/fusion_result.json
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest -q
+
+test-slow: $(STAMP)
+	$(BIN)/pytest -q -m slow
+
+fuzz: $(STAMP)
+	OPFUSE_FUZZ_EXAMPLES=10000 $(BIN)/pytest -q tests/test_fuzz.py
+
+$(VENV)/.bench: $(STAMP)
+	$(BIN)/pip install -q -e '.[test,bench]'
+	touch $(VENV)/.bench
+
+bench: $(VENV)/.bench
+	$(BIN)/python -m bench.run
+
+bench-quick: $(VENV)/.bench
+	$(BIN)/python -m bench.run --quick
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,3 @@
+from opfuse.cli import main
+
+main()

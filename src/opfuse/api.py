@@ -1,0 +1,192 @@
+"""The Python API the CLI calls: optimize a model in memory or file to file."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx_ir as ir
+from onnx_ir.passes.common import ShapeInferencePass
+
+from opfuse import io
+from opfuse.errors import OpfuseError, VerificationError
+from opfuse.registry import PassInfo, all_passes
+from opfuse.rewrite.context import Options, PassContext
+from opfuse.rewrite.driver import Driver
+from opfuse.rewrite.stats import EffectLog
+from opfuse.switch import SwitchTable, parse_switch_file, resolve
+from opfuse.verify import VerifyReport, compare_files
+
+MAX_ROUNDS = 6
+logger = logging.getLogger("opfuse")
+
+
+def op_counts(model: ir.Model) -> Counter[str]:
+    """Node count by op type over the main graph and its subgraphs."""
+    graphs = (model.graph, *model.graph.subgraphs())
+    return Counter(node.op_type for g in graphs for node in g)
+
+
+@dataclass
+class OptimizeResult:
+    model: ir.Model
+    log: EffectLog
+    passes: list[str]
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    before: Counter[str] = field(default_factory=Counter)
+    after: Counter[str] = field(default_factory=Counter)
+    rounds: int = 0
+    seconds: float = 0.0
+    verify: VerifyReport | None = None
+    input_bytes: int = 0
+    output_bytes: int = 0
+
+
+def _stages(passes: list[PassInfo]) -> list[list[PassInfo]]:
+    """Consecutive rule passes share one worklist; a graph function is a stage alone."""
+    stages: list[list[PassInfo]] = []
+    for info in passes:
+        if info.rules and stages and stages[-1][0].rules:
+            stages[-1].append(info)
+        else:
+            stages.append([info])
+    return stages
+
+
+def infer_shapes(model: ir.Model) -> None:
+    """Fill value shapes and dtypes from onnx's shape inference (partial on failure)."""
+    ShapeInferencePass(strict_mode=False, data_prop=True)(model)
+
+
+def select_passes(
+    switch_table: Mapping[str, Mapping[str, bool]] | None = None,
+    enable: Iterable[str] = (),
+    disable: Iterable[str] = (),
+    where: str = "switch file",
+) -> tuple[list[PassInfo], list[str]]:
+    chosen = resolve(all_passes(), switch_table, enable, disable, where=where)
+    return chosen.enabled, chosen.warnings
+
+
+def optimize_model(
+    model: ir.Model,
+    *,
+    switch_table: Mapping[str, Mapping[str, bool]] | None = None,
+    enable: Iterable[str] = (),
+    disable: Iterable[str] = (),
+    options: Options | None = None,
+    target: str | None = None,
+) -> OptimizeResult:
+    """Run the enabled passes on ``model`` in place until nothing changes."""
+    start = time.perf_counter()
+    options = options or Options()
+    passes, warnings = select_passes(switch_table, enable, disable)
+    log = EffectLog()
+    ctx = PassContext(model, options, log)
+    runnable = []
+    for info in passes:
+        if info.section == "UBFusion" and target is None:
+            continue  # target-specific fusions run only for a named runtime
+        if not info.applies_to_opset(ctx.opset):
+            warnings.append(f"{info.name} skipped: needs opset {info.opset_range}, model has {ctx.opset}")
+            continue
+        runnable.append(info)
+    result = OptimizeResult(model, log, [p.name for p in runnable], warnings, ctx.notes)
+    result.before = op_counts(model)
+    infer_shapes(model)
+    for round_no in range(1, MAX_ROUNDS + 1):
+        result.rounds = round_no
+        before = log.effected()
+        for stage in _stages(runnable):
+            if stage[0].rules:
+                Driver(ctx, stage).run()
+            else:
+                ctx.current = stage[0]
+                assert stage[0].run is not None
+                stage[0].run(ctx)
+        if log.effected() == before:
+            break
+        infer_shapes(model)
+    ctx.current = None
+    result.after = op_counts(model)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def optimize_file(
+    input_path: str | os.PathLike[str],
+    output_path: str | os.PathLike[str],
+    *,
+    fusion_switch_file: str | os.PathLike[str] | None = None,
+    switch_table: SwitchTable | None = None,
+    enable: Iterable[str] = (),
+    disable: Iterable[str] = (),
+    options: Options | None = None,
+    verify: bool = True,
+    rtol: float = 1e-4,
+    atol: float = 1e-5,
+    input_shapes: Mapping[str, list[int]] | None = None,
+    inputs_npz: str | os.PathLike[str] | None = None,
+    fusion_result: str | os.PathLike[str] | None = None,
+    target: str | None = None,
+) -> OptimizeResult:
+    """Load, optimize, verify against the input and write atomically.
+
+    Bad input raises OpfuseError before anything is written; a failed verification
+    raises VerificationError and writes nothing.
+    """
+    io.check_output_path(output_path, [input_path])
+    if fusion_result is not None:
+        io.check_output_path(fusion_result, [input_path, output_path])
+    if fusion_switch_file is not None:
+        switch_table = parse_switch_file(fusion_switch_file)
+    # validate the switches before the (possibly long) load
+    select_passes(switch_table, enable, disable, where=str(fusion_switch_file or "switch file"))
+    model = io.load_model(input_path)
+    result = optimize_model(
+        model,
+        switch_table=switch_table,
+        enable=enable,
+        disable=disable,
+        options=options,
+        target=target,
+    )
+    with io.staged_save(model, output_path, input_path=input_path) as staged:
+        if verify:
+            report = compare_files(
+                input_path,
+                staged,
+                rtol=rtol,
+                atol=atol,
+                input_shapes=input_shapes,
+                inputs_npz=inputs_npz,
+            )
+            result.verify = report
+            if not report.ok:
+                raise VerificationError(f"verification failed: {report.failure()}")
+    if fusion_result is not None:
+        write_fusion_result(result.log, fusion_result)
+    result.input_bytes = _file_bytes(input_path)
+    result.output_bytes = _file_bytes(output_path)
+    return result
+
+
+def _file_bytes(path: str | os.PathLike[str]) -> int:
+    p = Path(path)
+    data = p.with_name(p.name + ".data")
+    return p.stat().st_size + (data.stat().st_size if data.exists() else 0)
+
+
+def write_fusion_result(log: EffectLog, path: str | os.PathLike[str]) -> None:
+    target = Path(path)
+    try:
+        target.write_text(json.dumps(log.fusion_result(), indent=2) + "\n", "utf-8")
+    except OSError as exc:
+        raise OpfuseError(f"{target}: cannot write fusion result: {exc.strerror}") from None

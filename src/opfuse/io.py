@@ -1,0 +1,229 @@
+"""Model loading and saving: input checks, external data, atomic writes.
+
+Loading parses the protobuf once, checks it (checker, opset range, external data that is
+missing, short, absolute or escaping the model's folder) and hands it to onnx-ir, whose
+external tensors stay memory-mapped. Saving writes into a temporary folder beside the
+target and renames into place, so an interrupted save never leaves a partial file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+from opfuse.errors import OpfuseError
+
+MIN_OPSET = 7
+MAX_OPSET = onnx.defs.onnx_opset_version()
+TWO_GB = 2**31
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def _iter_tensor_protos(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every TensorProto of a graph: initializers, Constant attributes, subgraphs."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _iter_tensor_protos(attr.g)
+            for g in attr.graphs:
+                yield from _iter_tensor_protos(g)
+
+
+def _check_external_data(proto: onnx.ModelProto, path: Path) -> bool:
+    """Validate every external-data reference; return whether the model has any."""
+    base = path.parent.resolve()
+    found = False
+    for tensor in _iter_tensor_protos(proto.graph):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        found = True
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
+        where = f"{path}: tensor {tensor.name!r}"
+        if not location:
+            raise OpfuseError(f"{where} has external data without a location")
+        if os.path.isabs(location) or Path(location).drive:
+            raise OpfuseError(f"{where} has an absolute external data location {location!r}")
+        target = (base / location).resolve()
+        if target != base and base not in target.parents:
+            raise OpfuseError(
+                f"{where} has external data location {location!r} outside the model's folder"
+            )
+        if not target.is_file():
+            raise OpfuseError(f"{where}: external data file {location!r} is missing")
+        offset = int(info.get("offset", 0) or 0)
+        length = info.get("length")
+        size = target.stat().st_size
+        if length is not None and offset + int(length) > size:
+            raise OpfuseError(
+                f"{where}: external data file {location!r} is shorter ({size} bytes) "
+                f"than declared (offset {offset} + length {length})"
+            )
+    return found
+
+
+def read_proto(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, bool]:
+    """Parse and check a model file; return the proto (weights not loaded) and whether
+    it uses external data. Raises OpfuseError with a one-line message on bad input."""
+    p = Path(path)
+    if not p.exists():
+        raise OpfuseError(f"{p}: no such file")
+    if not p.is_file():
+        raise OpfuseError(f"{p}: not a file")
+    if p.stat().st_size == 0:
+        raise OpfuseError(f"{p}: empty file, not an ONNX model")
+    try:
+        proto = onnx.load_model(str(p), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise OpfuseError(f"{p}: not an ONNX model or truncated ({first})") from None
+    if proto.ir_version <= 0 or not proto.HasField("graph"):
+        raise OpfuseError(f"{p}: not an ONNX model (no IR version or no graph)")
+    opset = default_opset(proto)
+    if opset is None:
+        raise OpfuseError(f"{p}: the model imports no default-domain opset")
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise OpfuseError(
+            f"{p}: opset {opset} is not supported (opfuse handles opsets {MIN_OPSET} to "
+            f"{MAX_OPSET}); convert it with onnx.version_converter first"
+        )
+    external = _check_external_data(proto, p)
+    try:
+        if external or proto.ByteSize() >= TWO_GB:
+            onnx.checker.check_model(str(p))
+        else:
+            onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise OpfuseError(f"{p}: fails onnx.checker: {first}") from None
+    return proto, external
+
+
+def default_opset(proto: onnx.ModelProto) -> int | None:
+    for entry in proto.opset_import:
+        if entry.domain in DEFAULT_DOMAINS:
+            return int(entry.version)
+    return None
+
+
+def load_model(path: str | os.PathLike[str]) -> ir.Model:
+    """Load a checked model into onnx-ir; external tensors stay lazy (memory-mapped)."""
+    proto, _ = read_proto(path)
+    model = ir.serde.deserialize_model(proto)
+    ir.external_data.set_base_dir(model.graph, os.path.dirname(os.path.abspath(path)))
+    return model
+
+
+def has_external_data(model: ir.Model) -> bool:
+    return any(isinstance(v.const_value, ir.ExternalTensor) for v in _all_initializers(model))
+
+
+def tensor_bytes(model: ir.Model) -> int:
+    total = 0
+    for value in _all_initializers(model):
+        tensor = value.const_value
+        if tensor is not None:
+            total += tensor.nbytes
+    return total
+
+
+def _all_initializers(model: ir.Model) -> Iterator[ir.Value]:
+    yield from model.graph.initializers.values()
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.GRAPH:
+                yield from attr.as_graph().initializers.values()
+            elif attr.type == ir.AttributeType.GRAPHS:
+                for g in attr.as_graphs():
+                    yield from g.initializers.values()
+
+
+def check_output_path(out: str | os.PathLike[str], inputs: list[str | os.PathLike[str]]) -> Path:
+    """Refuse an output that would overwrite an input or cannot be written."""
+    target = Path(out)
+    for inp in inputs:
+        if Path(inp).exists() and target.exists() and os.path.samefile(inp, target):
+            raise OpfuseError(f"{target}: output path is the input model; choose another path")
+        if Path(inp).resolve() == target.resolve():
+            raise OpfuseError(f"{target}: output path is the input model; choose another path")
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise OpfuseError(f"{target}: output folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OpfuseError(f"{target}: output folder {folder} is not writable")
+    if target.is_dir():
+        raise OpfuseError(f"{target}: output path is a folder")
+    return target
+
+
+@contextlib.contextmanager
+def staged_save(
+    model: ir.Model,
+    out: str | os.PathLike[str],
+    *,
+    input_path: str | os.PathLike[str] | None = None,
+    external: bool | None = None,
+) -> Iterator[Path]:
+    """Write ``model`` into a staging folder beside ``out`` and yield the staged path;
+    move it into place only when the block finishes without an exception.
+
+    External data goes to ``<out>.data`` when ``external`` is true, or by default when
+    the input had external data or the weights are over 2 GB.
+    """
+    target = check_output_path(out, [input_path] if input_path else [])
+    if external is None:
+        external = has_external_data(model) or tensor_bytes(model) >= TWO_GB
+    data_name = target.name + ".data" if external else None
+    if data_name:
+        _refuse_input_data_file(model, target.parent / data_name)
+    staging = Path(tempfile.mkdtemp(prefix=".opfuse-", dir=target.parent))
+    try:
+        staged = staging / target.name
+        try:
+            ir.save(model, staged, external_data=data_name)
+        except OSError as exc:
+            raise OpfuseError(f"{target}: cannot write: {exc.strerror or exc}") from None
+        yield staged
+        try:
+            if data_name and (staging / data_name).exists():
+                os.replace(staging / data_name, target.parent / data_name)
+            os.replace(staged, target)
+        except OSError as exc:
+            raise OpfuseError(f"{target}: cannot write: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _refuse_input_data_file(model: ir.Model, data_path: Path) -> None:
+    for value in _all_initializers(model):
+        tensor = value.const_value
+        if isinstance(tensor, ir.ExternalTensor):
+            if (Path(tensor.base_dir) / tensor.location).resolve() == data_path.resolve():
+                raise OpfuseError(
+                    f"{data_path}: is the input's external data file; choose another output name"
+                )
+
+
+def save_model(
+    model: ir.Model,
+    out: str | os.PathLike[str],
+    *,
+    input_path: str | os.PathLike[str] | None = None,
+    external: bool | None = None,
+) -> Path:
+    """Write a model atomically (see ``staged_save``)."""
+    with staged_save(model, out, input_path=input_path, external=external):
+        pass
+    return Path(out)

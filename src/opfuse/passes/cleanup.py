@@ -1,0 +1,247 @@
+"""Removal of operators that compute nothing: Identity, inference Dropout, and no-op
+Cast, Reshape, Transpose, Slice, Expand, Pad, Concat and Split."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from opfuse.passes._util import attr, static_shape
+from opfuse.registry import PassInfo, register
+from opfuse.rewrite import Builder, Const, Match, Op, Optional, PassContext, Rule, Var
+
+INT64_BIG = 2**31 - 1  # Slice ends at or past this cover any real dim
+
+
+class IdentityRule(Rule):
+    """Identity(x) ==> x"""
+
+    name = "identity"
+    pattern = Op("Identity", Var("x"))
+
+    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+        return [m.value("x")]
+
+
+class DropoutRule(Rule):
+    """Dropout(x) in inference mode ==> x (its mask output unused)"""
+
+    name = "dropout"
+    pattern = Op("Dropout", Var("x"), Optional(Var("ratio")), Optional(Var("training")))
+
+    def check(self, m: Match, ctx: PassContext) -> str | None:
+        if "training" in m.values:
+            training = m.values["training"].const_value
+            if training is None:
+                return "training_mode is not a constant"
+            if bool(np.asarray(training.numpy()).reshape(-1)[0]):
+                return "Dropout is in training mode"
+        if attr(m.root, "is_test", 1) == 0 and ctx.opset < 7:
+            return "Dropout is in training mode (is_test=0)"
+        if len(m.root.outputs) > 1 and (m.root.outputs[1].uses() or m.root.outputs[1].is_graph_output()):
+            return "the Dropout mask is used"
+        return None
+
+    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+        return [m.value("x")]
+
+
+class CastSameTypeRule(Rule):
+    """Cast(x, to=dtype(x)) ==> x"""
+
+    name = "cast_same_type"
+    pattern = Op("Cast", Var("x"))
+
+    def check(self, m: Match, ctx: PassContext) -> str | None:
+        dtype = m.value("x").dtype
+        if dtype is None:
+            return "input dtype unknown"
+        if dtype != ir.DataType(attr(m.root, "to")):
+            return "Cast changes the dtype"
+        return None
+
+    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+        return [m.value("x")]
+
+
+class ReshapeNoOpRule(Rule):
+    """Reshape(x, shape) where the result has x's static shape ==> x"""
+
+    name = "reshape_noop"
+    pattern = Op("Reshape", Var("x"), Const("shape"))
+
+    def check(self, m: Match, ctx: PassContext) -> str | None:
+        shape_in = static_shape(m.value("x"))
+        if shape_in is None:
+            return "input shape not static"
+        target = [int(d) for d in m["shape"].reshape(-1)]
+        if len(target) != len(shape_in):
+            return "Reshape changes the rank"
+        allowzero = attr(m.root, "allowzero", 0)
+        resolved = [shape_in[i] if d == 0 and not allowzero else d for i, d in enumerate(target)]
+        known = [d for d in resolved if d != -1]
+        if resolved.count(-1) == 1:
+            # the -1 dim is what is left; it equals the input's when all others do
+            same = all(d == s for d, s in zip(resolved, shape_in, strict=True) if d != -1)
+            return None if same else "Reshape changes the shape"
+        return None if known == list(shape_in) else "Reshape changes the shape"
+
+    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+        return [m.value("x")]
+
+
+class TransposeNoOpRule(Rule):
+    """Transpose with the identity permutation, or of a rank-1 tensor ==> x"""
+
+    name = "transpose_noop"
+    pattern = Op("Transpose", Var("x"))
+
+    def check(self, m: Match, ctx: PassContext) -> str | None:
+        perm = attr(m.root, "perm")
+        if perm is None:
+            shape = m.value("x").shape
+            if shape is not None and len(shape) <= 1:
+                return None
+            return "default permutation reverses the axes"
+        return None if list(perm) == sorted(perm) else "permutation is not the identity"
+
+    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+        return [m.value("x")]
+
+
+class SliceNoOpRule(Rule):
+    """Slice that keeps every element (starts 0, steps 1, ends past the dims) ==> x"""
+
+    name = "slice_noop"
+    pattern = Op(
+        "Slice", Var("x"), Const("starts"), Const("ends"), Optional(Const("axes")), Optional(Const("steps"))
+    )
+
+    def check(self, m: Match, ctx: PassContext) -> str | None:
+        starts = m["starts"].reshape(-1)
+        ends = m["ends"].reshape(-1)
+        shape = m.value("x").shape
+        if shape is None:
+            return "input rank unknown"
+        axes = m.get("axes")
+        axes = list(range(len(starts))) if axes is None else [int(a) for a in axes.reshape(-1)]
+        steps = m.get("steps")
+        steps = [1] * len(starts) if steps is None else [int(s) for s in steps.reshape(-1)]
+        for axis, start, end, step in zip(axes, starts, ends, steps, strict=True):
+            dim = shape[axis % len(shape)]
+            if step != 1 or start != 0:
+                return "Slice drops elements"
+            if end >= INT64_BIG or (isinstance(dim, int) and end >= dim):
+                continue
+            return "Slice may drop elements"
+        return None
+
+    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+        return [m.value("x")]
+
+
+class ExpandNoOpRule(Rule):
+    """Expand(x, shape) where broadcasting leaves x's static shape ==> x"""
+
+    name = "expand_noop"
+    pattern = Op("Expand", Var("x"), Const("shape"))
+
+    def check(self, m: Match, ctx: PassContext) -> str | None:
+        shape_in = static_shape(m.value("x"))
+        if shape_in is None:
+            return "input shape not static"
+        try:
+            out = np.broadcast_shapes(shape_in, tuple(int(d) for d in m["shape"].reshape(-1)))
+        except ValueError:
+            return "shapes do not broadcast"
+        return None if tuple(out) == shape_in else "Expand grows the tensor"
+
+    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+        return [m.value("x")]
+
+
+class PadNoOpRule(Rule):
+    """Pad with all pads zero ==> x"""
+
+    name = "pad_noop"
+    roots = ("Pad",)
+
+    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
+        m = Match(node)
+        if not node.inputs or node.inputs[0] is None:
+            return None
+        m.values["x"] = node.inputs[0]
+        m.nodes.append(node)
+        pads = attr(node, "pads")
+        if pads is None:
+            if len(node.inputs) < 2 or node.inputs[1] is None:
+                return None
+            m.values["pads"] = node.inputs[1]
+        else:
+            m.consts["pads"] = np.asarray(pads)
+        return m
+
+    constants = ("pads",)
+
+    def check(self, m: Match, ctx: PassContext) -> str | None:
+        return None if not np.any(m["pads"]) else "pads are not zero"
+
+    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+        return [m.value("x")]
+
+
+class SingleInputRule(Rule):
+    """Concat of one input, Split into one output ==> x"""
+
+    name = "single_input"
+    roots = ("Concat", "Split", "Sum", "Max", "Min", "Mean")
+
+    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
+        if len(node.inputs) < 1 or node.inputs[0] is None or len(node.outputs) != 1:
+            return None
+        if node.op_type != "Split" and len(node.inputs) != 1:
+            return None
+        m = Match(node)
+        m.nodes.append(node)
+        m.values["x"] = node.inputs[0]
+        return m
+
+    def check(self, m: Match, ctx: PassContext) -> str | None:
+        x, y = m.value("x"), m.root.outputs[0]
+        if x.dtype is not None and y.dtype is not None and x.dtype != y.dtype:
+            return "dtype differs"
+        return None
+
+    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+        return [m.value("x")]
+
+
+register(
+    PassInfo(
+        "IdentityRemovalFusionPass",
+        "Remove Identity nodes (the output takes the input's place)",
+        rules=(IdentityRule(),),
+    )
+)
+register(
+    PassInfo(
+        "DropoutRemovalFusionPass",
+        "Remove Dropout in inference mode (Grappler's remove training nodes)",
+        rules=(DropoutRule(),),
+    )
+)
+register(
+    PassInfo(
+        "NoOpRemovalFusionPass",
+        "Remove no-op Cast, Reshape, Transpose, Slice, Expand, Pad, one-input Concat/Split/Sum",
+        rules=(
+            CastSameTypeRule(),
+            ReshapeNoOpRule(),
+            TransposeNoOpRule(),
+            SliceNoOpRule(),
+            ExpandNoOpRule(),
+            PadNoOpRule(),
+            SingleInputRule(),
+        ),
+    )
+)

@@ -1,0 +1,111 @@
+"""Builds a rewrite's new nodes and constants without touching the graph.
+
+The driver commits them only when the rewrite passes its checks, so a rule that gives
+up halfway leaves the graph as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+
+class NameScope:
+    """Fresh value and node names, unique across the whole model (subgraphs included)."""
+
+    def __init__(self, model: ir.Model) -> None:
+        self.values: set[str] = set()
+        self.nodes: set[str] = set()
+        for graph in (model.graph, *model.graph.subgraphs()):
+            self.values.update(v.name for v in graph.inputs if v.name)
+            self.values.update(graph.initializers)
+            for node in graph:
+                if node.name:
+                    self.nodes.add(node.name)
+                self.values.update(v.name for v in node.outputs if v.name)
+
+    @staticmethod
+    def _fresh(base: str, used: set[str]) -> str:
+        name, i = base, 0
+        while name in used:
+            i += 1
+            name = f"{base}_{i}"
+        used.add(name)
+        return name
+
+    def value(self, base: str) -> str:
+        return self._fresh(base, self.values)
+
+    def node(self, base: str) -> str:
+        return self._fresh(base, self.nodes)
+
+
+class Builder:
+    def __init__(self, root: ir.Node, names: NameScope) -> None:
+        self.root = root
+        self.names = names
+        self.nodes: list[ir.Node] = []
+        self.initializers: list[ir.Value] = []
+
+    def op(
+        self,
+        op_type: str,
+        inputs: Sequence[ir.Value | None],
+        attributes: Mapping[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        num_outputs: int = 1,
+        domain: str = "",
+        like: ir.Node | None = None,
+    ) -> ir.Value:
+        """Add a node and return its first output (``outputs(...)`` for all of them).
+
+        ``like``: a node whose name, doc string and metadata the new node keeps (the
+        fused node takes the name of the node it replaces, as CANN does).
+        """
+        return self.node(
+            op_type, inputs, attributes, name=name, num_outputs=num_outputs, domain=domain, like=like
+        ).outputs[0]
+
+    def node(
+        self,
+        op_type: str,
+        inputs: Sequence[ir.Value | None],
+        attributes: Mapping[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        num_outputs: int = 1,
+        domain: str = "",
+        like: ir.Node | None = None,
+    ) -> ir.Node:
+        base = name or (like.name if like is not None and like.name else None)
+        base = base or f"{self.root.name or self.root.op_type}/{op_type}"
+        attrs = {k: v for k, v in (attributes or {}).items() if v is not None}
+        node = ir.node(
+            op_type,
+            list(inputs),
+            attrs,
+            domain=domain,
+            num_outputs=num_outputs,
+            name=base,  # made unique on commit, once the replaced nodes' names are free
+        )
+        if like is not None:
+            node.doc_string = like.doc_string
+            node.metadata_props.update(like.metadata_props)
+        for i, out in enumerate(node.outputs):
+            out.name = self.names.value(f"{base}_out{i}" if i else f"{base}_out")
+        self.nodes.append(node)
+        return node
+
+    def const(self, array: np.ndarray | Iterable[Any], name: str, dtype: Any = None) -> ir.Value:
+        """A new initializer holding ``array``."""
+        arr = np.asarray(array, dtype=dtype)
+        value = ir.Value(name=self.names.value(name), const_value=ir.tensor(arr))
+        value.const_value.name = value.name  # type: ignore[union-attr]
+        value.type = ir.TensorType(value.const_value.dtype)  # type: ignore[union-attr]
+        value.shape = ir.Shape(arr.shape)
+        self.initializers.append(value)
+        return value

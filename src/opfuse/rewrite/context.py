@@ -1,0 +1,56 @@
+"""What a pass sees: the model, the options, and where it records what it did."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import onnx_ir as ir
+
+from opfuse.registry import PassInfo
+from opfuse.rewrite.stats import EffectLog, PatternStats
+
+DEFAULT_FOLD_SIZE_LIMIT = 1 << 20
+
+
+@dataclass
+class Options:
+    """Settings that passes read; the CLI and the Python API fill them."""
+
+    fold_size_limit: int = DEFAULT_FOLD_SIZE_LIMIT
+    target_opset: int | None = None
+    layout: str = "keep"
+    keep_inputs: list[str] | None = None  # --inputs: strip what they do not need
+    keep_outputs: list[str] | None = None  # --outputs
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class PassContext:
+    def __init__(self, model: ir.Model, options: Options, log: EffectLog) -> None:
+        self.model = model
+        self.options = options
+        self.log = log
+        self.current: PassInfo | None = None
+        self.notes: list[str] = []  # facts the summary must tell the user (layout changes)
+
+    @property
+    def opset(self) -> int:
+        return self.model.opset_imports.get("", self.model.opset_imports.get("ai.onnx", 1))
+
+    def graphs(self) -> Iterator[ir.Graph]:
+        """The main graph and every subgraph (If/Loop/Scan bodies), outermost first."""
+        yield self.model.graph
+        yield from self.model.graph.subgraphs()
+
+    def entry(self, pattern: str, info: PassInfo | None = None) -> PatternStats:
+        info = info or self.current
+        assert info is not None, "record() outside a pass"
+        return self.log.entry(info.name, info.section, pattern)
+
+    def record(self, pattern: str, matched: int = 0, effected: int = 0) -> None:
+        stats = self.entry(pattern)
+        stats.matched += matched
+        stats.effected += effected
+
+    def reason(self, pattern: str, reason: str, node: ir.Node | None = None) -> None:
+        self.entry(pattern).add_reason(reason, node.name if node else None)

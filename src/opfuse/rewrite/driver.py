@@ -1,0 +1,184 @@
+"""The worklist driver: applies rules until nothing changes, revisiting only what a
+rewrite touched, so the cost stays linear in the size of the graph."""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from opfuse.errors import EngineError
+from opfuse.registry import PassInfo
+from opfuse.rewrite.builder import Builder, NameScope
+from opfuse.rewrite.context import PassContext
+from opfuse.rewrite.pattern import DEFAULT_DOMAINS, Match, const_array
+from opfuse.rewrite.rule import Rule
+
+REWRITE_BUDGET_PER_NODE = 8
+REWRITE_BUDGET_MIN = 1000
+
+
+def common_check(rule: Rule, m: Match) -> str | None:
+    """The safety checks every rule needs, kept here once."""
+    for name in rule.constants:
+        if name in m.values and name not in m.consts:
+            array = const_array(m.values[name])
+            if array is None:
+                return f"{name} is not a constant"
+            m.consts[name] = array
+    if rule.exclusive:
+        inside = set(map(id, m.nodes))
+        for node in m.nodes:
+            if node is m.root:
+                continue
+            for out in node.outputs:
+                if out.is_graph_output():
+                    return f"{node.op_type} {node.name!r} output is a graph output"
+                if any(id(user) not in inside for user, _ in out.uses()):
+                    return f"{node.op_type} {node.name!r} output has another consumer"
+    root_dtype = m.root.outputs[0].dtype if m.root.outputs else None
+    if root_dtype is not None and root_dtype.is_floating_point():
+        for name, array in m.consts.items():
+            if np.issubdtype(array.dtype, np.floating) and array.dtype != root_dtype.numpy():
+                return f"constant {name!r} is {array.dtype}, the output is {root_dtype}"
+    return None
+
+
+class Driver:
+    """Runs a group of rule passes over every graph of a model to a fixpoint."""
+
+    def __init__(self, ctx: PassContext, passes: Sequence[PassInfo]) -> None:
+        self.ctx = ctx
+        self.by_type: dict[str, list[tuple[PassInfo, Rule]]] = {}
+        for info in passes:
+            for rule in info.rules:
+                ctx.entry(rule.name, info)  # every pattern gets a log line, zero or not
+                for op_type in rule.root_types():
+                    self.by_type.setdefault(op_type, []).append((info, rule))
+        self.names = NameScope(ctx.model)
+
+    def run(self) -> int:
+        """Apply rules everywhere; return the number of rewrites."""
+        return sum(self._run_graph(graph) for graph in list(self.ctx.graphs()))
+
+    def _run_graph(self, graph: ir.Graph) -> int:
+        queue: deque[ir.Node] = deque(graph)
+        queued: set[int] = {id(n) for n in queue}
+        budget = REWRITE_BUDGET_PER_NODE * len(queue) + REWRITE_BUDGET_MIN
+        fired: Counter[str] = Counter()
+        done = 0
+        while queue:
+            node = queue.popleft()
+            queued.discard(id(node))
+            if node.graph is not graph or node.domain not in DEFAULT_DOMAINS:
+                continue
+            for info, rule in self.by_type.get(node.op_type, ()):
+                touched = self._try(info, rule, node, graph)
+                if touched is None:
+                    continue
+                done += 1
+                fired[f"{rule.name} ({info.name})"] += 1
+                if done > budget:
+                    top = " and ".join(name for name, _ in fired.most_common(2))
+                    raise EngineError(
+                        f"rewrites did not converge after {done} rewrites in graph "
+                        f"{graph.name or 'main'!r}: {top} keep firing (rules that undo each other?)"
+                    )
+                for n in touched:
+                    if id(n) not in queued and n.graph is graph:
+                        queue.append(n)
+                        queued.add(id(n))
+                break
+        return done
+
+    def _try(self, info: PassInfo, rule: Rule, node: ir.Node, graph: ir.Graph) -> list[ir.Node] | None:
+        self.ctx.current = info
+        m = rule.match(node, self.ctx)
+        if m is None:
+            return None
+        stats = self.ctx.entry(rule.name, info)
+        stats.matched += 1
+        reason = common_check(rule, m) or rule.check(m, self.ctx)
+        if reason:
+            stats.add_reason(reason, node.name)
+            return None
+        b = Builder(node, self.names)
+        replacement = rule.rewrite(m, b, self.ctx)
+        pairs = _pairs(node, replacement)
+        reason = _commit_check(pairs)
+        if reason:
+            stats.add_reason(reason, node.name)
+            return None
+        touched = self._commit(graph, m, b, pairs)
+        stats.effected += 1
+        return touched
+
+    def _commit(
+        self, graph: ir.Graph, m: Match, b: Builder, pairs: list[tuple[ir.Value, ir.Value | None]]
+    ) -> list[ir.Node]:
+        for init in b.initializers:
+            graph.register_initializer(init)
+        if b.nodes:
+            graph.insert_before(m.root, b.nodes)
+        touched: list[ir.Node] = list(b.nodes)
+        for old, new in pairs:
+            if new is None:
+                continue
+            touched.extend(user for user, _ in old.uses())
+            if old.is_graph_output():
+                # the replacement takes the output's name; callers feed and read by name
+                old_name, old.name = old.name, None
+                new.name = old_name
+            old.replace_all_uses_with(new, replace_graph_outputs=True)
+        removed = _remove_dead(graph, m.nodes)
+        for node in removed:
+            self.names.nodes.discard(node.name or "")
+            for inp in node.inputs:
+                if inp is not None and (producer := inp.producer()) is not None:
+                    touched.append(producer)
+        for node in b.nodes:
+            node.name = self.names.node(node.name or node.op_type)
+        return touched
+
+
+def _pairs(root: ir.Node, replacement: object) -> list[tuple[ir.Value, ir.Value | None]]:
+    if isinstance(replacement, Mapping):
+        return list(replacement.items())
+    assert isinstance(replacement, Iterable)
+    new_values = list(replacement)
+    if len(new_values) > len(root.outputs):
+        raise ValueError(f"rewrite of {root.op_type} returned too many values")
+    new_values += [None] * (len(root.outputs) - len(new_values))
+    return list(zip(root.outputs, new_values, strict=True))
+
+
+def _commit_check(pairs: list[tuple[ir.Value, ir.Value | None]]) -> str | None:
+    """Refuse replacements that would leave a dangling use or two outputs in one value."""
+    for old, new in pairs:
+        if new is None:
+            if old.uses() or old.is_graph_output():
+                return f"output {old.name!r} is still needed"
+            continue
+        if old.is_graph_output() and (
+            new.is_graph_input() or new.is_graph_output() or new.is_initializer()
+        ):
+            return f"graph output {old.name!r} would become a graph input or initializer"
+    return None
+
+
+def _remove_dead(graph: ir.Graph, nodes: Sequence[ir.Node]) -> list[ir.Node]:
+    """Remove the matched nodes whose outputs nothing uses any more."""
+    removed: list[ir.Node] = []
+    pending = [n for n in nodes if n.graph is graph]
+    changed = True
+    while changed:
+        changed = False
+        for node in list(pending):
+            if all(not out.uses() and not out.is_graph_output() for out in node.outputs):
+                graph.remove(node, safe=True)
+                pending.remove(node)
+                removed.append(node)
+                changed = True
+    return removed

@@ -1,0 +1,179 @@
+"""Value patterns matched upward from a root node along producer edges.
+
+    Op("BatchNormalization",
+       Op("Conv", Var("x"), Const("w"), Optional(Const("b")), name="conv"),
+       Const("scale"), Const("bias"), Const("mean"), Const("var"), name="bn")
+
+``Var`` binds any value, ``Const`` a value with a constant tensor (an initializer or a
+Constant node's output), ``Op`` the output of a node of one of the given op types, whose
+inputs match in order; ``Optional`` also matches an absent input. Two-input Add and Mul
+match either operand order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "And", "Or", "Xor", "Equal"})
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def const_array(value: ir.Value | None) -> np.ndarray | None:
+    """The constant behind a value (initializer or Constant node), as numpy, else None.
+
+    Graph inputs that are also initializers are not constants: callers may override them.
+    """
+    if value is None or value.is_graph_input():
+        return None
+    tensor = ir.convenience.get_const_tensor(value)
+    if tensor is None:
+        return None
+    try:
+        return tensor.numpy()
+    except Exception:  # an external tensor whose file vanished, an unsupported dtype
+        return None
+
+
+class Match:
+    """The bindings of one pattern match: nodes, values and constant arrays by name."""
+
+    def __init__(self, root: ir.Node) -> None:
+        self.root = root
+        self.nodes: list[ir.Node] = []
+        self.node_names: dict[str, ir.Node] = {}
+        self.values: dict[str, ir.Value] = {}
+        self.consts: dict[str, np.ndarray] = {}
+
+    def _state(self) -> tuple[int, dict[str, ir.Node], dict[str, ir.Value], dict[str, Any]]:
+        return len(self.nodes), dict(self.node_names), dict(self.values), dict(self.consts)
+
+    def _restore(self, state: tuple[int, dict[str, ir.Node], dict[str, ir.Value], dict]) -> None:
+        n, self.node_names, self.values, self.consts = state
+        del self.nodes[n:]
+
+    def __getitem__(self, name: str) -> Any:
+        """A constant as numpy, else a bound node, else a bound value."""
+        if name in self.consts:
+            return self.consts[name]
+        if name in self.node_names:
+            return self.node_names[name]
+        return self.values[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.consts or name in self.node_names or name in self.values
+
+    def node(self, name: str) -> ir.Node:
+        return self.node_names[name]
+
+    def value(self, name: str) -> ir.Value:
+        return self.values[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self else default
+
+    def attr(self, node_name: str, attr: str, default: Any = None) -> Any:
+        """An attribute of a bound node as a plain Python value."""
+        a = self.node_names[node_name].attributes.get(attr)
+        return default if a is None else a.value
+
+
+class Pattern:
+    def match(self, value: ir.Value | None, m: Match) -> bool:
+        raise NotImplementedError
+
+
+class Var(Pattern):
+    """Any present value; the same name twice must bind the same value."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def match(self, value: ir.Value | None, m: Match) -> bool:
+        if value is None:
+            return False
+        bound = m.values.get(self.name)
+        if bound is not None:
+            return bound is value
+        m.values[self.name] = value
+        return True
+
+
+class Const(Var):
+    """A value with a constant tensor; ``m[name]`` is its numpy array."""
+
+    def match(self, value: ir.Value | None, m: Match) -> bool:
+        if value is None:
+            return False
+        if self.name in m.values:
+            return m.values[self.name] is value
+        array = const_array(value)
+        if array is None:
+            return False
+        m.values[self.name] = value
+        m.consts[self.name] = array
+        return True
+
+
+class Optional(Pattern):
+    """An input that may be absent; when present it must match ``inner``."""
+
+    def __init__(self, inner: Pattern) -> None:
+        self.inner = inner
+
+    def match(self, value: ir.Value | None, m: Match) -> bool:
+        return value is None or self.inner.match(value, m)
+
+
+class Op(Pattern):
+    """The ``output``-th output of a default-domain node of one of ``op_types``."""
+
+    def __init__(
+        self,
+        op_types: str | Sequence[str],
+        *inputs: Pattern,
+        name: str | None = None,
+        output: int = 0,
+        variadic: bool = False,
+    ) -> None:
+        self.op_types = (op_types,) if isinstance(op_types, str) else tuple(op_types)
+        self.inputs = inputs
+        self.name = name
+        self.output = output
+        self.variadic = variadic  # extra trailing inputs are allowed and ignored
+
+    def match(self, value: ir.Value | None, m: Match) -> bool:
+        if value is None:
+            return False
+        node = value.producer()
+        if node is None or node.outputs[self.output] is not value:
+            return False
+        return self.match_node(node, m)
+
+    def match_node(self, node: ir.Node, m: Match) -> bool:
+        if node.op_type not in self.op_types or node.domain not in DEFAULT_DOMAINS:
+            return False
+        if node in m.nodes:  # a diamond back to a node already matched: not a tree
+            return False
+        actual = list(node.inputs)
+        if len(actual) > len(self.inputs) and not self.variadic:
+            if any(v is not None for v in actual[len(self.inputs) :]):
+                return False
+        orders = [list(range(len(self.inputs)))]
+        if node.op_type in COMMUTATIVE and len(self.inputs) == 2 and len(actual) == 2:
+            orders.append([1, 0])
+        for order in orders:
+            state = m._state()
+            m.nodes.append(node)
+            if self.name:
+                m.node_names[self.name] = node
+            if all(
+                pat.match(actual[j] if j < len(actual) else None, m)
+                for pat, j in zip(self.inputs, order, strict=True)
+            ):
+                return True
+            m._restore(state)
+        return False
