@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import onnx
+import onnx.version_converter
 import onnx_ir as ir
 from onnx_ir.passes.common import ShapeInferencePass
 
@@ -65,6 +67,31 @@ def infer_shapes(model: ir.Model) -> None:
     ShapeInferencePass(strict_mode=False, data_prop=True)(model)
 
 
+def convert_opset(model: ir.Model, target: int) -> ir.Model:
+    """A new model converted to default-domain opset ``target`` (never lowered)."""
+    current = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+    if target < current:
+        raise OpfuseError(f"--target-opset {target} is lower than the model's opset {current}")
+    if not io.MIN_OPSET <= target <= io.MAX_OPSET:
+        raise OpfuseError(f"--target-opset {target} is outside {io.MIN_OPSET}..{io.MAX_OPSET}")
+    if target == current:
+        return model
+    try:
+        converted = onnx.version_converter.convert_version(ir.to_proto(model), target)
+    except Exception as exc:  # the converter raises plain RuntimeError/ValueError
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise OpfuseError(f"cannot convert the model to opset {target}: {first}") from None
+    new = ir.from_proto(converted)
+    base_dirs = {
+        v.name: v.const_value.base_dir
+        for v in model.graph.initializers.values()
+        if isinstance(v.const_value, ir.ExternalTensor)
+    }
+    if base_dirs:
+        ir.external_data.set_base_dir(new.graph, next(iter(base_dirs.values())))
+    return new
+
+
 def select_passes(
     switch_table: Mapping[str, Mapping[str, bool]] | None = None,
     enable: Iterable[str] = (),
@@ -82,20 +109,27 @@ def optimize_model(
     enable: Iterable[str] = (),
     disable: Iterable[str] = (),
     options: Options | None = None,
-    target: str | None = None,
 ) -> OptimizeResult:
-    """Run the enabled passes on ``model`` in place until nothing changes."""
+    """Run the enabled passes on ``model`` in place until nothing changes.
+
+    With ``options.target_opset`` the model is first converted with onnx's version
+    converter (never otherwise: a model's opset is the user's choice).
+    """
     start = time.perf_counter()
     options = options or Options()
     passes, warnings = select_passes(switch_table, enable, disable)
     log = EffectLog()
+    if options.target_opset is not None:
+        model = convert_opset(model, options.target_opset)
     ctx = PassContext(model, options, log)
     runnable = []
     for info in passes:
-        if info.section == "UBFusion" and target is None:
+        if info.section == "UBFusion" and options.target is None:
             continue  # target-specific fusions run only for a named runtime
         if not info.applies_to_opset(ctx.opset):
-            warnings.append(f"{info.name} skipped: needs opset {info.opset_range}, model has {ctx.opset}")
+            warnings.append(
+                f"{info.name} skipped: needs opset {info.opset_range}, model has {ctx.opset}"
+            )
             continue
         runnable.append(info)
     result = OptimizeResult(model, log, [p.name for p in runnable], warnings, ctx.notes)
@@ -135,7 +169,6 @@ def optimize_file(
     input_shapes: Mapping[str, list[int]] | None = None,
     inputs_npz: str | os.PathLike[str] | None = None,
     fusion_result: str | os.PathLike[str] | None = None,
-    target: str | None = None,
 ) -> OptimizeResult:
     """Load, optimize, verify against the input and write atomically.
 
@@ -156,8 +189,8 @@ def optimize_file(
         enable=enable,
         disable=disable,
         options=options,
-        target=target,
     )
+    model = result.model
     with io.staged_save(model, output_path, input_path=input_path) as staged:
         if verify:
             report = compare_files(

@@ -56,7 +56,9 @@ def verifier_options(f):  # type: ignore[no-untyped-def]
                 show_default=True,
                 help="Absolute tolerance, scaled by the output's magnitude.",
             ),
-            click.option("--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224."),
+            click.option(
+                "--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224."
+            ),
         ]
     ):
         f = option(f)
@@ -66,20 +68,46 @@ def verifier_options(f):  # type: ignore[no-untyped-def]
 @app.command()
 @click.argument("model", type=PathArg)
 @click.option("-o", "--output", type=PathArg, required=True, help="Where to write the result.")
-@click.option("--fusion-switch-file", type=PathArg, help="CANN-format JSON file turning passes on/off.")
+@click.option(
+    "--fusion-switch-file", type=PathArg, help="CANN-format JSON file turning passes on/off."
+)
 @click.option("--enable", multiple=True, help="Turn a pass on (overrides the switch file).")
 @click.option("--disable", multiple=True, help="Turn a pass off (overrides the switch file).")
 @click.option("--inputs", multiple=True, help="Cut the graph at these tensors (names).")
 @click.option("--outputs", multiple=True, help="Keep only what these tensors need (names).")
 @click.option("--fusion-result", type=PathArg, help="Write CANN's fusion_result.json here.")
-@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="warning", show_default=True,
-              help="info prints the effect log; debug also why patterns did not fire.")
-@click.option("--verify/--no-verify", default=True, show_default=True,
-              help="Compare outputs with the input model before writing.")
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS),
+    default="warning",
+    show_default=True,
+    help="info prints the effect log; debug also why patterns did not fire.",
+)
+@click.option(
+    "--verify/--no-verify",
+    default=True,
+    show_default=True,
+    help="Compare outputs with the input model before writing.",
+)
 @verifier_options
 @click.option("--verify-inputs", type=PathArg, help=".npz of inputs for the verifier.")
-@click.option("--fold-size-limit", default=1 << 20, show_default=True,
-              help="Largest constant (bytes) folding may create per node.")
+@click.option(
+    "--fold-size-limit",
+    default=1 << 20,
+    show_default=True,
+    help="Largest constant (bytes) folding may create per node.",
+)
+@click.option(
+    "--target-opset", type=int, help="Convert to this opset first (enables newer fusions)."
+)
+@click.option(
+    "--layout",
+    type=click.Choice(["keep", "nchw", "nhwc"]),
+    default="keep",
+    show_default=True,
+    help="Layout of image inputs/outputs; nchw changes the model's interface.",
+)
+@click.option("--target", help="Runtime whose UBFusion passes may run.")
 def optimize(
     model: Path,
     output: Path,
@@ -96,6 +124,9 @@ def optimize(
     input_shape: tuple[str, ...],
     verify_inputs: Path | None,
     fold_size_limit: int,
+    target_opset: int | None,
+    layout: str,
+    target: str | None,
 ) -> None:
     """Fuse and simplify MODEL, verify it, and write it to OUTPUT."""
     from opfuse.api import optimize_file
@@ -104,6 +135,9 @@ def optimize(
 
     options = Options(
         fold_size_limit=fold_size_limit,
+        target_opset=target_opset,
+        layout=layout,
+        target=target,
         keep_inputs=_names(inputs) or None,
         keep_outputs=_names(outputs) or None,
     )

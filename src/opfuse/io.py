@@ -209,11 +209,13 @@ def staged_save(
 def _refuse_input_data_file(model: ir.Model, data_path: Path) -> None:
     for value in _all_initializers(model):
         tensor = value.const_value
-        if isinstance(tensor, ir.ExternalTensor):
-            if (Path(tensor.base_dir) / tensor.location).resolve() == data_path.resolve():
-                raise OpfuseError(
-                    f"{data_path}: is the input's external data file; choose another output name"
-                )
+        if (
+            isinstance(tensor, ir.ExternalTensor)
+            and (Path(tensor.base_dir) / tensor.location).resolve() == data_path.resolve()
+        ):
+            raise OpfuseError(
+                f"{data_path}: is the input's external data file; choose another output name"
+            )
 
 
 def save_model(

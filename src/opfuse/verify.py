@@ -32,10 +32,14 @@ DEFAULT_BATCH = 1
 DEFAULT_DIM = 32  # sequence length and other symbolic dims
 
 
-def session(path: str | os.PathLike[str], optimize: bool = False, threads: int = 0) -> ort.InferenceSession:
+def session(
+    path: str | os.PathLike[str], optimize: bool = False, threads: int = 0
+) -> ort.InferenceSession:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = (
-        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if optimize
+        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     )
     opts.intra_op_num_threads = threads
     opts.log_severity_level = 3
@@ -56,7 +60,9 @@ def parse_input_shapes(specs: list[str] | None) -> dict[str, list[int]]:
                 raise ValueError
             shapes[name] = [int(d) for d in dims.split(",") if d.strip()]
         except ValueError:
-            raise OpfuseError(f"--input-shape {spec!r}: expected NAME:D0,D1,... with integers") from None
+            raise OpfuseError(
+                f"--input-shape {spec!r}: expected NAME:D0,D1,... with integers"
+            ) from None
     return shapes
 
 
@@ -71,7 +77,9 @@ def make_inputs(
     names = [i.name for i in specs]
     for name in input_shapes or {}:
         if name not in names:
-            raise OpfuseError(f"--input-shape names {name!r}, which is not a model input ({', '.join(names)})")
+            raise OpfuseError(
+                f"--input-shape names {name!r}, which is not a model input ({', '.join(names)})"
+            )
     if inputs_npz is not None:
         return _load_npz(inputs_npz, specs)
     rng = np.random.default_rng(seed)
@@ -79,7 +87,9 @@ def make_inputs(
     for spec in specs:
         dtype = ORT_DTYPES.get(spec.type)
         if dtype is None:
-            raise OpfuseError(f"input {spec.name!r} has type {spec.type}, which verify cannot generate")
+            raise OpfuseError(
+                f"input {spec.name!r} has type {spec.type}, which verify cannot generate"
+            )
         shape = (input_shapes or {}).get(spec.name) or [
             d if isinstance(d, int) and d >= 0 else (DEFAULT_BATCH if i == 0 else DEFAULT_DIM)
             for i, d in enumerate(spec.shape)
@@ -112,11 +122,16 @@ def _load_npz(path: str | os.PathLike[str], specs: list) -> dict[str, np.ndarray
         array = arrays.pop(spec.name)
         dtype = ORT_DTYPES.get(spec.type)
         if dtype is not None and array.dtype != dtype:
-            raise OpfuseError(f"{path}: array {spec.name!r} is {array.dtype}, the input is {spec.type}")
+            raise OpfuseError(
+                f"{path}: array {spec.name!r} is {array.dtype}, the input is {spec.type}"
+            )
         if len(array.shape) != len(spec.shape) or any(
-            isinstance(d, int) and d >= 0 and d != a for d, a in zip(spec.shape, array.shape, strict=True)
+            isinstance(d, int) and d >= 0 and d != a
+            for d, a in zip(spec.shape, array.shape, strict=True)
         ):
-            raise OpfuseError(f"{path}: array {spec.name!r} has shape {list(array.shape)}, the input is {spec.shape}")
+            raise OpfuseError(
+                f"{path}: array {spec.name!r} has shape {list(array.shape)}, the input is {spec.shape}"
+            )
         feeds[spec.name] = array
     if arrays:
         raise OpfuseError(f"{path}: array {sorted(arrays)[0]!r} is not a model input")
@@ -158,20 +173,38 @@ class VerifyReport:
         }
 
 
-def compare_arrays(name: str, ref: np.ndarray, got: np.ndarray, rtol: float, atol: float) -> OutputDiff:
+def compare_arrays(
+    name: str, ref: np.ndarray, got: np.ndarray, rtol: float, atol: float
+) -> OutputDiff:
     """Allclose with atol scaled by the output's magnitude: ``|got - ref| <= atol *
     max(1, max|ref|) + rtol * |ref|``, NaN and inf only where the reference has them."""
     if ref.shape != got.shape:
-        return OutputDiff(name, float("inf"), float("inf"), False, f"has shape {list(got.shape)}, expected {list(ref.shape)}")
+        return OutputDiff(
+            name,
+            float("inf"),
+            float("inf"),
+            False,
+            f"has shape {list(got.shape)}, expected {list(ref.shape)}",
+        )
     if ref.size == 0:
         return OutputDiff(name, 0.0, 0.0, True)
     if not np.issubdtype(ref.dtype, np.number) or not np.issubdtype(ref.dtype, np.inexact):
         same = bool(np.array_equal(ref, got))
-        return OutputDiff(name, 0.0 if same else float("inf"), 0.0 if same else float("inf"), same, "" if same else "differs (exact dtype)")
+        return OutputDiff(
+            name,
+            0.0 if same else float("inf"),
+            0.0 if same else float("inf"),
+            same,
+            "" if same else "differs (exact dtype)",
+        )
     r, g = ref.astype(np.float64), got.astype(np.float64)
     finite = np.isfinite(r)
-    if not np.array_equal(np.isnan(r), np.isnan(g)) or not np.array_equal(r[np.isinf(r)], g[np.isinf(r)]):
-        return OutputDiff(name, float("inf"), float("inf"), False, "has NaN or inf where the original does not")
+    if not np.array_equal(np.isnan(r), np.isnan(g)) or not np.array_equal(
+        r[np.isinf(r)], g[np.isinf(r)]
+    ):
+        return OutputDiff(
+            name, float("inf"), float("inf"), False, "has NaN or inf where the original does not"
+        )
     if not finite.any():
         return OutputDiff(name, 0.0, 0.0, True)
     diff = np.abs(r[finite] - g[finite])
@@ -208,18 +241,29 @@ def compare_files(
     got_sess = session(optimized)
     feeds = make_inputs(ref_sess, input_shapes, inputs_npz, seed)
     perms = input_permutations(optimized)
-    got_feeds = {k: (np.ascontiguousarray(v.transpose(perms[k])) if k in perms else v) for k, v in feeds.items()}
-    ref_out = dict(zip([o.name for o in ref_sess.get_outputs()], ref_sess.run(None, feeds), strict=True))
+    got_feeds = {
+        k: (np.ascontiguousarray(v.transpose(perms[k])) if k in perms else v)
+        for k, v in feeds.items()
+    }
+    ref_out = dict(
+        zip([o.name for o in ref_sess.get_outputs()], ref_sess.run(None, feeds), strict=True)
+    )
     wanted = [i.name for i in got_sess.get_inputs()]
     missing = [n for n in wanted if n not in got_feeds]
     if missing:
-        raise OpfuseError(f"{Path(optimized)}: has input {missing[0]!r} that {Path(original)} does not")
+        raise OpfuseError(
+            f"{Path(optimized)}: has input {missing[0]!r} that {Path(original)} does not"
+        )
     got_values = got_sess.run(None, {k: got_feeds[k] for k in wanted})
     got_out = dict(zip([o.name for o in got_sess.get_outputs()], got_values, strict=True))
     diffs = []
     for name, ref in ref_out.items():
         if name not in got_out:
-            diffs.append(OutputDiff(name, float("inf"), float("inf"), False, "is missing from the optimized model"))
+            diffs.append(
+                OutputDiff(
+                    name, float("inf"), float("inf"), False, "is missing from the optimized model"
+                )
+            )
             continue
         diffs.append(compare_arrays(name, np.asarray(ref), np.asarray(got_out[name]), rtol, atol))
     return VerifyReport(diffs, rtol, atol)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx_ir as ir
 
@@ -20,7 +22,7 @@ def rank(value: ir.Value | None) -> int | None:
     return None if value is None or value.shape is None else len(value.shape)
 
 
-def attr(node: ir.Node, name: str, default: object = None) -> object:
+def attr(node: ir.Node, name: str, default: Any = None) -> Any:
     a = node.attributes.get(name)
     return default if a is None else a.value
 

@@ -75,7 +75,7 @@ class ConvBatchNormRule(Rule):
             return reason
         conv = m.node("conv")
         transposed = conv.op_type == "ConvTranspose"
-        group = int(attr(conv, "group", 1))  # type: ignore[arg-type]
+        group = int(attr(conv, "group", 1))
         if out_channels(m["w"], transposed, group) != m["scale"].shape[0]:
             return "BatchNormalization channels differ from the convolution's outputs"
         return None
@@ -83,7 +83,7 @@ class ConvBatchNormRule(Rule):
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
         conv = m.node("conv")
         transposed = conv.op_type == "ConvTranspose"
-        group = int(attr(conv, "group", 1))  # type: ignore[arg-type]
+        group = int(attr(conv, "group", 1))
         w = m["w"]
         s, t = bn_affine(m)
         bias = m["b"].astype(np.float64) if "b" in m.consts else np.zeros_like(s)
@@ -92,8 +92,11 @@ class ConvBatchNormRule(Rule):
         attrs = {k: a for k, a in conv.attributes.items()}
         out = b.op(
             conv.op_type,
-            [m.value("x"), b.const(new_w, f"{conv.name or 'conv'}.weight_bn"),
-             b.const(new_b, f"{conv.name or 'conv'}.bias_bn")],
+            [
+                m.value("x"),
+                b.const(new_w, f"{conv.name or 'conv'}.weight_bn"),
+                b.const(new_b, f"{conv.name or 'conv'}.bias_bn"),
+            ],
             attrs,
             like=conv,
         )

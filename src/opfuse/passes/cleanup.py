@@ -9,6 +9,7 @@ import onnx_ir as ir
 from opfuse.passes._util import attr, static_shape
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Const, Match, Op, Optional, PassContext, Rule, Var
+from opfuse.rewrite.pattern import const_array
 
 INT64_BIG = 2**31 - 1  # Slice ends at or past this cover any real dim
 
@@ -31,14 +32,16 @@ class DropoutRule(Rule):
 
     def check(self, m: Match, ctx: PassContext) -> str | None:
         if "training" in m.values:
-            training = m.values["training"].const_value
+            training = const_array(m.values["training"])
             if training is None:
                 return "training_mode is not a constant"
-            if bool(np.asarray(training.numpy()).reshape(-1)[0]):
+            if bool(training.reshape(-1)[0]):
                 return "Dropout is in training mode"
         if attr(m.root, "is_test", 1) == 0 and ctx.opset < 7:
             return "Dropout is in training mode (is_test=0)"
-        if len(m.root.outputs) > 1 and (m.root.outputs[1].uses() or m.root.outputs[1].is_graph_output()):
+        if len(m.root.outputs) > 1 and (
+            m.root.outputs[1].uses() or m.root.outputs[1].is_graph_output()
+        ):
             return "the Dropout mask is used"
         return None
 
@@ -114,7 +117,12 @@ class SliceNoOpRule(Rule):
 
     name = "slice_noop"
     pattern = Op(
-        "Slice", Var("x"), Const("starts"), Const("ends"), Optional(Const("axes")), Optional(Const("steps"))
+        "Slice",
+        Var("x"),
+        Const("starts"),
+        Const("ends"),
+        Optional(Const("axes")),
+        Optional(Const("steps")),
     )
 
     def check(self, m: Match, ctx: PassContext) -> str | None:

@@ -23,7 +23,6 @@ def remove_dead_code(ctx: PassContext) -> None:
     ctx.record("unused_initializers", inits - new_inits, inits - new_inits)
 
 
-
 register(
     PassInfo(
         "DeadCodeFusionPass",

@@ -67,7 +67,13 @@ class Builder:
         fused node takes the name of the node it replaces, as CANN does).
         """
         return self.node(
-            op_type, inputs, attributes, name=name, num_outputs=num_outputs, domain=domain, like=like
+            op_type,
+            inputs,
+            attributes,
+            name=name,
+            num_outputs=num_outputs,
+            domain=domain,
+            like=like,
         ).outputs[0]
 
     def node(
@@ -81,8 +87,12 @@ class Builder:
         domain: str = "",
         like: ir.Node | None = None,
     ) -> ir.Node:
-        base = name or (like.name if like is not None and like.name else None)
-        base = base or f"{self.root.name or self.root.op_type}/{op_type}"
+        if name is not None:
+            base = name
+        elif like is not None:
+            base = like.name or ""  # an unnamed node stays unnamed
+        else:
+            base = f"{self.root.name}/{op_type}" if self.root.name else ""
         attrs = {k: v for k, v in (attributes or {}).items() if v is not None}
         node = ir.node(
             op_type,
@@ -95,8 +105,9 @@ class Builder:
         if like is not None:
             node.doc_string = like.doc_string
             node.metadata_props.update(like.metadata_props)
+        stem = base or f"{self.root.outputs[0].name or op_type}_{op_type}"
         for i, out in enumerate(node.outputs):
-            out.name = self.names.value(f"{base}_out{i}" if i else f"{base}_out")
+            out.name = self.names.value(f"{stem}_out{i}" if i else f"{stem}_out")
         self.nodes.append(node)
         return node
 

@@ -18,8 +18,9 @@ class Options:
     """Settings that passes read; the CLI and the Python API fill them."""
 
     fold_size_limit: int = DEFAULT_FOLD_SIZE_LIMIT
-    target_opset: int | None = None
-    layout: str = "keep"
+    target_opset: int | None = None  # --target-opset: convert the model before fusing
+    layout: str = "keep"  # --layout keep|nchw|nhwc (the layout pass reads it)
+    target: str | None = None  # --target: a runtime whose UBFusion passes may run
     keep_inputs: list[str] | None = None  # --inputs: strip what they do not need
     keep_outputs: list[str] | None = None  # --outputs
     extra: dict[str, object] = field(default_factory=dict)

@@ -93,7 +93,9 @@ class Driver:
                 break
         return done
 
-    def _try(self, info: PassInfo, rule: Rule, node: ir.Node, graph: ir.Graph) -> list[ir.Node] | None:
+    def _try(
+        self, info: PassInfo, rule: Rule, node: ir.Node, graph: ir.Graph
+    ) -> list[ir.Node] | None:
         self.ctx.current = info
         m = rule.match(node, self.ctx)
         if m is None:
@@ -139,7 +141,8 @@ class Driver:
                 if inp is not None and (producer := inp.producer()) is not None:
                     touched.append(producer)
         for node in b.nodes:
-            node.name = self.names.node(node.name or node.op_type)
+            if node.name:
+                node.name = self.names.node(node.name)
         return touched
 
 

@@ -73,7 +73,7 @@ class Match:
         return self.values[name]
 
     def get(self, name: str, default: Any = None) -> Any:
-        return self[name] if name in self else default
+        return self[name] if name in self else default  # noqa: SIM401  (not a dict)
 
     def attr(self, node_name: str, attr: str, default: Any = None) -> Any:
         """An attribute of a bound node as a plain Python value."""
@@ -159,9 +159,9 @@ class Op(Pattern):
         if node in m.nodes:  # a diamond back to a node already matched: not a tree
             return False
         actual = list(node.inputs)
-        if len(actual) > len(self.inputs) and not self.variadic:
-            if any(v is not None for v in actual[len(self.inputs) :]):
-                return False
+        extra = actual[len(self.inputs) :]
+        if extra and not self.variadic and any(v is not None for v in extra):
+            return False
         orders = [list(range(len(self.inputs)))]
         if node.op_type in COMMUTATIVE and len(self.inputs) == 2 and len(actual) == 2:
             orders.append([1, 0])

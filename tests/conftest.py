@@ -1,0 +1,28 @@
+"""Fixtures: the materialized zoo for slow tests (skipped where ../shared/zoo is absent)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOO = ROOT.parent / "shared" / "zoo"
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="session")
+def zoo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """All zoo models, materialized once per session into a temp folder."""
+    if not (ZOO / "materialize.py").exists():
+        pytest.skip("../shared/zoo is not here")
+    out = tmp_path_factory.mktemp("zoo")
+    subprocess.run(
+        [sys.executable, str(ZOO / "materialize.py"), str(out)], check=True, capture_output=True
+    )
+    return out
+
+
+ZOO_MODELS = sorted(p.stem for p in (ZOO / "models").glob("*.onnx")) if ZOO.exists() else []

@@ -1,0 +1,138 @@
+"""Identity, Dropout and no-op removal: each rule fires, does not fire where it must not,
+keeps the numbers and is idempotent."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from helpers import check_rule, effected, model_from_text, op_types, reasons, run_passes
+
+HEAD = '<ir_version: 8, opset_import: ["" : 17]>'
+
+
+def model(body: str, inputs: str = "float[2,3,4] x", outputs: str = "float[2,3,4] y", inits=None):
+    return model_from_text(f"{HEAD}\ng ({inputs}) => ({outputs}) {{\n{body}\n}}", inits)
+
+
+POSITIVE = [
+    ("IdentityRemovalFusionPass", "t = Identity(x)\n y = Relu(t)"),
+    ("DropoutRemovalFusionPass", "t = Dropout(x)\n y = Relu(t)"),
+    ("DropoutRemovalFusionPass", "t, mask = Dropout(x)\n y = Relu(t)"),
+    ("NoOpRemovalFusionPass", "t = Cast<to=1>(x)\n y = Relu(t)"),
+    (
+        "NoOpRemovalFusionPass",
+        "s = Constant<value=int64[3] {2,3,4}>()\n t = Reshape(x, s)\n y = Relu(t)",
+    ),
+    (
+        "NoOpRemovalFusionPass",
+        "s = Constant<value=int64[3] {0,0,-1}>()\n t = Reshape(x, s)\n y = Relu(t)",
+    ),
+    ("NoOpRemovalFusionPass", "t = Transpose<perm=[0,1,2]>(x)\n y = Relu(t)"),
+    (
+        "NoOpRemovalFusionPass",
+        "a = Constant<value=int64[1] {0}>()\n b = Constant<value=int64[1] {9223372036854775807}>()\n"
+        " t = Slice(x, a, b)\n y = Relu(t)",
+    ),
+    (
+        "NoOpRemovalFusionPass",
+        "s = Constant<value=int64[2] {3,1}>()\n t = Expand(x, s)\n y = Relu(t)",
+    ),
+    (
+        "NoOpRemovalFusionPass",
+        "p = Constant<value=int64[6] {0,0,0,0,0,0}>()\n t = Pad(x, p)\n y = Relu(t)",
+    ),
+    ("NoOpRemovalFusionPass", "t = Concat<axis=0>(x)\n y = Relu(t)"),
+    ("NoOpRemovalFusionPass", "t = Split<axis=1, num_outputs=1>(x)\n y = Relu(t)"),
+    ("NoOpRemovalFusionPass", "t = Sum(x)\n y = Relu(t)"),
+]
+
+
+@pytest.mark.parametrize("pass_name,body", POSITIVE)
+def test_removes(pass_name, body):
+    m = model(
+        body.replace("Split<axis=1, num_outputs=1>", "Split<axis=1>") if "Split" in body else body
+    )
+    optimized, result = check_rule(m, pass_name)
+    assert effected(result, pass_name) == 1
+    assert op_types(optimized) == {"Relu": 1}
+
+
+NEGATIVE = [
+    (
+        "DropoutRemovalFusionPass",
+        "r = Constant<value=float {0.0}>()\n tm = Constant<value=bool {1}>()\n"
+        " t = Dropout(x, r, tm)\n y = Relu(t)",
+        "Dropout is in training mode",
+    ),
+    (
+        "DropoutRemovalFusionPass",
+        "t, mask = Dropout(x)\n y = Where(mask, t, x)",
+        "the Dropout mask is used",
+    ),
+    (
+        "NoOpRemovalFusionPass",
+        "t = Cast<to=11>(x)\n u = Cast<to=1>(t)\n y = Relu(u)",
+        "Cast changes the dtype",
+    ),
+    (
+        "NoOpRemovalFusionPass",
+        "s = Constant<value=int64[3] {3,2,4}>()\n r = Constant<value=int64[3] {2,3,4}>()\n"
+        " t = Reshape(x, s)\n u = Reshape(t, r)\n y = Relu(u)",
+        "Reshape changes the shape",
+    ),
+    (
+        "NoOpRemovalFusionPass",
+        "t = Transpose<perm=[1,0,2]>(x)\n u = Transpose<perm=[1,0,2]>(t)\n y = Relu(u)",
+        "permutation is not the identity",
+    ),
+    (
+        "NoOpRemovalFusionPass",
+        "a = Constant<value=int64[1] {1}>()\n b = Constant<value=int64[1] {3}>()\n"
+        " t = Slice(x, a, b)\n y = Pad(t, p)",
+        "Slice drops elements",
+    ),
+]
+
+
+@pytest.mark.parametrize("pass_name,body,reason", NEGATIVE)
+def test_does_not_remove(pass_name, body, reason):
+    if "Pad(t, p)" in body:
+        body = body.replace(
+            "y = Pad(t, p)", "p = Constant<value=int64[6] {1,0,0,0,0,0}>()\n y = Pad(t, p)"
+        )
+    m = model(body)
+    before = op_types(m)
+    optimized, result = check_rule(m, pass_name)
+    assert reason in reasons(result, pass_name)
+    assert (
+        sum(op_types(optimized).values())
+        >= sum(n for op, n in before.items() if op != "Constant") - 0
+    )
+
+
+def test_identity_between_graph_input_and_output_stays():
+    m = model("y = Identity(x)")
+    result = run_passes(m, "IdentityRemovalFusionPass")
+    assert op_types(m) == {"Identity": 1}
+    assert effected(result, "IdentityRemovalFusionPass") == 0
+    assert any("graph input" in r for r in reasons(result, "IdentityRemovalFusionPass"))
+
+
+def test_identity_before_graph_output_keeps_the_output_name():
+    m = model("t = Relu(x)\n y = Identity(t)")
+    optimized, _ = check_rule(m, "IdentityRemovalFusionPass")
+    assert [v.name for v in optimized.graph.outputs] == ["y"]
+    assert op_types(optimized) == {"Relu": 1}
+
+
+def test_dead_code_removes_unused_nodes_and_initializers():
+    m = model("u = Relu(x)\n y = Sigmoid(x)")
+    m.graph.register_initializer(
+        ir.Value(name="unused", const_value=ir.tensor(np.ones(3, np.float32)))
+    )
+    optimized, result = check_rule(m)
+    assert op_types(optimized) == {"Sigmoid": 1}
+    assert "unused" not in optimized.graph.initializers
+    assert effected(result, "DeadCodeFusionPass") == 2
