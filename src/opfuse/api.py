@@ -14,7 +14,6 @@ from pathlib import Path
 import onnx
 import onnx.version_converter
 import onnx_ir as ir
-from onnx_ir.passes.common import ShapeInferencePass
 
 from opfuse import io
 from opfuse.errors import OpfuseError, VerificationError
@@ -22,6 +21,7 @@ from opfuse.registry import PassInfo, all_passes
 from opfuse.rewrite.context import Options, PassContext
 from opfuse.rewrite.driver import Driver
 from opfuse.rewrite.stats import EffectLog
+from opfuse.shapes import infer_shapes
 from opfuse.switch import SwitchTable, parse_switch_file, resolve
 from opfuse.verify import VerifyReport, compare_files
 
@@ -60,11 +60,6 @@ def _stages(passes: list[PassInfo]) -> list[list[PassInfo]]:
         else:
             stages.append([info])
     return stages
-
-
-def infer_shapes(model: ir.Model) -> None:
-    """Fill value shapes and dtypes from onnx's shape inference (partial on failure)."""
-    ShapeInferencePass(strict_mode=False, data_prop=True)(model)
 
 
 def convert_opset(model: ir.Model, target: int) -> ir.Model:
