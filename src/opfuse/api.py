@@ -178,6 +178,7 @@ def optimize_file(
     # validate the switches before the (possibly long) load
     select_passes(switch_table, enable, disable, where=str(fusion_switch_file or "switch file"))
     model = io.load_model(input_path)
+    external = io.has_external_data(model) or None  # keep external data external
     result = optimize_model(
         model,
         switch_table=switch_table,
@@ -186,7 +187,7 @@ def optimize_file(
         options=options,
     )
     model = result.model
-    with io.staged_save(model, output_path, input_path=input_path) as staged:
+    with io.staged_save(model, output_path, input_path=input_path, external=external) as staged:
         if verify:
             report = compare_files(
                 input_path,

@@ -18,8 +18,9 @@ from rich.table import Table
 from opfuse import __version__
 from opfuse.errors import OpfuseError
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+# piped output keeps whole names (rich would cut tables at 80 columns)
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 240)
+err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 240)
 DEBUG = {"on": False}
 LOG_LEVELS = ("error", "warning", "info", "debug")
 PathArg = click.Path(path_type=Path)
@@ -268,7 +269,8 @@ def passes(fmt: str) -> None:
         out.print_json(json.dumps(rows))
         return
     table = Table()
-    for col in ("pass", "section", "default", "mandatory", "opset", "description"):
+    table.add_column("pass", no_wrap=True)
+    for col in ("section", "default", "mandatory", "opset", "description"):
         table.add_column(col)
     for p in infos:
         desc = p.description + (f" ({p.note})" if p.note else "")

@@ -187,7 +187,7 @@ def staged_save(
         external = has_external_data(model) or tensor_bytes(model) >= TWO_GB
     data_name = target.name + ".data" if external else None
     if data_name:
-        _refuse_input_data_file(model, target.parent / data_name)
+        _refuse_input_data_file(model, target.parent / data_name, input_path)
     staging = Path(tempfile.mkdtemp(prefix=".opfuse-", dir=target.parent))
     try:
         staged = staging / target.name
@@ -206,16 +206,32 @@ def staged_save(
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _refuse_input_data_file(model: ir.Model, data_path: Path) -> None:
+def external_data_files(path: str | os.PathLike[str]) -> set[Path]:
+    """The resolved external data files a model file refers to."""
+    p = Path(path)
+    proto = onnx.load_model(str(p), load_external_data=False)
+    files = set()
+    for tensor in _iter_tensor_protos(proto.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            location = {e.key: e.value for e in tensor.external_data}.get("location", "")
+            files.add((p.parent / location).resolve())
+    return files
+
+
+def _refuse_input_data_file(
+    model: ir.Model, data_path: Path, input_path: str | os.PathLike[str] | None
+) -> None:
+    """Never write the output's external data over a file the input (or the model
+    still being written, whose tensors may be memory-mapped from it) reads."""
+    used = external_data_files(input_path) if input_path is not None else set()
     for value in _all_initializers(model):
         tensor = value.const_value
-        if (
-            isinstance(tensor, ir.ExternalTensor)
-            and (Path(tensor.base_dir) / tensor.location).resolve() == data_path.resolve()
-        ):
-            raise OpfuseError(
-                f"{data_path}: is the input's external data file; choose another output name"
-            )
+        if isinstance(tensor, ir.ExternalTensor):
+            used.add((Path(tensor.base_dir) / tensor.location).resolve())
+    if data_path.resolve() in used:
+        raise OpfuseError(
+            f"{data_path}: is the input's external data file; choose another output name"
+        )
 
 
 def save_model(

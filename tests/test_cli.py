@@ -1,0 +1,127 @@
+"""The command line end to end: optimize with a switch file, the effect log and
+fusion_result.json, passes, verify, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "src" / "opfuse" / "examples" / "convnet.onnx"
+
+
+def opfuse(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "opfuse", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_switch_file_runs_only_that_pass_and_the_mandatory_ones(tmp_path):
+    switch = tmp_path / "fusion_switch.cfg"
+    switch.write_text(
+        json.dumps({"Switch": {"GraphFusion": {"ALL": "off", "ConvBatchNormFusionPass": "on"}}})
+    )
+    result_file = tmp_path / "fusion_result.json"
+    proc = opfuse(
+        "optimize",
+        EXAMPLE,
+        "-o",
+        tmp_path / "o.onnx",
+        "--fusion-switch-file",
+        switch,
+        "--fusion-result",
+        result_file,
+        "--log-level",
+        "info",
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("[INFO] OPFUSE")]
+    passes_logged = {ln.split("[")[2].split("]")[0] for ln in lines}
+    assert passes_logged == {"ConvBatchNormFusionPass", "DeadCodeFusionPass"}
+    assert (
+        "[INFO] OPFUSE GraphFusionPass[ConvBatchNormFusionPass]: pattern=conv_bn, "
+        "matched_times=3, effected_times=3."
+    ) in lines
+    result = json.loads(result_file.read_text())
+    assert result["graph_fusion"]["ConvBatchNormFusionPass"] == {
+        "match_times": "3",
+        "effect_times": "3",
+    }
+    assert set(result) == {"graph_fusion", "ub_fusion"}
+    import onnx
+
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "o.onnx")).graph.node]
+    assert "BatchNormalization" not in ops and "Identity" in ops and "Dropout" in ops
+
+
+def test_default_optimize_prints_summary_and_verifies(tmp_path):
+    proc = opfuse("optimize", EXAMPLE, "-o", tmp_path / "o.onnx")
+    assert proc.returncode == 0, proc.stderr
+    assert "verification: ok" in proc.stdout
+    assert "BatchNormalization" in proc.stdout  # the before/after table
+
+
+def test_disable_on_the_command_line(tmp_path):
+    proc = opfuse(
+        "optimize",
+        EXAMPLE,
+        "-o",
+        tmp_path / "o.onnx",
+        "--disable",
+        "ConvBatchNormFusionPass",
+        "--fusion-result",
+        tmp_path / "r.json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "ConvBatchNormFusionPass"
+        not in json.loads((tmp_path / "r.json").read_text())["graph_fusion"]
+    )
+
+
+def test_passes_table_and_json():
+    proc = opfuse("passes", "--format", "json")
+    rows = json.loads(proc.stdout)
+    names = [r["name"] for r in rows]
+    assert "ConvBatchNormFusionPass" in names and "DeadCodeFusionPass" in names
+    dead = next(r for r in rows if r["name"] == "DeadCodeFusionPass")
+    assert dead["mandatory"] is True and dead["section"] == "GraphFusion"
+    table = opfuse("passes")
+    assert table.returncode == 0 and "ConvBatchNormFusionPass" in table.stdout
+
+
+def test_verify_command(tmp_path):
+    out = tmp_path / "o.onnx"
+    assert opfuse("optimize", EXAMPLE, "-o", out).returncode == 0
+    proc = opfuse("verify", EXAMPLE, out, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["ok"] is True
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["optimize", "missing.onnx", "-o", "o.onnx"], "missing.onnx: no such file"),
+        (
+            ["optimize", EXAMPLE, "-o", "o.onnx", "--enable", "ConvBatchNormFusionPas"],
+            "did you mean ConvBatchNormFusionPass",
+        ),
+        (["optimize", EXAMPLE, "-o", "nowhere/o.onnx"], "does not exist"),
+        (["optimize", EXAMPLE], "Missing option '-o'"),
+    ],
+)
+def test_errors_are_one_line_with_exit_status_2(tmp_path, args, message):
+    args = [
+        str(tmp_path / a) if a in ("missing.onnx", "nowhere/o.onnx", "o.onnx") else a for a in args
+    ]
+    proc = opfuse(*args)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / "o.onnx").exists()

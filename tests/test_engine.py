@@ -1,0 +1,193 @@
+"""The rewrite engine: worklist to fixpoint, loop guard, counts, reasons, subgraphs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from helpers import model_from_text, op_types
+from opfuse.errors import EngineError
+from opfuse.registry import PassInfo
+from opfuse.rewrite import Builder, Match, Op, Options, PassContext, Rule, Var
+from opfuse.rewrite.driver import REWRITE_BUDGET_MIN, Driver
+from opfuse.rewrite.stats import EffectLog
+
+HEAD = '<ir_version: 8, opset_import: ["" : 17]>'
+
+
+def run(model: ir.Model, *rules: Rule) -> EffectLog:
+    log = EffectLog()
+    ctx = PassContext(model, Options(), log)
+    info = PassInfo("TestFusionPass", "test", rules=rules)
+    Driver(ctx, [info]).run()
+    return log
+
+
+class NegNeg(Rule):
+    """Neg(Neg(x)) ==> x"""
+
+    name = "neg_neg"
+    pattern = Op("Neg", Op("Neg", Var("x")))
+
+    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+        return [m.value("x")]
+
+
+class ReluToNeg(Rule):
+    name = "relu_to_abs"
+    pattern = Op("Relu", Var("x"))
+
+    def rewrite(self, m, b, ctx):
+        return [b.op("Abs", [m.value("x")])]
+
+
+class AbsToRelu(Rule):
+    name = "abs_to_relu"
+    pattern = Op("Abs", Var("x"))
+
+    def rewrite(self, m, b, ctx):
+        return [b.op("Relu", [m.value("x")])]
+
+
+def chain(n: int) -> ir.Model:
+    body = "\n".join(f"t{i + 1} = Neg(t{i})" for i in range(n))
+    return model_from_text(f"{HEAD}\ng (float[2] t0) => (float[2] t{n}) {{\n{body}\n}}")
+
+
+def test_worklist_reaches_the_fixpoint_in_one_run():
+    model = chain(8)
+    log = run(model, NegNeg())
+    # the last pair would forward the graph input to the graph output: refused
+    assert op_types(model) == {"Neg": 2}
+    stats = next(iter(log))
+    assert stats.effected == 3
+    assert any("graph input" in r for r in stats.reasons)
+
+
+def test_odd_chain_keeps_one_node_and_output_name():
+    model = chain(5)
+    run(model, NegNeg())
+    assert op_types(model) == {"Neg": 1}
+    assert model.graph.outputs[0].name == "t5"
+
+
+def test_rules_that_undo_each_other_stop_with_a_clear_error():
+    model = model_from_text(
+        f"{HEAD}\ng (float[2] x) => (float[2] y) {{\n t = Relu(x)\n y = Sigmoid(t)\n}}"
+    )
+    with pytest.raises(
+        EngineError,
+        match="did not converge.*relu_to_abs.*abs_to_relu|did not converge.*abs_to_relu.*relu_to_abs",
+    ):
+        run(model, ReluToNeg(), AbsToRelu())
+
+
+def test_check_reason_is_recorded_and_nothing_changes():
+    class Refuse(NegNeg):
+        name = "refuse"
+
+        def check(self, m, ctx):
+            return "not today"
+
+    model = chain(2)
+    log = run(model, Refuse())
+    stats = next(iter(log))
+    assert (stats.matched, stats.effected) == (1, 0)
+    assert stats.reasons == {"not today": 1}
+    assert op_types(model) == {"Neg": 2}
+
+
+def test_intermediate_with_another_consumer_is_refused_by_the_engine():
+    model = model_from_text(
+        f"{HEAD}\ng (float[2] x) => (float[2] y, float[2] z) {{\n a = Neg(x)\n y = Neg(a)\n z = Relu(a)\n}}"
+    )
+    log = run(model, NegNeg())
+    stats = next(iter(log))
+    assert stats.effected == 0
+    assert any("another consumer" in r for r in stats.reasons)
+
+
+def test_float_constant_of_another_dtype_is_refused():
+    class AddConst(Rule):
+        name = "add_const"
+        pattern = Op("Add", Var("x"), Var("c"))
+        constants = ("c",)
+
+        def rewrite(self, m, b, ctx):
+            return [m.value("x")]
+
+    model = model_from_text(
+        f"{HEAD}\ng (float[2] x) => (float[2] y) {{\n c = Constant<value=double[2] {{0.0, 0.0}}>()\n"
+        " d = Cast<to=1>(c)\n y = Add(x, d)\n}"
+    )
+    log = run(model, AddConst())
+    assert "c is not a constant" in next(iter(log)).reasons
+
+
+def test_rewrites_apply_inside_subgraphs():
+    then_branch = "then_g () => (float[2] a) { a = Neg(n1) }"
+    model = model_from_text(
+        f"""{HEAD}
+        g (float[2] x, bool c) => (float[2] y) {{
+          n0 = Neg(x)
+          n1 = Neg(n0)
+          y = If(c) <then_branch = {then_branch}, else_branch = else_g () => (float[2] b) {{
+             e0 = Neg(x)
+             e1 = Neg(e0)
+             b = Relu(e1)
+          }}>
+        }}"""
+    )
+    log = run(model, NegNeg())
+    assert next(iter(log)).effected == 2  # n0/n1 in the main graph, e0/e1 in the else body
+    assert op_types(model) == {"If": 1, "Neg": 1, "Relu": 1}
+
+
+def test_outer_value_used_by_a_subgraph_has_another_consumer():
+    model = model_from_text(
+        f"""{HEAD}
+        g (float[2] x, bool c) => (float[2] y, float[2] z) {{
+          n0 = Neg(x)
+          y = Neg(n0)
+          z = If(c) <then_branch = t () => (float[2] a) {{ a = Relu(n0) }},
+                     else_branch = e () => (float[2] b) {{ b = Sigmoid(n0) }}>
+        }}"""
+    )
+    log = run(model, NegNeg())
+    assert next(iter(log)).effected == 0
+
+
+def test_cost_is_linear_in_graph_size():
+    """Rule attempts per node stay constant as the graph grows (no rescans per match)."""
+    calls = {"n": 0}
+
+    class Counting(NegNeg):
+        name = "counting"
+
+        def match(self, node, ctx):
+            calls["n"] += 1
+            return super().match(node, ctx)
+
+    per_node = []
+    for n in (200, 2000):
+        calls["n"] = 0
+        run(chain(n), Counting())
+        per_node.append(calls["n"] / n)
+    assert per_node[1] <= per_node[0] * 1.1
+    assert REWRITE_BUDGET_MIN > 0
+
+
+def test_builder_constants_are_registered_only_on_commit():
+    class MakesConstThenRefuses(Rule):
+        name = "refuse_late"
+        pattern = Op("Neg", Var("x"))
+
+        def rewrite(self, m, b, ctx):
+            b.const(np.ones(2, np.float32), "never")
+            return [m.value("x")]  # graph input -> graph output: refused by the engine
+
+    model = model_from_text(f"{HEAD}\ng (float[2] x) => (float[2] y) {{\n y = Neg(x)\n}}")
+    log = run(model, MakesConstThenRefuses())
+    assert "never" not in model.graph.initializers
+    assert next(iter(log)).effected == 0
