@@ -5,5 +5,6 @@ from opfuse.passes import (
     batchnorm,  # noqa: F401
     cleanup,  # noqa: F401
     dead_code,  # noqa: F401  (last, mandatory)
+    replace,  # noqa: F401
     strip_unused,  # noqa: F401  (first: later passes see only what is kept)
 )
