@@ -6,5 +6,6 @@ from opfuse.passes import (
     cleanup,  # noqa: F401
     dead_code,  # noqa: F401  (last, mandatory)
     replace,  # noqa: F401
+    softmax,  # noqa: F401
     strip_unused,  # noqa: F401  (first: later passes see only what is kept)
 )

@@ -1,0 +1,119 @@
+"""Softmax written out in small ops, folded back into one Softmax (CANN's SoftmaxFusionPass).
+
+    e = Exp(x - ReduceMax(x, axis))  or  e = Exp(x)
+    y = Div(e, ReduceSum(e, axis))                  ==>  y = Softmax(x, axis)
+
+Both reductions must keep their dims and reduce one and the same axis. Before opset 13
+Softmax flattens the input to 2-D at ``axis`` and normalises over all the trailing dims
+together, which equals the written-out form only for the last axis.
+
+Softmax subtracts the maximum itself, so the form without ``ReduceMax`` gives the same
+numbers except where the original overflows: Exp(x) is inf for x above ~88 (float32;
+~11 for float16) and the original yields NaN there, where Softmax gives the right value.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from opfuse.passes._util import attr, rank
+from opfuse.registry import PassInfo, register
+from opfuse.rewrite import Builder, Match, PassContext, Rule
+from opfuse.rewrite.pattern import DEFAULT_DOMAINS, const_array
+
+
+def producer(value: ir.Value | None, op_type: str) -> ir.Node | None:
+    """The default-domain node of ``op_type`` that makes ``value``, else None."""
+    node = value.producer() if value is not None else None
+    if node is None or node.op_type != op_type or node.domain not in DEFAULT_DOMAINS:
+        return None
+    return node
+
+
+def reduce_axes(node: ir.Node) -> list[int] | None:
+    """A Reduce* node's axes (attribute, or constant second input); [] reduces all dims
+    (or none, with noop_with_empty_axes); None when the axes input is not constant."""
+    axes = attr(node, "axes")
+    if axes is not None:
+        return [int(a) for a in axes]
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        array = const_array(node.inputs[1])
+        return None if array is None else [int(a) for a in array.reshape(-1)]
+    return []
+
+
+def single_axis(node: ir.Node, x_rank: int | None) -> tuple[int | None, str | None]:
+    """The one axis a keepdims reduction reduces, normalised when the rank is known."""
+    axes = reduce_axes(node)
+    if axes is None:
+        return None, f"{node.op_type} axes are not constant"
+    if len(axes) != 1:
+        return None, f"{node.op_type} does not reduce exactly one axis"
+    if not attr(node, "keepdims", 1):
+        return None, f"{node.op_type} drops the reduced axis (keepdims=0)"
+    axis = axes[0]
+    if axis < 0 and x_rank is not None:
+        axis += x_rank
+    return axis, None
+
+
+class SoftmaxRule(Rule):
+    """Div(Exp(x [- ReduceMax(x)]), ReduceSum(Exp(...))) on one axis ==> Softmax(x, axis)"""
+
+    name = "softmax"
+    roots = ("Div",)
+
+    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
+        e, s = node.inputs[0], node.inputs[1]
+        exp, total = producer(e, "Exp"), producer(s, "ReduceSum")
+        if exp is None or total is None or total.inputs[0] is not e:
+            return None
+        m = Match(node)
+        m.nodes += [node, exp, total]
+        m.node_names.update(div=node, exp=exp, sum=total)
+        z = exp.inputs[0]
+        sub = producer(z, "Sub")
+        peak = producer(sub.inputs[1], "ReduceMax") if sub is not None else None
+        if sub is not None and peak is not None and peak.inputs[0] is sub.inputs[0]:
+            m.nodes += [sub, peak]
+            m.node_names.update(sub=sub, max=peak)
+            z = sub.inputs[0]
+        assert z is not None
+        m.values["x"] = z
+        return m
+
+    def check(self, m: Match, ctx: PassContext) -> str | None:
+        x = m.value("x")
+        x_rank = rank(x)
+        if x.dtype is None or not x.dtype.is_floating_point():
+            return "input is not a float tensor"
+        axis, reason = single_axis(m.node("sum"), x_rank)
+        if reason:
+            return reason
+        if "max" in m:
+            max_axis, reason = single_axis(m.node("max"), x_rank)
+            if reason:
+                return reason
+            if max_axis != axis:
+                return "ReduceMax and ReduceSum reduce different axes"
+        if ctx.opset < 13:
+            if x_rank is None:
+                return "input rank unknown (Softmax before opset 13 needs the last axis)"
+            if axis not in (-1, x_rank - 1):
+                return "Softmax before opset 13 normalises all dims after axis: not the last axis"
+        return None
+
+    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+        axis, _ = single_axis(m.node("sum"), rank(m.value("x")))
+        return [b.op("Softmax", [m.value("x")], {"axis": axis}, like=m.root)]
+
+
+register(
+    PassInfo(
+        "SoftmaxFusionPass",
+        "Fold Exp / ReduceSum / Div (with or without the max subtraction) into Softmax",
+        rules=(SoftmaxRule(),),
+        note="without the max subtraction, the original gives NaN where Exp overflows; "
+        "Softmax gives the right value there",
+    )
+)
