@@ -246,12 +246,15 @@ def verify(
 
 
 @app.command()
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table")
 def passes(fmt: str) -> None:
     """List every pass: switch name, section, default, opset range."""
-    from opfuse.registry import all_passes
+    from opfuse.registry import all_passes, markdown_table
 
     infos = all_passes()
+    if fmt == "markdown":
+        click.echo(markdown_table(infos), nl=False)
+        return
     if fmt == "json":
         rows = [
             {

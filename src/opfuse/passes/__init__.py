@@ -1,11 +1,17 @@
-"""Every pass module; importing one registers its passes. The order here is the order
-passes run in (CANN prints its effect log in execution order too)."""
+"""Every pass module, in the order its passes run (CANN prints its effect log in execution
+order too). To add a module, put its name at its place in PIPELINE_ORDER: the registry
+sorts passes by it, so import order (which isort may change) does not matter."""
 
-from opfuse.passes import (
-    batchnorm,  # noqa: F401
-    cleanup,  # noqa: F401
-    dead_code,  # noqa: F401  (last, mandatory)
-    replace,  # noqa: F401
-    softmax,  # noqa: F401
-    strip_unused,  # noqa: F401  (first: later passes see only what is kept)
+import importlib
+
+PIPELINE_ORDER = (
+    "strip_unused",  # first: later passes see only what is kept
+    "cleanup",
+    "replace",
+    "softmax",
+    "batchnorm",
+    "dead_code",  # last, mandatory
 )
+
+for _module in PIPELINE_ORDER:
+    importlib.import_module(f"opfuse.passes.{_module}")
