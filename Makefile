@@ -19,8 +19,8 @@ demo: $(STAMP)
 		--log-level info --fusion-result build/fusion_result.json
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check
+	$(BIN)/ruff format --check
 	$(BIN)/mypy
 
 test: lint
