@@ -10,6 +10,7 @@ PIPELINE_ORDER = (
     "replace",
     "softmax",
     "batchnorm",
+    "conv_fc",
     "dead_code",  # last, mandatory
 )
 
