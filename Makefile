@@ -15,6 +15,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	mkdir -p build
 	$(BIN)/opfuse optimize src/opfuse/examples/convnet.onnx -o build/convnet.opt.onnx \
 		--log-level info --fusion-result build/fusion_result.json
 
