@@ -11,6 +11,7 @@ PIPELINE_ORDER = (
     "softmax",
     "batchnorm",
     "conv_fc",
+    "pad_conv",
     "dead_code",  # last, mandatory
 )
 
