@@ -12,6 +12,7 @@ PIPELINE_ORDER = (
     "batchnorm",
     "conv_fc",
     "pad_conv",
+    "transformer",
     "conv_concat",
     "dead_code",  # last, mandatory
 )
