@@ -5,9 +5,13 @@ forms they leave alone, with reasons; --target-opset converts first."""
 from __future__ import annotations
 
 import numpy as np
+import onnx_ir as ir
 import pytest
+from click.testing import CliRunner
 
 from helpers import check_rule, effected, model_from_text, op_types, reasons, run_passes
+from opfuse.cli import app
+from opfuse.errors import OpfuseError
 from opfuse.rewrite.context import Options
 
 LN, GELU, RMS = "LayerNormFusionPass", "GeluFusionPass", "RMSNormFusionPass"
@@ -311,3 +315,26 @@ def test_gelu_needs_opset_20_and_target_opset_converts():
     optimized, result = check_rule(model, GELU, options=Options(target_opset=20))
     assert result.model.opset_imports[""] == 20
     assert op_types(result.model) == {"Gelu": 1}
+
+
+def test_target_opset_never_lowers_and_same_opset_is_kept():
+    model = gelu(GELU_ERF.replace("PRODUCT", PRODUCTS[0]), opset=20)
+    with pytest.raises(OpfuseError, match="lower than the model's opset 20"):
+        run_passes(model, GELU, options=Options(target_opset=17))
+    result = run_passes(model, GELU, options=Options(target_opset=20))
+    assert result.model is model and model.opset_imports[""] == 20
+
+
+def test_cli_target_opset_converts_fuses_and_verifies(tmp_path):
+    model = gelu(GELU_ERF.replace("PRODUCT", PRODUCTS[0]), opset=17)
+    src, dst = tmp_path / "gelu17.onnx", tmp_path / "out.onnx"
+    ir.save(model, src)
+    runner = CliRunner()
+    plain = runner.invoke(app, ["optimize", str(src), "-o", str(dst)])
+    assert plain.exit_code == 0, plain.output
+    assert "Gelu" not in op_types(ir.load(dst)) and ir.load(dst).opset_imports[""] == 17
+    converted = runner.invoke(app, ["optimize", str(src), "-o", str(dst), "--target-opset", "20"])
+    assert converted.exit_code == 0, converted.output
+    assert "verification: ok" in converted.output
+    out = ir.load(dst)
+    assert out.opset_imports[""] == 20 and op_types(out) == {"Gelu": 1}
