@@ -338,3 +338,28 @@ def test_cli_target_opset_converts_fuses_and_verifies(tmp_path):
     assert "verification: ok" in converted.output
     out = ir.load(dst)
     assert out.opset_imports[""] == 20 and op_types(out) == {"Gelu": 1}
+
+
+def test_gelu_with_a_broadcasting_constant_is_not_fused():
+    body = GELU_ERF.replace("PRODUCT", PRODUCTS[0]).replace(
+        "half = Constant<value = float {0.5}>()", "half = Constant<value = float[1,1,1] {0.5}>()"
+    )
+    model = model_from_text(
+        f"""
+        <ir_version: 10, opset_import: ["" : 20]>
+        g (float[2,{H}] x) => (float[1,2,{H}] y) {{{body}
+        }}"""
+    )
+    optimized, result = check_rule(model, GELU)
+    assert "Gelu" not in op_types(optimized)
+    assert "a constant's rank may broadcast the output" in reasons(result, GELU)
+
+
+def test_layer_norm_with_a_vector_epsilon_is_not_fused():
+    model = layer_norm()
+    model.graph.initializers["eps"].const_value = ir.tensor(
+        np.full(H, 1e-5, np.float32), name="eps"
+    )
+    optimized, result = check_rule(model, LN)
+    assert "LayerNormalization" not in op_types(optimized)
+    assert "epsilon is not a scalar" in reasons(result, LN)

@@ -58,15 +58,20 @@ def full_pads(m: Match, x_rank: int | None) -> tuple[np.ndarray | None, str | No
         pads = array.reshape(-1)
     pads = np.asarray(pads, dtype=np.int64)
     if "axes" not in m:
+        if len(pads) % 2 or (x_rank is not None and len(pads) != 2 * x_rank):
+            return None, "Pad's pads do not match the input rank"
         return pads, None
     axes = const_array(m.value("axes"))
     if axes is None:
         return None, "Pad's axes are not constant"
     if x_rank is None:
         return None, "input rank unknown"
+    axes = axes.reshape(-1)
+    if len(pads) != 2 * len(axes):
+        return None, "Pad's pads do not match its axes"
     full = np.zeros(2 * x_rank, dtype=np.int64)
-    for i, axis in enumerate(int(a) % x_rank for a in axes.reshape(-1)):
-        full[axis], full[axis + x_rank] = pads[i], pads[i + len(axes.reshape(-1))]
+    for i, axis in enumerate(int(a) % x_rank for a in axes):
+        full[axis], full[axis + x_rank] = pads[i], pads[i + len(axes)]
     return full, None
 
 

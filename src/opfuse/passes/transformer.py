@@ -97,6 +97,29 @@ def inverse_root(root: ir.Node) -> tuple[ir.Value, ir.Node, list[ir.Node]] | Non
     return None
 
 
+def bind_constants(m: Match) -> None:
+    """Bind every float constant input of the matched nodes (so the engine checks their
+    dtype); integer ones are reduction axes."""
+    for node in m.nodes:
+        for i, value in enumerate(node.inputs):
+            if value is not None and (value.producer() not in m.nodes):
+                array = const_array(value)
+                if array is not None and np.issubdtype(array.dtype, np.floating):
+                    m.values.setdefault(f"{node.op_type}{id(node)}_{i}", value)
+                    m.consts.setdefault(f"{node.op_type}{id(node)}_{i}", array)
+
+
+def broadcast_reason(m: Match, x: ir.Value) -> str | None:
+    """Why a constant of the match could broadcast the output beyond x's shape."""
+    x_rank = None if x.shape is None else len(x.shape)
+    for array in m.consts.values():
+        if array.size != 1:
+            return "a constant is not a scalar"
+        if array.ndim > 0 and (x_rank is None or array.ndim > x_rank):
+            return "a constant's rank may broadcast the output"
+    return None
+
+
 def suffix_axis(axes: Sequence[int], x_rank: int | None) -> int | None:
     """The first axis when ``axes`` are the trailing dims (negative as given when the
     rank is unknown), else None."""
@@ -146,6 +169,7 @@ class NormRule(Rule):
             m.values["x"] = sub.inputs[0]  # type: ignore[assignment]
         else:
             m.values["x"] = num
+        bind_constants(m)
         return m
 
     def axis(self, m: Match) -> tuple[int | None, str | None]:
@@ -170,6 +194,9 @@ class NormRule(Rule):
             return f"input is {x.dtype}, not float32/float64"
         if m["eps"].size != 1:
             return "epsilon is not a scalar"
+        reason = broadcast_reason(m, x)
+        if reason:
+            return reason
         axis, reason = self.axis(m)
         if reason or axis is None:
             return reason
@@ -351,6 +378,7 @@ class GeluRule(Rule):
                 m.nodes += [node, inner, add, act, *found[1]]
                 m.values["x"] = x
                 m.node_names["act"] = act
+                bind_constants(m)
                 return m
         return None
 
@@ -358,7 +386,7 @@ class GeluRule(Rule):
         dtype = m.value("x").dtype
         if dtype is None or not dtype.is_floating_point():
             return "input is not a float tensor"
-        return None
+        return broadcast_reason(m, m.value("x"))
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
         approximate = "tanh" if m.node("act").op_type == "Tanh" else "none"
