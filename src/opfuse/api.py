@@ -179,13 +179,18 @@ def optimize_file(
     select_passes(switch_table, enable, disable, where=str(fusion_switch_file or "switch file"))
     model = io.load_model(input_path)
     external = io.has_external_data(model) or None  # keep external data external
-    result = optimize_model(
-        model,
-        switch_table=switch_table,
-        enable=enable,
-        disable=disable,
-        options=options,
-    )
+    try:
+        result = optimize_model(
+            model,
+            switch_table=switch_table,
+            enable=enable,
+            disable=disable,
+            options=options,
+        )
+    except OpfuseError as exc:  # e.g. --inputs/--outputs naming no tensor: name the file
+        if str(input_path) in str(exc):
+            raise
+        raise type(exc)(f"{input_path}: {exc}") from None
     model = result.model
     with io.staged_save(model, output_path, input_path=input_path, external=external) as staged:
         if verify:

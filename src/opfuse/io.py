@@ -159,13 +159,27 @@ def check_output_path(out: str | os.PathLike[str], inputs: list[str | os.PathLik
         if Path(inp).resolve() == target.resolve():
             raise OpfuseError(f"{target}: output path is the input model; choose another path")
     folder = target.parent if str(target.parent) else Path(".")
+    if folder.exists() and not folder.is_dir():
+        raise OpfuseError(f"{target}: output folder {folder} is not a folder")
     if not folder.is_dir():
         raise OpfuseError(f"{target}: output folder {folder} does not exist")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise OpfuseError(f"{target}: output folder {folder} is not writable")
     if target.is_dir():
         raise OpfuseError(f"{target}: output path is a folder")
+    _probe_writable(target, folder)
     return target
+
+
+def _probe_writable(target: Path, folder: Path) -> None:
+    """Create and remove a temporary file in ``folder``: os.access says yes to root
+    everywhere, and pseudo file systems (/proc, /sys) refuse only when written to."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".opfuse-probe-", dir=folder)
+    except OSError as exc:
+        raise OpfuseError(
+            f"{target}: cannot write in output folder {folder}: {exc.strerror or exc}"
+        ) from None
+    os.close(fd)
+    os.unlink(name)
 
 
 @contextlib.contextmanager
@@ -188,7 +202,10 @@ def staged_save(
     data_name = target.name + ".data" if external else None
     if data_name:
         _refuse_input_data_file(model, target.parent / data_name, input_path)
-    staging = Path(tempfile.mkdtemp(prefix=".opfuse-", dir=target.parent))
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=".opfuse-", dir=target.parent))
+    except OSError as exc:
+        raise OpfuseError(f"{target}: cannot write: {exc.strerror or exc}") from None
     try:
         staged = staging / target.name
         try:

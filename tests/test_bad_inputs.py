@@ -1,0 +1,292 @@
+"""Hostile and broken inputs: every case is one line on stderr naming the problem and the
+file, exit status 2, no traceback, and nothing written.
+
+The table runs ``opfuse.cli.main`` in-process (the console entry point, with its error
+handling) so that it stays fast; ``test_real_process`` runs a few rows as a subprocess to
+show the installed command behaves the same.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from opfuse import cli
+
+OUT = "out.onnx"
+
+
+def small_model(opset: int = 17) -> onnx.ModelProto:
+    """x[1,4] -> Add(w) -> Relu -> y, with a 4-float initializer."""
+    w = numpy_helper.from_array(np.arange(4, dtype=np.float32), "w")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["x", "w"], ["a"], name="add"),
+            helper.make_node("Relu", ["a"], ["y"], name="relu"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def write_model(d: Path, model: onnx.ModelProto | None = None) -> Path:
+    path = d / "m.onnx"
+    onnx.save_model(model or small_model(), str(path))
+    return path
+
+
+def external_model(d: Path, location: str, length: int | None = None) -> Path:
+    """A model whose ``w`` points to external data at ``location`` (the file is written
+    beside the model as ``w.bin`` with the 16 real bytes)."""
+    model = small_model()
+    w = model.graph.initializer[0]
+    (d / "w.bin").write_bytes(w.raw_data or numpy_helper.to_array(w).tobytes())
+    w.ClearField("raw_data")
+    w.ClearField("float_data")
+    w.data_location = TensorProto.EXTERNAL
+    entries = {"location": location, "offset": "0", "length": str(length or 16)}
+    for k, v in entries.items():
+        w.external_data.add(key=k, value=v)
+    path = d / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def empty(d: Path) -> list[str]:
+    (d / "m.onnx").write_bytes(b"")
+    return ["optimize", str(d / "m.onnx"), "-o", str(d / OUT)]
+
+
+def text_file(d: Path) -> list[str]:
+    (d / "m.onnx").write_text("this is a README, not a model\n" * 20)
+    return ["optimize", str(d / "m.onnx"), "-o", str(d / OUT)]
+
+
+def truncated(d: Path) -> list[str]:
+    data = small_model().SerializeToString()
+    (d / "m.onnx").write_bytes(data[: len(data) // 2])
+    return ["optimize", str(d / "m.onnx"), "-o", str(d / OUT)]
+
+
+def fails_checker(d: Path) -> list[str]:
+    model = small_model()
+    model.graph.node[1].input[0] = "nowhere"  # Relu reads a value nothing produces
+    return ["optimize", str(write_model(d, model)), "-o", str(d / OUT)]
+
+
+def opset(version: int) -> Callable[[Path], list[str]]:
+    def case(d: Path) -> list[str]:
+        return ["optimize", str(write_model(d, small_model(version))), "-o", str(d / OUT)]
+
+    return case
+
+
+def external(location: str | Callable[[Path], str], length: int | None = None):
+    def case(d: Path) -> list[str]:
+        loc = location(d) if callable(location) else location
+        return ["optimize", str(external_model(d, loc, length)), "-o", str(d / OUT)]
+
+    return case
+
+
+def absolute_location(d: Path) -> str:
+    return str(d / "w.bin")
+
+
+def escaping_location(d: Path) -> str:
+    """Down into a folder and back up past the model's own."""
+    return "sub/../../w.bin"
+
+
+def escaping_case(d: Path) -> list[str]:
+    """The model sits in d/models and reads d/w.bin through ``../``."""
+    models = d / "models"
+    models.mkdir()
+    path = external_model(d, "../w.bin")
+    path.rename(models / "m.onnx")
+    return ["optimize", str(models / "m.onnx"), "-o", str(models / OUT)]
+
+
+def output_is_input(d: Path) -> list[str]:
+    path = write_model(d)
+    return ["optimize", str(path), "-o", str(d / "." / "m.onnx")]
+
+
+def output_folder(sub: str) -> Callable[[Path], list[str]]:
+    def case(d: Path) -> list[str]:
+        (d / "file").write_text("a regular file, not a folder")
+        target = sub.replace("{d}", str(d))
+        return ["optimize", str(write_model(d)), "-o", target]
+
+    return case
+
+
+def switch(content: str) -> Callable[[Path], list[str]]:
+    def case(d: Path) -> list[str]:
+        (d / "switch.json").write_text(content)
+        return [
+            "optimize",
+            str(write_model(d)),
+            "-o",
+            str(d / OUT),
+            "--fusion-switch-file",
+            str(d / "switch.json"),
+        ]
+
+    return case
+
+
+def cut(option: str, name: str) -> Callable[[Path], list[str]]:
+    def case(d: Path) -> list[str]:
+        return ["optimize", str(write_model(d)), "-o", str(d / OUT), option, name]
+
+    return case
+
+
+def npz(**arrays: np.ndarray) -> Callable[[Path], list[str]]:
+    def case(d: Path) -> list[str]:
+        np.savez(d / "inputs.npz", **arrays)
+        return [
+            "optimize",
+            str(write_model(d)),
+            "-o",
+            str(d / OUT),
+            "--verify-inputs",
+            str(d / "inputs.npz"),
+        ]
+
+    return case
+
+
+def not_npz(d: Path) -> list[str]:
+    (d / "inputs.npz").write_text("not numpy")
+    return [
+        "optimize",
+        str(write_model(d)),
+        "-o",
+        str(d / OUT),
+        "--verify-inputs",
+        str(d / "inputs.npz"),
+    ]
+
+
+def verify_bad_original(d: Path) -> list[str]:
+    (d / "good.onnx").write_bytes(small_model().SerializeToString())
+    (d / "m.onnx").write_bytes(b"")
+    return ["verify", str(d / "m.onnx"), str(d / "good.onnx")]
+
+
+@dataclass
+class Case:
+    make: Callable[[Path], list[str]]
+    message: str  # a part of the one-line message
+    file: str | None = "m.onnx"  # the file the message must name (None: see `message`)
+
+
+X = np.zeros((1, 4), np.float32)
+CASES = {
+    "empty file": Case(empty, "empty file"),
+    "text file": Case(text_file, "not an ONNX model"),
+    "truncated protobuf": Case(truncated, "not an ONNX model or truncated"),
+    "fails onnx.checker": Case(fails_checker, "fails onnx.checker"),
+    "opset too new": Case(opset(99), "opset 99 is not supported"),
+    "opset too old": Case(opset(5), "opset 5 is not supported"),
+    "external data missing": Case(external("gone.bin"), "external data file 'gone.bin' is missing"),
+    "external data short": Case(
+        external("w.bin", length=64), "is shorter (16 bytes) than declared"
+    ),
+    "external data absolute": Case(external(absolute_location), "absolute external data location"),
+    "external data ../": Case(escaping_case, "outside the model's folder"),
+    "external data ../ and back": Case(external(escaping_location), "outside the model's folder"),
+    "output is the input": Case(output_is_input, "output path is the input model"),
+    "output folder missing": Case(
+        output_folder("{d}/nowhere/out.onnx"), "does not exist", "nowhere"
+    ),
+    # root ignores chmod, so unwritable folders are a path under a regular file and /proc
+    "output folder is a file": Case(output_folder("{d}/file/out.onnx"), "is not a folder", "file"),
+    "output folder /proc": Case(output_folder("/proc/opfuse-test.onnx"), "cannot write", "/proc"),
+    "switch file not JSON": Case(
+        switch("{GraphFusion: on"), "switch file is not JSON", "switch.json"
+    ),
+    "switch value On": Case(
+        switch('{"Switch": {"GraphFusion": {"ALL": "On"}}}'), 'is "On"; must be', "switch.json"
+    ),
+    "switch value 1": Case(
+        switch('{"Switch": {"GraphFusion": {"ConvBatchNormFusionPass": 1}}}'),
+        'is 1; must be "on" or "off"',
+        "switch.json",
+    ),
+    "switch unknown pass": Case(
+        switch('{"Switch": {"GraphFusion": {"NoSuchFusionPass": "on"}}}'),
+        "unknown pass 'NoSuchFusionPass'",
+        "switch.json",
+    ),
+    "--inputs unknown": Case(cut("--inputs", "ghost"), "'ghost' given to --inputs/--outputs"),
+    "--outputs unknown": Case(cut("--outputs", "ghost"), "'ghost' given to --inputs/--outputs"),
+    "npz missing input": Case(npz(other=X), "has no array for model input 'x'", "inputs.npz"),
+    "npz wrong dtype": Case(npz(x=X.astype(np.float64)), "is float64", "inputs.npz"),
+    "npz wrong shape": Case(npz(x=np.zeros((2, 4), np.float32)), "has shape [2, 4]", "inputs.npz"),
+    "npz extra array": Case(npz(x=X, z=X), "'z' is not a model input", "inputs.npz"),
+    "npz not numpy": Case(not_npz, "cannot read inputs .npz", "inputs.npz"),
+    "verify: empty original": Case(verify_bad_original, "empty file"),
+}
+
+
+def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str]:
+    monkeypatch.setattr(sys, "argv", ["opfuse", *args])
+    monkeypatch.delenv("OPFUSE_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    return int(exc.value.code or 0), capsys.readouterr().err
+
+
+def snapshot(d: Path) -> dict[str, int]:
+    return {str(p.relative_to(d)): p.stat().st_size for p in d.rglob("*")}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input(name, tmp_path, monkeypatch, capsys):
+    case = CASES[name]
+    args = case.make(tmp_path)
+    before = snapshot(tmp_path)
+    status, stderr = run_cli(args, monkeypatch, capsys)
+    lines = stderr.strip().splitlines()
+    assert status == 2, stderr
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    assert lines[0].startswith("opfuse: error: "), stderr
+    assert case.message in lines[0], stderr
+    if case.file:
+        assert case.file in lines[0], stderr
+    assert snapshot(tmp_path) == before  # nothing written, no staging folder left
+    assert not Path("/proc/opfuse-test.onnx").exists()
+
+
+@pytest.mark.parametrize("name", ["truncated protobuf", "switch value On", "npz wrong shape"])
+def test_real_process(name, tmp_path):
+    case = CASES[name]
+    args = case.make(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "opfuse", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "OPFUSE_DEBUG"},
+    )
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert case.message in proc.stderr
+    assert not (tmp_path / OUT).exists()
