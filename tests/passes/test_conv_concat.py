@@ -129,3 +129,18 @@ def test_non_constant_weight_stays_apart():
     result = run_passes(model, PASS)
     assert effected(result, PASS) == 0
     assert "Conv weight is not constant" in reasons(result, PASS)
+
+
+def test_non_constant_bias_stays_apart():
+    model = model_from_text(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1,3,6,6] x, float[2] b2) => (float[1,4,6,6] y1, float[1,2,6,6] y2) {
+          y1 = Conv(x, w1)
+          y2 = Conv(x, w2, b2)
+        }""",
+        weights(w1=(4, 3, 1, 1), w2=(2, 3, 1, 1)),
+    )
+    result = run_passes(model, PASS)
+    assert effected(result, PASS) == 0
+    assert "Conv bias is not constant" in reasons(result, PASS)

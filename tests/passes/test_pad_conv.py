@@ -195,3 +195,18 @@ def test_non_constant_pads_are_not_merged():
     )
     result = run_passes(model, PASS)
     assert "Pad's pads are not constant" in reasons(result, PASS)
+
+
+def test_non_constant_pad_value_is_not_merged():
+    model = model_from_text(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1,3,7,7] x, float v) => (float[1,4,?,?] y) {
+          pads = Constant<value = int64[8] {0, 0, 1, 1, 0, 0, 1, 1}>()
+          p = Pad(x, pads, v)
+          y = Conv(p, w)
+        }""",
+        {"w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32)},
+    )
+    result = run_passes(model, PASS)
+    assert "Pad's value is not constant" in reasons(result, PASS)

@@ -363,3 +363,77 @@ def test_layer_norm_with_a_vector_epsilon_is_not_fused():
     optimized, result = check_rule(model, LN)
     assert "LayerNormalization" not in op_types(optimized)
     assert "epsilon is not a scalar" in reasons(result, LN)
+
+
+def rms_custom(header: str, reduce: str, dims: str = f"2,3,{H}"):
+    return model_from_text(
+        f"""
+        <ir_version: 10, opset_import: ["" : 23]>
+        g ({header}) => (float[{dims}] y) {{
+          eps = Constant<value = float {{1e-6}}>()
+          q = Mul(x, x)
+          {reduce}
+          ve = Add(var, eps)
+          s = Sqrt(ve)
+          y = Div(x, s)
+        }}"""
+    )
+
+
+@pytest.mark.parametrize(
+    "header,reduce,dims,reason",
+    [
+        (
+            "float[3,3,3] x",
+            "ax = Constant<value = int64[1] {-1}>()\n var = ReduceMean<keepdims=0>(q, ax)",
+            "3,3,3",
+            "ReduceMean drops the reduced axes (keepdims=0)",
+        ),
+        (
+            f"float[2,3,{H}] x, int64[1] ax",
+            "var = ReduceMean(q, ax)",
+            f"2,3,{H}",
+            "ReduceMean axes are not constant",
+        ),
+        (
+            "float[2,3,N] x",
+            "ax = Constant<value = int64[1] {-1}>()\n var = ReduceMean(q, ax)",
+            "2,3,N",
+            "normalized dims are not static",
+        ),
+    ],
+)
+def test_rms_norm_not_fused(header, reduce, dims, reason):
+    model = rms_custom(header, reduce, dims)
+    result = run_passes(model, RMS)
+    assert "RMSNormalization" not in op_types(model)
+    assert reason in reasons(result, RMS)
+
+
+@pytest.mark.parametrize(
+    "body,outputs,reason",
+    [
+        (
+            "n, mean, inv = LayerNormalization(x, ones)\n y = Mul(n, gamma)",
+            ", float[2,1] mean",
+            "LayerNormalization '' output is a graph output",
+        ),
+        (
+            "n = LayerNormalization(x, gamma)\n y = Mul(n, gamma)",
+            "",
+            "LayerNormalization scale is not all ones",
+        ),
+    ],
+)
+def test_layer_norm_scale_not_folded(body, outputs, reason):
+    model = model_from_text(
+        f"""
+        <ir_version: 9, opset_import: ["" : 17]>
+        g (float[2,{H}] x) => (float[2,{H}] y{outputs}) {{
+          {body}
+        }}""",
+        {"gamma": affine()["gamma"]} | ({"ones": np.ones(H, np.float32)} if "ones" in body else {}),
+    )
+    optimized, result = check_rule(model, LN)
+    assert op_types(optimized)["Mul"] == 1
+    assert reason in reasons(result, LN)

@@ -8,8 +8,10 @@ Softmax flattens the input to 2-D at ``axis`` and normalises over all the traili
 together, which equals the written-out form only for the last axis.
 
 Softmax subtracts the maximum itself, so the form without ``ReduceMax`` gives the same
-numbers except where the original overflows: Exp(x) is inf for x above ~88 (float32;
-~11 for float16) and the original yields NaN there, where Softmax gives the right value.
+numbers except where the original's Exp leaves the float range: above ~88 (float32; ~11
+for float16) Exp(x) is inf and the original yields NaN, and when a whole row lies below
+~-87 its Exp values are denormal or zero and the original loses precision or yields
+0/0. Softmax gives the right value in both cases; the results differ only there.
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ register(
         "SoftmaxFusionPass",
         "Fold Exp / ReduceSum / Div (with or without the max subtraction) into Softmax",
         rules=(SoftmaxRule(),),
-        note="without the max subtraction, the original gives NaN where Exp overflows; "
-        "Softmax gives the right value there",
+        note="without the max subtraction the original is NaN or imprecise where Exp "
+        "overflows or a whole row underflows; Softmax gives the right value there",
     )
 )
