@@ -15,11 +15,24 @@ import numpy as np
 import onnx_ir as ir
 
 from opfuse.passes._util import attr, rank
-from opfuse.passes.batchnorm import out_channels, scale_out_channels
 from opfuse.rewrite import Builder, Match
 from opfuse.rewrite.pattern import DEFAULT_DOMAINS, const_array
 
 LINEAR_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+def scale_out_channels(w: np.ndarray, s: np.ndarray, transposed: bool, group: int) -> np.ndarray:
+    """Multiply a Conv (or ConvTranspose) weight by s along its output channels."""
+    if not transposed:
+        return w * s.reshape((-1,) + (1,) * (w.ndim - 1))
+    c_in, m_per_group = w.shape[0], w.shape[1]
+    grouped = w.reshape((group, c_in // group, m_per_group) + w.shape[2:])
+    factors = s.reshape((group, 1, m_per_group) + (1,) * (w.ndim - 2))
+    return (grouped * factors).reshape(w.shape)
+
+
+def out_channels(w: np.ndarray, transposed: bool, group: int) -> int:
+    return int(w.shape[1] * group) if transposed else int(w.shape[0])
 
 
 def producer(value: ir.Value | None, *op_types: str) -> ir.Node | None:
@@ -284,6 +297,19 @@ def _single_use(value: ir.Value) -> ir.Node | None:
     return uses[0].node
 
 
+def continues_chain(node: ir.Node, shapes: list[tuple[int, ...]] | None = None) -> bool:
+    """Whether the one consumer of ``node`` (an affine step with constants of
+    ``shapes``) is an affine step that continues its chain."""
+    if shapes is None:
+        step = affine_step(node)
+        if step is None:
+            return False
+        shapes = [tuple(step.const.shape)]
+    consumer = _single_use(node.outputs[0])
+    nxt = affine_step(consumer) if consumer is not None else None
+    return nxt is not None and not isinstance(channel_axis([*shapes, nxt.const.shape]), str)
+
+
 def chain_ending_at(node: ir.Node, max_len: int = 32) -> Chain | None:
     """The longest per-channel affine chain ending at ``node``, or None when ``node`` is
     not an affine step or its one consumer continues the chain (the chain is matched
@@ -305,11 +331,8 @@ def chain_ending_at(node: ir.Node, max_len: int = 32) -> Chain | None:
             break
         steps.insert(0, prev)
         shapes.append(tuple(prev.const.shape))
-    consumer = _single_use(node.outputs[0])
-    if consumer is not None:
-        nxt = affine_step(consumer)
-        if nxt is not None and not isinstance(channel_axis([*shapes, nxt.const.shape]), str):
-            return None  # the consumer continues the chain: match there
+    if continues_chain(node, shapes):
+        return None  # match there
     s, t = np.asarray(1.0), np.asarray(0.0)
     for step in steps:
         s, t = apply_step(step, s, t)

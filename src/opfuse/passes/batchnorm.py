@@ -1,4 +1,5 @@
-"""BatchNormalization folded into the linear layer before it.
+"""BatchNormalization folded into the linear layer before it (Conv, ConvTranspose;
+MatMul, Gemm when BN's channel axis 1 is the weight's output axis, i.e. a rank-2 output).
 
     y = gamma * (conv(x, W) + b - mean) / sqrt(var + eps) + beta
       = conv(x, W * s) + (b - mean) * s + beta,        s = gamma / sqrt(var + eps)
@@ -9,10 +10,21 @@ with s applied per output channel. Arithmetic is done in float64 and cast back o
 from __future__ import annotations
 
 import numpy as np
+import onnx_ir as ir
 
+from opfuse.passes._affine import (
+    Linear,
+    find_linear,
+    fold,
+    linear_reason,
+    out_channels,
+    producer,
+    scale_out_channels,
+)
 from opfuse.passes._util import attr
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Match, Op, Optional, PassContext, Rule, Var
+from opfuse.rewrite.pattern import const_array
 
 BN_PARAMS = ("scale", "bias", "mean", "var")
 
@@ -38,20 +50,6 @@ def bn_check(m: Match, ctx: PassContext, bn: str = "bn") -> str | None:
     if len(shapes) != 1 or len(next(iter(shapes))) != 1:
         return "BatchNormalization parameters are not 1-D of one length"
     return None
-
-
-def scale_out_channels(w: np.ndarray, s: np.ndarray, transposed: bool, group: int) -> np.ndarray:
-    """Multiply a Conv (or ConvTranspose) weight by s along its output channels."""
-    if not transposed:
-        return w * s.reshape((-1,) + (1,) * (w.ndim - 1))
-    c_in, m_per_group = w.shape[0], w.shape[1]
-    grouped = w.reshape((group, c_in // group, m_per_group) + w.shape[2:])
-    factors = s.reshape((group, 1, m_per_group) + (1,) * (w.ndim - 2))
-    return (grouped * factors).reshape(w.shape)
-
-
-def out_channels(w: np.ndarray, transposed: bool, group: int) -> int:
-    return int(w.shape[1] * group) if transposed else int(w.shape[0])
 
 
 class ConvBatchNormRule(Rule):
@@ -103,11 +101,101 @@ class ConvBatchNormRule(Rule):
         return [out]
 
 
+def identity_reshape(reshape: ir.Node) -> bool:
+    """Whether a Reshape's output shape provably equals its input's (the second Reshape
+    of the compression toolkit's Reshape -> MatMul -> Reshape -> BN sandwich)."""
+    x = reshape.inputs[0]
+    target_value = reshape.inputs[1] if len(reshape.inputs) > 1 else None
+    target = const_array(target_value)
+    if x is None or x.shape is None or target is None:
+        return False
+    dims, wanted = list(x.shape), [int(d) for d in target.reshape(-1)]
+    allowzero = bool(attr(reshape, "allowzero", 0))
+    if len(dims) != len(wanted):
+        return False
+    unresolved = []
+    for i, (d, w) in enumerate(zip(dims, wanted, strict=True)):
+        if (w == 0 and not allowzero) or (isinstance(d, int) and w == d):
+            continue
+        unresolved.append((i, w))
+    # a single -1 takes whatever is left, which is its own dim when all others match
+    return not unresolved or (len(unresolved) == 1 and unresolved[0][1] == -1)
+
+
+class MatMulBatchNormRule(Rule):
+    """[Reshape(] MatMul/Gemm(x, W) [+ b] [)] -> BatchNormalization
+    ==> MatMul/Gemm(x, W*s) + (b - mean)*s + beta, when BN's axis 1 is the weight's
+    output axis (rank-2 output, or a Transpose that puts it there)"""
+
+    name = "matmul_bn"
+    roots = ("BatchNormalization",)
+
+    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
+        if len(node.inputs) != 5 or node.inputs[0] is None:
+            return None
+        m = Match(node)
+        m.nodes.append(node)
+        m.node_names["bn"] = node
+        for key, value in zip(BN_PARAMS, node.inputs[1:], strict=True):
+            assert value is not None
+            m.values[key] = value
+        value = node.inputs[0]
+        reshape = producer(value, "Reshape")
+        if reshape is not None and reshape.inputs[0] is not None:
+            m.nodes.append(reshape)
+            m.node_names["reshape"] = reshape
+            value = reshape.inputs[0]
+        lin = find_linear(value, ("MatMul", "Gemm"))
+        if lin is None:
+            return None
+        m.linear = lin  # type: ignore[attr-defined]
+        return m
+
+    constants = BN_PARAMS
+
+    def check(self, m: Match, ctx: PassContext) -> str | None:
+        reason = bn_check(m, ctx)
+        if reason:
+            return reason
+        if "reshape" in m.node_names and not identity_reshape(m.node("reshape")):
+            return "the Reshape between the MatMul and the BatchNormalization changes the shape"
+        lin: Linear | str = m.linear  # type: ignore[attr-defined]
+        if isinstance(lin, str):
+            return lin
+        if lin.axis != 1:
+            return (
+                f"BatchNormalization normalizes axis 1 of the rank-{lin.rank} {lin.node.op_type} "
+                f"output; the weight's output axis is axis {lin.axis}"
+            )
+        if lin.channels != m["scale"].shape[0]:
+            return f"BatchNormalization channels differ from the {lin.node.op_type}'s outputs"
+        return linear_reason(m, lin, [(lin.channels,) + (1,) * (lin.rank - 2)])
+
+    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+        lin: Linear = m.linear  # type: ignore[attr-defined]
+        s, t = bn_affine(m)
+        out = fold(lin, b, s, t)
+        if "reshape" in m.node_names:
+            reshape = m.node("reshape")
+            attrs = dict(reshape.attributes.items())
+            out = b.op("Reshape", [out, reshape.inputs[1]], attrs, like=reshape)
+        return [out]
+
+
 register(
     PassInfo(
         "ConvBatchNormFusionPass",
         "Fold inference BatchNormalization into the Conv/ConvTranspose before it "
         "(plain, depthwise, grouped)",
         rules=(ConvBatchNormRule(),),
+    )
+)
+register(
+    PassInfo(
+        "MatMulBatchNormFusionPass",
+        "Fold inference BatchNormalization into the MatMul/Gemm (+ bias Add) before it, "
+        "also through an identity Reshape (Reshape -> MatMul -> Reshape -> BN), when BN's "
+        "channel axis is the weight's output axis",
+        rules=(MatMulBatchNormRule(),),
     )
 )

@@ -33,7 +33,7 @@ from opfuse.passes._affine import (
     ChainMatch,
     affine_step,
     body_of,
-    chain_ending_at,
+    continues_chain,
     fold_chain,
     linear_reason,
     match_chain,
@@ -116,7 +116,7 @@ class MatMulBiasAddRule(Rule):
             mm = producer(a, "MatMul")
         if mm is None or len(mm.inputs) != 2:
             return None
-        if affine_step(node) is not None and chain_ending_at(node) is None:
+        if continues_chain(node):
             return None  # a BatchNorm-like chain continues after it; it folds as a whole
         m = Match(node)
         m.nodes += [node, mm]

@@ -1,0 +1,257 @@
+"""ConvMulFusionPass, ConvAddFusionPass, MatMulBiasAddFusionPass: Mul/Add of scalar or
+per-channel constants folded into the linear layer before them (also across an NHWC
+Transpose and a MatMul's bias Add), a Mul before a Conv/MatMul folded into its weights
+(with padding), rank-2 MatMul + Add into Gemm, and the cases each refuses."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from helpers import check_rule, effected, model_from_text, op_types, reasons
+
+MUL, ADD, GEMM = "ConvMulFusionPass", "ConvAddFusionPass", "MatMulBiasAddFusionPass"
+rng = np.random.default_rng(2)
+CIN, C, K = 3, 4, 6
+
+INITS = {
+    "w": rng.standard_normal((C, CIN, 3, 3)).astype(np.float32),
+    "wg": rng.standard_normal((C, 1, 3, 3)).astype(np.float32),  # depthwise over C inputs
+    "wt": rng.standard_normal((CIN, C // 2, 3, 3)).astype(np.float32),  # ConvTranspose
+    "b": rng.standard_normal(C).astype(np.float32),
+    "wm": rng.standard_normal((K, C)).astype(np.float32),
+    "wn": rng.standard_normal((C, K)).astype(np.float32),
+    "bm": rng.standard_normal(C).astype(np.float32),
+    "c_nchw": rng.uniform(0.5, 2, (1, C, 1, 1)).astype(np.float32),
+    "c_in": rng.uniform(0.5, 2, (1, CIN, 1, 1)).astype(np.float32),
+    "c_inc": rng.uniform(0.5, 2, (1, C, 1, 1)).astype(np.float32),
+    "c_chw": rng.uniform(0.5, 2, (C, 1, 1)).astype(np.float32),
+    "c_nhwc": rng.uniform(0.5, 2, (1, 1, 1, C)).astype(np.float32),
+    "c_vec": rng.uniform(0.5, 2, C).astype(np.float32),
+    "c_k": rng.uniform(0.5, 2, K).astype(np.float32),
+    "c_h": rng.uniform(0.5, 2, (1, 1, 5, 1)).astype(np.float32),
+    "c_big": rng.uniform(0.5, 2, (2, 3, C)).astype(np.float32),
+    "two": np.array(2.5, np.float32),
+    "c_w5": rng.uniform(0.5, 2, (1, 5, 1, 1)).astype(np.float32),
+    "c_k1": rng.uniform(0.5, 2, (K, 1)).astype(np.float32),
+}
+
+
+def build(body: str, inputs: str = f"float[1,{CIN},5,5] x", outputs: str = "float[?,?,?,?] y"):
+    used = set(re.findall(r"\w+", body))
+    return model_from_text(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g ({inputs}) => ({outputs}) {{
+          {body}
+        }}""",
+        {k: v for k, v in INITS.items() if k in used},
+    )
+
+
+CONV = "h = Conv<pads=[1,1,1,1]>(x, w, b)"
+MM_IN = f"float[3,{K}] x"
+MM_OUT = f"float[3,{C}] y"
+
+
+@pytest.mark.parametrize(
+    "body,inputs,outputs,expected",
+    [
+        (f"{CONV}\ny = Mul(h, c_nchw)", None, None, {"Conv": 1}),
+        (f"{CONV}\ny = Mul(c_chw, h)", None, None, {"Conv": 1}),
+        ("h = Conv(x, w)\ny = Mul(h, two)", None, None, {"Conv": 1}),
+        (f"{CONV}\ny = Div(h, c_nchw)", None, None, {"Conv": 1}),
+        (
+            "h = ConvTranspose<group=1>(x, wt)\ny = Mul(h, c_vec2)",
+            None,
+            None,
+            {"ConvTranspose": 1},
+        ),
+        (
+            f"{CONV}\nt = Transpose<perm=[0,2,3,1]>(h)\ny = Mul(t, c_nhwc)",
+            None,
+            None,
+            {"Conv": 1, "Transpose": 1},
+        ),
+        ("h = Gemm<transB=1>(x, wn, bm)\ny = Mul(h, c_vec)", MM_IN, MM_OUT, {"Gemm": 1}),
+        (
+            "m = MatMul(x, wm)\nh = Add(m, bm)\ny = Mul(h, c_vec)",
+            MM_IN,
+            MM_OUT,
+            {"MatMul": 1, "Add": 1},
+        ),
+        (
+            "h = MatMul(x, wm)\ny = Mul(h, c_vec)",
+            f"float[2,3,{K}] x",
+            f"float[2,3,{C}] y",
+            {"MatMul": 1},
+        ),
+    ],
+)
+def test_mul_after_layer_folds(body, inputs, outputs, expected):
+    if "c_vec2" in body:
+        INITS["c_vec2"] = rng.uniform(0.5, 2, (1, C // 2, 1, 1)).astype(np.float32)
+    model = build(body, inputs or f"float[1,{CIN},5,5] x", outputs or "float[?,?,?,?] y")
+    optimized, result = check_rule(model, MUL)
+    assert op_types(optimized) == expected
+    assert effected(result, MUL, "conv_mul") == 1
+
+
+@pytest.mark.parametrize(
+    "body,reason",
+    [
+        (f"{CONV}\ny = Mul(h, c_h)", "constants vary along axis 2, the channels are on axis 1"),
+        (
+            f"{CONV}\nt = Transpose<perm=[0,2,3,1]>(h)\ny = Mul(t, c_w5)",
+            "constants vary along axis 1, the channels are on axis 3",
+        ),
+        ("h = Conv(x, v)\ny = Mul(h, c_nchw)", "Conv weight is not a constant"),
+        (f"{CONV}\ny = Mul(h, c_nchw)\nz = Relu(h)", "another consumer"),
+    ],
+)
+def test_mul_after_layer_refused(body, reason):
+    inputs = f"float[1,{CIN},5,5] x" + (f", float[{C},{CIN},3,3] v" if " v)" in body else "")
+    outputs = "float[?,?,?,?] y" + (", float[?,?,?,?] z" if "z =" in body else "")
+    model = build(body, inputs, outputs)
+    optimized, result = check_rule(model, MUL)
+    assert effected(result, MUL) == 0
+    assert any(reason in r for r in reasons(result, MUL)), reasons(result, MUL)
+
+
+@pytest.mark.parametrize(
+    "body,inputs,outputs,expected",
+    [
+        (f"{CONV}\ny = Add(h, c_nchw)", None, None, {"Conv": 1}),
+        ("h = Conv(x, w)\ny = Sub(h, c_chw)", None, None, {"Conv": 1}),
+        (
+            f"{CONV}\nt = Transpose<perm=[0,2,3,1]>(h)\ny = Add(t, c_vec)",
+            None,
+            None,
+            {"Conv": 1, "Transpose": 1},
+        ),
+        ("h = Gemm(x, wm)\ny = Add(h, c_vec)", MM_IN, MM_OUT, {"Gemm": 1}),
+        (
+            "m = MatMul(x, wm)\nh = Add(m, bm)\ny = Add(h, c_vec)",
+            f"float[2,3,{K}] x",
+            f"float[2,3,{C}] y",
+            {"MatMul": 1, "Add": 1},
+        ),
+    ],
+)
+def test_add_after_layer_folds(body, inputs, outputs, expected):
+    model = build(body, inputs or f"float[1,{CIN},5,5] x", outputs or "float[?,?,?,?] y")
+    optimized, result = check_rule(model, ADD)
+    assert op_types(optimized) == expected
+    assert effected(result, ADD, "conv_add") == 1
+
+
+def test_add_after_layer_refused_for_non_per_channel_constant():
+    model = build(f"{CONV}\ny = Add(h, c_h)")
+    optimized, result = check_rule(model, ADD)
+    assert effected(result, ADD) == 0
+    assert "constants vary along axis 2, the channels are on axis 1" in reasons(result, ADD)
+
+
+def test_add_after_a_bare_matmul_is_left_to_gemm():
+    model = build("h = MatMul(x, wm)\ny = Add(h, c_vec)", f"float[2,3,{K}] x", f"float[2,3,{C}] y")
+    optimized, result = check_rule(model, ADD, GEMM)
+    assert op_types(optimized) == {"MatMul": 1, "Add": 1}
+    assert effected(result, ADD) == 0 and effected(result, GEMM) == 0
+    assert "MatMul operands are not both 2-D" in reasons(result, GEMM)
+
+
+@pytest.mark.parametrize(
+    "body,inputs",
+    [
+        ("h = MatMul(x, wm)\ny = Add(h, bm)", MM_IN),
+        ("h = MatMul(x, wm)\ny = Add(bias, h)", f"{MM_IN}, float[3,{C}] bias"),
+        ("h = MatMul(x, v)\ny = Add(h, bm)", f"{MM_IN}, float[{K},{C}] v"),
+    ],
+)
+def test_matmul_bias_add_becomes_gemm(body, inputs):
+    model = build(body, inputs, MM_OUT)
+    optimized, result = check_rule(model, GEMM)
+    assert op_types(optimized) == {"Gemm": 1}
+    assert effected(result, GEMM, "matmul_bias_add") == 1
+
+
+@pytest.mark.parametrize(
+    "body,inputs,outputs,reason",
+    [
+        (
+            "h = MatMul(x, wm)\ny = Add(h, c_big)",
+            MM_IN,
+            f"float[2,3,{C}] y",
+            "bias does not broadcast to the MatMul output [M, N]",
+        ),
+        (
+            "h = MatMul(x, v)\ny = Add(h, v2)",
+            "int32[3,2] x, int32[2,2] v, int32[2] v2",
+            "int32[3,2] y",
+            "output is not floating point",
+        ),
+    ],
+)
+def test_matmul_bias_add_refused(body, inputs, outputs, reason):
+    model = build(body, inputs, outputs)
+    optimized, result = check_rule(model, GEMM)
+    assert "Gemm" not in op_types(optimized)
+    assert reason in reasons(result, GEMM)
+
+
+@pytest.mark.parametrize(
+    "body,inputs,outputs,expected",
+    [
+        ("s = Mul(x, c_in)\ny = Conv<pads=[1,1,1,1]>(s, w, b)", None, None, {"Conv": 1}),
+        ('s = Mul(x, two)\ny = Conv<auto_pad="SAME_UPPER">(s, w)', None, None, {"Conv": 1}),
+        (
+            "s = Mul(x, c_inc)\ny = Conv<pads=[1,1,1,1], group=4>(s, wg)",
+            f"float[1,{C},5,5] x",
+            None,
+            {"Conv": 1},
+        ),
+        (
+            "s = Mul(x, c_k)\ny = MatMul(s, wm)",
+            f"float[2,3,{K}] x",
+            f"float[2,3,{C}] y",
+            {"MatMul": 1},
+        ),
+        ("s = Mul(c_k, x)\ny = Gemm<transB=1>(s, wn, bm)", MM_IN, MM_OUT, {"Gemm": 1}),
+    ],
+)
+def test_mul_before_layer_folds(body, inputs, outputs, expected):
+    model = build(body, inputs or f"float[1,{CIN},5,5] x", outputs or "float[?,?,?,?] y")
+    optimized, result = check_rule(model, MUL)
+    assert op_types(optimized) == expected
+    assert effected(result, MUL, "mul_conv") == 1
+
+
+@pytest.mark.parametrize(
+    "body,inputs,reason",
+    [
+        (
+            "s = Mul(x, c_h)\ny = Conv<pads=[1,1,1,1]>(s, w, b)",
+            None,
+            "constants vary along axis 2, the channels are on axis 1",
+        ),
+        ("s = Mul(x, c_k1)\ny = Gemm<transA=1>(s, wm)", f"float[{K},3] x", "Gemm transposes A"),
+    ],
+)
+def test_mul_before_layer_refused(body, inputs, reason):
+    model = build(
+        body,
+        inputs or f"float[1,{CIN},5,5] x",
+        "float[?,?,?,?] y" if "Conv" in body else "float[3,4] y",
+    )
+    optimized, result = check_rule(model, MUL)
+    assert effected(result, MUL) == 0
+    assert reason in reasons(result, MUL)
+
+
+def test_add_before_a_padded_conv_is_not_folded():
+    # conv(pad(x + c)) != conv(pad(x)) + conv(c): the border holds 0, not c
+    model = build("s = Add(x, c_in)\ny = Conv<pads=[1,1,1,1]>(s, w, b)")
+    optimized, result = check_rule(model, MUL, ADD, GEMM)
+    assert op_types(optimized) == {"Add": 1, "Conv": 1}
