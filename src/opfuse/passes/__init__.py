@@ -9,6 +9,7 @@ PIPELINE_ORDER = (
     "cleanup",
     "replace",
     "softmax",
+    "layout",  # before the Conv fusions: BN small ops meet their Conv once Transposes are gone
     "batchnorm",
     "grouped_conv",
     "bn_small_ops",
