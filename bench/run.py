@@ -1,0 +1,279 @@
+"""Run the benchmark table: ``python -m bench.run [--quick] [MODEL.onnx ...]``.
+
+Every optimization, every numeric check and every latency measurement runs in a child
+process with a timeout, so a crash or a hang costs one cell of the table, not the run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from bench import measure, report, scale
+from bench.proc import ROOT, run_python
+from bench.tools import TOOLS
+
+ZOO_SRC = ROOT.parent / "shared" / "zoo"
+ZOO_DIR = ROOT / "bench" / "zoo"
+OUT_DIR = ROOT / "bench" / "out"
+DOCS = ROOT / "docs" / "BENCHMARKS.md"
+QUICK_MODELS = ("squeezenet1_1", "mobilenet_v3_small", "transformer_tiny")
+SCALE_MODELS = ("transformer_tiny", "tx100")
+VALID_REL_ERR = 1e-3  # a tool's output counts as correct at or below this relative error
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    p.add_argument("models", nargs="*", help="extra model files to benchmark")
+    p.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK_MODELS)}")
+    p.add_argument("--only", default="", help="comma-separated zoo model names")
+    p.add_argument("--no-zoo", action="store_true", help="only the models given")
+    p.add_argument("--tools", default=",".join(TOOLS), help="comma-separated tool names")
+    p.add_argument("--zoo-src", type=Path, default=ZOO_SRC, help="the zoo with materialize.py")
+    p.add_argument("--zoo-dir", type=Path, default=ZOO_DIR, help="materialized models (ignored)")
+    p.add_argument("--out", type=Path, default=OUT_DIR, help="results folder (ignored)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per optimization")
+    p.add_argument("--check-timeout", type=float, default=300, help="seconds per check")
+    p.add_argument("--latency-budget", type=float, default=None, help="seconds per model")
+    p.add_argument("--no-latency", action="store_true")
+    p.add_argument(
+        "--scale",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="the ~40k-node model (auto: on unless --quick or --only/--no-zoo)",
+    )
+    p.add_argument(
+        "--docs",
+        type=Path,
+        default=None,
+        help=f"write the report here too (the full default run writes {DOCS.relative_to(ROOT)})",
+    )
+    p.add_argument("--keep", action="store_true", help="keep the optimized models")
+    args = p.parse_args(argv)
+    unknown = [t for t in args.tools.split(",") if t and t not in TOOLS]
+    if unknown:
+        p.error(f"unknown tool {unknown[0]!r}; known: {', '.join(TOOLS)}")
+    args.tools = [t for t in args.tools.split(",") if t]
+    full = not (args.quick or args.only or args.no_zoo or args.models)
+    if args.latency_budget is None:
+        args.latency_budget = 5.0 if args.quick else 25.0
+    if args.scale == "auto":
+        args.scale = "on" if full else "off"
+    if args.docs is None and full and args.tools == list(TOOLS):
+        args.docs = DOCS
+    return args
+
+
+def zoo_models(args: argparse.Namespace) -> list[Path]:
+    """The zoo models of this run, materialized into the ignored zoo folder."""
+    if args.no_zoo:
+        return []
+    names = list(QUICK_MODELS) if args.quick else [n for n in args.only.split(",") if n]
+    if not names:
+        names = sorted(p.stem for p in (args.zoo_src / "models").glob("*.onnx"))
+    return materialize(args, names)
+
+
+def materialize(args: argparse.Namespace, names: list[str]) -> list[Path]:
+    """Run the zoo's materialize.py for the models not materialized yet."""
+    missing = [n for n in names if not (args.zoo_dir / f"{n}.onnx").exists()]
+    if missing:
+        args.zoo_dir.mkdir(parents=True, exist_ok=True)
+        script = args.zoo_src / "materialize.py"
+        res = run_python([str(script), str(args.zoo_dir), *missing], timeout=900)
+        if res.returncode != 0:
+            raise SystemExit(f"bench: {script} failed: {res.failure()}")
+    return [args.zoo_dir / f"{n}.onnx" for n in names]
+
+
+def log(text: str) -> None:
+    print(text, flush=True)
+
+
+def optimize(tool: str, src: Path, dst: Path, timeout: float) -> dict[str, object]:
+    """One tool on one model in a worker process: status, time, peak memory, nodes, size."""
+    if not TOOLS[tool].installed():
+        return {"status": "not installed"}
+    result_json = dst.with_suffix(".time.json")
+    result_json.unlink(missing_ok=True)
+    dst.unlink(missing_ok=True)
+    res = run_python(["-m", "bench.worker", tool, str(src), str(dst), str(result_json)], timeout)
+    row: dict[str, object] = {"process_s": round(res.wall_s, 3)}
+    if res.returncode != 0 or not result_json.exists() or not dst.exists():
+        row["status"] = res.failure() or "no output written"
+        row["peak_mb"] = res.peak_kb / 1024 if res.peak_kb else None
+        return row
+    timing = json.loads(result_json.read_text())
+    row["status"] = "ok"
+    row["optimize_s"] = timing["seconds"]
+    row["peak_mb"] = max(timing["peak_kb"], res.peak_kb) / 1024
+    row["nodes"] = measure.node_count(dst)
+    row["bytes"] = measure.file_bytes(dst)
+    return row
+
+
+def check(model: Path, workdir: Path, timeout: float) -> dict[str, object]:
+    out = workdir / f"{model.stem}.check.json"
+    out.unlink(missing_ok=True)
+    res = run_python(["-m", "bench.measure", "check", str(model), str(workdir), str(out)], timeout)
+    if res.returncode != 0 or not out.exists():
+        return {"check": res.failure() or "no result"}
+    return {"check": "ok", **json.loads(out.read_text())}
+
+
+def bench_model(path: Path, args: argparse.Namespace) -> dict[str, object]:
+    name = path.stem
+    workdir = args.out / "work" / name
+    workdir.mkdir(parents=True, exist_ok=True)
+    entry: dict[str, object] = {"model": name, "path": str(path), "rows": {}}
+    rows: dict[str, dict[str, object]] = entry["rows"]  # type: ignore[assignment]
+    res = run_python(
+        ["-m", "bench.measure", "reference", str(path), str(workdir)], args.check_timeout
+    )
+    if res.returncode != 0:
+        entry["error"] = f"the original does not run: {res.failure()}"
+        log(f"  {name}: {entry['error']}")
+        return entry
+    original = {
+        "status": "ok",
+        "nodes": measure.node_count(path),
+        "bytes": measure.file_bytes(path),
+    }
+    original.update(check(path, workdir, args.check_timeout))
+    rows["original"] = original
+    variants = {"original": path}
+    for tool in args.tools:
+        dst = workdir / f"{tool}.onnx"
+        row = optimize(tool, path, dst, args.timeout)
+        if row["status"] == "ok":
+            row.update(check(dst, workdir, args.check_timeout))
+            if row["check"] == "ok":
+                variants[tool] = dst
+        rows[tool] = row
+        log(f"  {name} {tool}: {report.short(row)}")
+    if not args.no_latency:
+        lat_json = workdir / "latency.json"
+        lat_json.unlink(missing_ok=True)
+        cmd = [
+            "-m",
+            "bench.measure",
+            "latency",
+            str(lat_json),
+            str(args.latency_budget),
+            str(workdir / "inputs.npz"),
+            *map(str, variants.values()),
+        ]
+        res = run_python(cmd, args.check_timeout + 20 * args.latency_budget)
+        if res.returncode == 0 and lat_json.exists():
+            lat = json.loads(lat_json.read_text())
+            entry["latency_runs"] = lat["runs"]
+            base = lat["models"][str(path)]
+            for key, variant in variants.items():
+                figures = lat["models"][str(variant)]
+                rows[key].update(figures)
+                for level in measure.LEVELS:
+                    rows[key][f"latency_{level}_ratio"] = (
+                        figures[f"latency_{level}_s"] / base[f"latency_{level}_s"]
+                    )
+        else:
+            entry["latency_error"] = res.failure() or "no result"
+            log(f"  {name} latency: {entry['latency_error']}")
+    if not args.keep:
+        for tool in args.tools:
+            (workdir / f"{tool}.onnx").unlink(missing_ok=True)
+    return entry
+
+
+def bench_scale(results: list[dict[str, object]], args: argparse.Namespace) -> dict[str, object]:
+    """Optimize time per 1,000 nodes on the transformer stacks, tool by tool."""
+    table: dict[str, object] = {}
+    by_name = {str(e["model"]): e for e in results}
+    for name in SCALE_MODELS:
+        if name in by_name and "rows" in by_name[name]:
+            rows = by_name[name]["rows"]
+            table[name] = {
+                "nodes": rows["original"]["nodes"],  # type: ignore[index]
+                "tools": {t: rows[t] for t in args.tools if t in rows},
+            }  # type: ignore[operator]
+    if args.scale == "on":
+        materialize(args, sorted(set(scale.STACK)))
+        big = scale.build(args.zoo_dir, args.out / "scale")
+        workdir = args.out / "work" / big.stem
+        workdir.mkdir(parents=True, exist_ok=True)
+        tools = {}
+        for tool in args.tools:
+            row = optimize(tool, big, workdir / f"{tool}.onnx", args.timeout)
+            log(f"  {big.stem} {tool}: {report.short(row)}")
+            tools[tool] = row
+            if not args.keep:
+                (workdir / f"{tool}.onnx").unlink(missing_ok=True)
+        table[big.stem] = {"nodes": measure.node_count(big), "tools": tools}
+    for entry in table.values():
+        nodes = entry["nodes"]  # type: ignore[index]
+        for row in entry["tools"].values():  # type: ignore[index]
+            if row.get("status") == "ok":
+                row["s_per_1k_nodes"] = row["optimize_s"] / (nodes / 1000)
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    command = (
+        "python -m bench.run"
+        + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
+    )
+    models = zoo_models(args) + [Path(m).resolve() for m in args.models]
+    for m in models:
+        if not m.exists():
+            raise SystemExit(f"bench: {m} does not exist")
+    args.out.mkdir(parents=True, exist_ok=True)
+    for tool in args.tools:
+        if not TOOLS[tool].installed():
+            log(f"bench: {tool} is not installed; its rows say so")
+    results = []
+    for i, path in enumerate(models, 1):
+        log(f"[{i}/{len(models)}] {path.stem}")
+        results.append(bench_model(path, args))
+    log("scale")
+    scale_table = bench_scale(results, args)
+    doc = {
+        "command": command,
+        "machine": report.machine(),
+        "tools": {t: TOOLS[t].how for t in args.tools},
+        "settings": {
+            "batch": measure.BATCH,
+            "dynamic_dim": measure.DIM,
+            "seed": measure.SEED,
+            "threads": 1,
+            "warmup": measure.WARMUP,
+            "latency_budget_s": args.latency_budget,
+            "timeout_s": args.timeout,
+            "valid_rel_err": VALID_REL_ERR,
+        },
+        "models": results,
+        "scale": scale_table,
+        "total_s": time.perf_counter() - started,
+    }
+    doc["goals"] = report.goals(doc)
+    (args.out / "results.json").write_text(json.dumps(doc, indent=1))
+    text = report.markdown(doc)
+    (args.out / "results.md").write_text(text)
+    if args.docs:
+        args.docs.parent.mkdir(parents=True, exist_ok=True)
+        args.docs.write_text(text)
+    log(
+        f"wrote {args.out / 'results.md'} and results.json"
+        + (f" and {args.docs}" if args.docs else "")
+        + f" in {doc['total_s']:.0f} s"
+    )
+    if not args.keep:
+        shutil.rmtree(args.out / "work", ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

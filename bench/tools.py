@@ -1,0 +1,109 @@
+"""The optimizers under test. Each runs file to file inside bench.worker, in its own process;
+a tool whose package is missing is reported as "not installed"."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    package: str  # distribution name, for the version
+    module: str  # import name, for the installed check
+    how: str  # what the run does, for the docs
+    optimize: Callable[[str, str], None]
+
+    def installed(self) -> bool:
+        try:
+            return importlib.util.find_spec(self.module) is not None
+        except (ImportError, ValueError):
+            return False
+
+    def version(self) -> str:
+        try:
+            return importlib.metadata.version(self.package)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+
+def _opfuse(src: str, dst: str) -> None:
+    from opfuse.cli import app
+
+    # The CLI as users call it; verification is measured by the harness, not timed here.
+    app.main(["optimize", "--no-verify", src, "-o", dst], standalone_mode=False)
+
+
+def _onnxslim(src: str, dst: str) -> None:
+    import onnxslim
+
+    onnxslim.slim(src, output_model=dst)
+
+
+def _onnxsim(src: str, dst: str) -> None:
+    import onnx
+    import onnxsim
+
+    model, ok = onnxsim.simplify(onnx.load(src))
+    if not ok:
+        raise RuntimeError("onnxsim: simplified model failed its check")
+    onnx.save(model, dst)
+
+
+def _onnxoptimizer(src: str, dst: str) -> None:
+    import onnx
+    import onnxoptimizer
+
+    passes = onnxoptimizer.get_fuse_and_elimination_passes()
+    onnx.save(onnxoptimizer.optimize(onnx.load(src), passes), dst)
+
+
+def _ort_basic(src: str, dst: str) -> None:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    opts.optimized_model_filepath = dst
+    opts.log_severity_level = 3
+    ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
+
+
+TOOLS: dict[str, Tool] = {
+    t.name: t
+    for t in (
+        Tool(
+            "opfuse",
+            "opfuse",
+            "opfuse",
+            "`opfuse optimize --no-verify` (default switches)",
+            _opfuse,
+        ),
+        Tool(
+            "onnxslim", "onnxslim", "onnxslim", "`onnxslim.slim(src, output_model=dst)`", _onnxslim
+        ),
+        Tool(
+            "onnxsim",
+            "onnxsim",
+            "onnxsim",
+            "`onnxsim.simplify(model)` (defaults, no check)",
+            _onnxsim,
+        ),
+        Tool(
+            "onnxoptimizer",
+            "onnxoptimizer",
+            "onnxoptimizer",
+            "`onnxoptimizer.optimize(model, get_fuse_and_elimination_passes())`",
+            _onnxoptimizer,
+        ),
+        Tool(
+            "ort-basic",
+            "onnxruntime",
+            "onnxruntime",
+            "onnxruntime `ORT_ENABLE_BASIC` with `optimized_model_filepath`",
+            _ort_basic,
+        ),
+    )
+}
