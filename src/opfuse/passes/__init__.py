@@ -10,6 +10,7 @@ PIPELINE_ORDER = (
     "replace",
     "softmax",
     "layout",  # before the Conv fusions: BN small ops meet their Conv once Transposes are gone
+    "aipp",  # first-layer preprocessing into the first Conv, once its Transposes are gone
     "batchnorm",
     "grouped_conv",
     "bn_small_ops",
