@@ -19,6 +19,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
@@ -94,7 +95,7 @@ def session(path: str, level: str, threads: int = 1):
 def make_inputs(sess) -> dict[str, np.ndarray]:
     """Seeded inputs: normal floats; integers in {0, 1} so indices and masks stay valid."""
     rng = np.random.default_rng(SEED)
-    feeds = {}
+    feeds: dict[str, np.ndarray] = {}
     for spec in sess.get_inputs():
         dtype = ORT_DTYPES.get(spec.type)
         if dtype is None:
@@ -156,11 +157,9 @@ def reference(original: str, workdir: str) -> None:
     sess = session(original, "off")
     feeds = make_inputs(sess)
     outs = sess.run(None, feeds)
-    np.savez(Path(workdir) / "inputs.npz", **feeds)
-    np.savez(
-        Path(workdir) / "reference.npz",
-        **{o.name: v for o, v in zip(sess.get_outputs(), outs, strict=True)},
-    )
+    named: dict[str, Any] = {o.name: v for o, v in zip(sess.get_outputs(), outs, strict=True)}
+    np.savez(Path(workdir) / "inputs.npz", **cast(dict[str, Any], feeds))
+    np.savez(Path(workdir) / "reference.npz", **named)
 
 
 def _load(path: Path) -> dict[str, np.ndarray]:

@@ -34,7 +34,7 @@ class ProcResult:
 
     def failure(self) -> str:
         """A one-line reason for a failed run ("" when it succeeded)."""
-        if self.timed_out:
+        if self.returncode is None:
             return f"timeout after {self.wall_s:.0f} s"
         if self.returncode == 0:
             return ""

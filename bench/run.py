@@ -11,6 +11,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from bench import measure, report, scale
 from bench.proc import ROOT, run_python
@@ -93,7 +94,7 @@ def log(text: str) -> None:
     print(text, flush=True)
 
 
-def optimize(tool: str, src: Path, dst: Path, timeout: float) -> dict[str, object]:
+def optimize(tool: str, src: Path, dst: Path, timeout: float) -> dict[str, Any]:
     """One tool on one model in a worker process: status, time, peak memory, nodes, size."""
     if not TOOLS[tool].installed():
         return {"status": "not installed"}
@@ -101,7 +102,7 @@ def optimize(tool: str, src: Path, dst: Path, timeout: float) -> dict[str, objec
     result_json.unlink(missing_ok=True)
     dst.unlink(missing_ok=True)
     res = run_python(["-m", "bench.worker", tool, str(src), str(dst), str(result_json)], timeout)
-    row: dict[str, object] = {"process_s": round(res.wall_s, 3)}
+    row: dict[str, Any] = {"process_s": round(res.wall_s, 3)}
     if res.returncode != 0 or not result_json.exists() or not dst.exists():
         row["status"] = res.failure() or "no output written"
         row["peak_mb"] = res.peak_kb / 1024 if res.peak_kb else None
@@ -115,7 +116,7 @@ def optimize(tool: str, src: Path, dst: Path, timeout: float) -> dict[str, objec
     return row
 
 
-def check(model: Path, workdir: Path, timeout: float) -> dict[str, object]:
+def check(model: Path, workdir: Path, timeout: float) -> dict[str, Any]:
     out = workdir / f"{model.stem}.check.json"
     out.unlink(missing_ok=True)
     res = run_python(["-m", "bench.measure", "check", str(model), str(workdir), str(out)], timeout)
@@ -124,12 +125,12 @@ def check(model: Path, workdir: Path, timeout: float) -> dict[str, object]:
     return {"check": "ok", **json.loads(out.read_text())}
 
 
-def bench_model(path: Path, args: argparse.Namespace) -> dict[str, object]:
+def bench_model(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     name = path.stem
     workdir = args.out / "work" / name
     workdir.mkdir(parents=True, exist_ok=True)
-    entry: dict[str, object] = {"model": name, "path": str(path), "rows": {}}
-    rows: dict[str, dict[str, object]] = entry["rows"]  # type: ignore[assignment]
+    entry: dict[str, Any] = {"model": name, "path": str(path), "rows": {}}
+    rows: dict[str, dict[str, Any]] = entry["rows"]
     res = run_python(
         ["-m", "bench.measure", "reference", str(path), str(workdir)], args.check_timeout
     )
@@ -187,17 +188,17 @@ def bench_model(path: Path, args: argparse.Namespace) -> dict[str, object]:
     return entry
 
 
-def bench_scale(results: list[dict[str, object]], args: argparse.Namespace) -> dict[str, object]:
+def bench_scale(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     """Optimize time per 1,000 nodes on the transformer stacks, tool by tool."""
-    table: dict[str, object] = {}
+    table: dict[str, Any] = {}
     by_name = {str(e["model"]): e for e in results}
     for name in SCALE_MODELS:
         if name in by_name and "rows" in by_name[name]:
             rows = by_name[name]["rows"]
             table[name] = {
-                "nodes": rows["original"]["nodes"],  # type: ignore[index]
+                "nodes": rows["original"]["nodes"],
                 "tools": {t: rows[t] for t in args.tools if t in rows},
-            }  # type: ignore[operator]
+            }
     if args.scale == "on":
         materialize(args, sorted(set(scale.STACK)))
         big = scale.build(args.zoo_dir, args.out / "scale")
@@ -212,8 +213,8 @@ def bench_scale(results: list[dict[str, object]], args: argparse.Namespace) -> d
                 (workdir / f"{tool}.onnx").unlink(missing_ok=True)
         table[big.stem] = {"nodes": measure.node_count(big), "tools": tools}
     for entry in table.values():
-        nodes = entry["nodes"]  # type: ignore[index]
-        for row in entry["tools"].values():  # type: ignore[index]
+        nodes = entry["nodes"]
+        for row in entry["tools"].values():
             if row.get("status") == "ok":
                 row["s_per_1k_nodes"] = row["optimize_s"] / (nodes / 1000)
     return table
