@@ -1,20 +1,23 @@
 """Softmax written out in small ops, folded back into one Softmax (CANN's SoftmaxFusionPass).
 
-    e = Exp(x - ReduceMax(x, axis))  or  e = Exp(x)
+    e = Exp(x - ReduceMax(x, axis))
     y = Div(e, ReduceSum(e, axis))                  ==>  y = Softmax(x, axis)
 
 Both reductions must keep their dims and reduce one and the same axis. Before opset 13
 Softmax flattens the input to 2-D at ``axis`` and normalises over all the trailing dims
 together, which equals the written-out form only for the last axis.
 
-Softmax subtracts the maximum itself, so the form without ``ReduceMax`` gives the same
-numbers except where the original's Exp leaves the float range: above ~88 (float32; ~11
-for float16) Exp(x) is inf and the original yields NaN, and when a whole row lies below
+SoftmaxNoMaxFusionPass (off by default) folds the form without ``ReduceMax``
+(``e = Exp(x)``). Softmax subtracts the maximum itself, so it gives the same numbers
+except where the original's Exp leaves the float range: above ~88 (float32; ~11 for
+float16) Exp(x) is inf and the original yields NaN, and when a whole row lies below
 ~-87 its Exp values are denormal or zero and the original loses precision or yields
-0/0. Softmax gives the right value in both cases; the results differ only there.
+0/0. Softmax gives the right value in both cases, so the results differ there.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 import onnx_ir as ir
 
@@ -60,10 +63,11 @@ def single_axis(node: ir.Node, x_rank: int | None) -> tuple[int | None, str | No
 
 
 class SoftmaxRule(Rule):
-    """Div(Exp(x [- ReduceMax(x)]), ReduceSum(Exp(...))) on one axis ==> Softmax(x, axis)"""
+    """Div(Exp(x - ReduceMax(x)), ReduceSum(Exp(...))) on one axis ==> Softmax(x, axis)"""
 
     name = "softmax"
     roots = ("Div",)
+    with_max: ClassVar[bool] = True
 
     def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
         e, s = node.inputs[0], node.inputs[1]
@@ -85,6 +89,12 @@ class SoftmaxRule(Rule):
         return m
 
     def check(self, m: Match, ctx: PassContext) -> str | None:
+        if self.with_max and "max" not in m:
+            return (
+                "no max subtraction: Softmax differs where Exp overflows (SoftmaxNoMaxFusionPass)"
+            )
+        if not self.with_max and "max" in m:
+            return "has the max subtraction (SoftmaxFusionPass)"
         x = m.value("x")
         x_rank = rank(x)
         if x.dtype is None or not x.dtype.is_floating_point():
@@ -110,12 +120,29 @@ class SoftmaxRule(Rule):
         return [b.op("Softmax", [m.value("x")], {"axis": axis}, like=m.root)]
 
 
+class SoftmaxNoMaxRule(SoftmaxRule):
+    """Div(Exp(x), ReduceSum(Exp(x))) on one axis ==> Softmax(x, axis)"""
+
+    name = "softmax_no_max"
+    with_max = False
+
+
 register(
     PassInfo(
         "SoftmaxFusionPass",
-        "Fold Exp / ReduceSum / Div (with or without the max subtraction) into Softmax",
+        "Fold Exp(x - ReduceMax) / ReduceSum / Div into Softmax",
         rules=(SoftmaxRule(),),
-        note="without the max subtraction the original is NaN or imprecise where Exp "
-        "overflows or a whole row underflows; Softmax gives the right value there",
+    )
+)
+
+register(
+    PassInfo(
+        "SoftmaxNoMaxFusionPass",
+        "Fold Exp / ReduceSum / Div without the max subtraction into Softmax",
+        default=False,
+        rules=(SoftmaxNoMaxRule(),),
+        note="not exact: where Exp overflows (x above ~88 in float32) the original gives "
+        "NaN, and where a whole row underflows it is imprecise or NaN; Softmax gives the "
+        "right value there",
     )
 )
