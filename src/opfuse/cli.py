@@ -282,6 +282,12 @@ def passes(fmt: str) -> None:
     out.print(table)
 
 
+from opfuse.advisor.cli import advise, profile  # noqa: E402  (the advisor's commands)
+
+app.add_command(profile)
+app.add_command(advise)
+
+
 def main() -> None:
     """Console entry point: one-line errors and exit statuses instead of tracebacks."""
     try:

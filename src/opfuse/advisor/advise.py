@@ -1,0 +1,543 @@
+"""The advisor's pipeline: profile (or read a profile), map times onto the graph opfuse would
+deploy, grow and rank fusion groups, check constraints, and ask opfuse's passes and
+onnxruntime whether each recommendation is already applied. Returns the JSON report
+(schema ``opfuse.advise/1``, see docs/ADVISOR.md); report.py and html.py render it."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx_ir as ir
+
+from opfuse import io
+from opfuse.advisor import constraints
+from opfuse.advisor.attribution import Attribution, Resolver, attribute, runtime_kernels
+from opfuse.advisor.graph import OpGraph, from_chain, from_model
+from opfuse.advisor.groups import Group, grow_groups, rank_groups
+from opfuse.advisor.l2 import estimate_ratios, l2_chains
+from opfuse.advisor.opkinds import Kind, classify
+from opfuse.advisor.profile import (
+    Profile,
+    op_statistic,
+    read_op_summary,
+    read_ort_profile,
+    run_onnxruntime,
+    top_nodes,
+)
+from opfuse.advisor.target import load_target
+from opfuse.advisor.trial import AIPP_PASS, Trial, registered
+from opfuse.errors import OpfuseError
+from opfuse.registry import all_passes
+from opfuse.shapes import infer_shapes
+
+SCHEMA = "opfuse.advise/1"
+# ops that hardware preprocessing (AIPP) can take over in front of the first Conv
+PREPROCESS = frozenset(
+    {
+        "Cast",
+        "Transpose",
+        "Mul",
+        "Add",
+        "Sub",
+        "Div",
+        "Pad",
+        "BatchNormalization",
+        "TransData",
+        "Identity",
+        "Cast2",
+        "TransposeD",
+    }
+)
+NORMALIZATION = frozenset({"Mul", "Add", "Sub", "Div", "BatchNormalization"})
+Step = Callable[[str, int, int], None]
+
+
+@dataclass
+class AdviseOptions:
+    target: str | None = None
+    runs: int = 10
+    warmup: int = 2
+    threads: int = 0
+    provider: str = "CPUExecutionProvider"
+    graph_opt: str = "disable"
+    input_shapes: Mapping[str, list[int]] | None = None
+    top: int = 10
+    compare_onnxruntime: bool = True
+
+
+def default_target(provider: str, op_summary: bool) -> str:
+    if op_summary:
+        return "ascend310"
+    return "cuda" if provider.startswith("CUDA") else "cpu"
+
+
+def _name_nodes(model: ir.Model) -> None:
+    """Give every node a unique name (onnxruntime's profile names nodes by them)."""
+    seen: set[str] = set()
+    for i, node in enumerate(model.graph):
+        name = node.name or f"{node.op_type}_{i}"
+        while name in seen:
+            name = f"{name}_{i}"
+        node.name = name
+        seen.add(name)
+
+
+def _ort_graph(path: str | os.PathLike[str], level: str, provider: str, tmp: str) -> OpGraph:
+    """The graph onnxruntime runs after its own optimizations at ``level``."""
+    import onnxruntime as ort
+
+    levels = {
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }
+    out = os.path.join(tmp, f"ort_{level}_{Path(path).stem}.onnx")
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = levels.get(level, levels["all"])
+    opts.optimized_model_filepath = out
+    opts.log_severity_level = 3
+    providers = [provider] + (
+        ["CPUExecutionProvider"] if provider != "CPUExecutionProvider" else []
+    )
+    try:
+        ort.InferenceSession(str(path), opts, providers=providers)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise OpfuseError(f"{path}: onnxruntime cannot load the model: {first}") from None
+    return from_model(ir.load(out))
+
+
+class Advisor:
+    def __init__(self, options: AdviseOptions, step: Step | None = None) -> None:
+        self.opts = options
+        self.step = step or (lambda what, done, total: None)
+
+    # --- the pipeline ---------------------------------------------------------------------
+
+    def run(
+        self,
+        model_path: str | os.PathLike[str] | None,
+        profile_path: str | os.PathLike[str] | None = None,
+        op_summary: str | os.PathLike[str] | None = None,
+    ) -> dict[str, object]:
+        if model_path is None and op_summary is None:
+            raise OpfuseError("give a MODEL, or --op-summary CSV to advise from msprof alone")
+        if profile_path is not None and op_summary is not None:
+            raise OpfuseError("give --profile or --op-summary, not both")
+        if profile_path is not None and model_path is None:
+            raise OpfuseError("--profile needs the MODEL that produced it")
+        o = self.opts
+        self.target = load_target(o.target or default_target(o.provider, op_summary is not None))
+        with tempfile.TemporaryDirectory(prefix="opfuse-advise-") as tmp:
+            self.tmp = tmp
+            if model_path is not None:
+                self._load(model_path)
+            else:
+                self.original = None
+                self.trial = None
+            self.profile = self._profile(model_path, profile_path, op_summary)
+            if model_path is None:
+                recs = self.profile.records
+                self.graph = from_chain([r.name for r in recs], [r.op_type for r in recs])
+                self.resolver = Resolver(self.graph)
+            self.times = attribute(self.profile.records, self.resolver)
+            self.runtime_kernels: dict[int, list[str]] | None = None
+            if model_path is not None and o.compare_onnxruntime:
+                self.step("onnxruntime graph at ORT_ENABLE_ALL", 0, 1)
+                runtime = _ort_graph(self.analysed_path, "all", o.provider, tmp)
+                self.runtime_kernels = runtime_kernels(Resolver(self.graph, runtime=runtime))
+                self.step("onnxruntime graph at ORT_ENABLE_ALL", 1, 1)
+            return self._report(model_path)
+
+    def _load(self, model_path: str | os.PathLike[str]) -> None:
+        self.step("opfuse trial optimization", 0, 1)
+        original = io.load_model(model_path)
+        _name_nodes(original)
+        shaped = ir.from_proto(ir.to_proto(original))
+        infer_shapes(shaped)
+        self.original = shaped
+        self.original_graph = from_model(shaped)
+        self.original_types = {n.name: n.op_type for n in shaped.graph}
+        self.trial = Trial.run(original)
+        analysed = self.trial.result.model
+        _name_nodes(analysed)
+        self.analysed_path = os.path.join(self.tmp, "analysed.onnx")
+        ir.save(analysed, self.analysed_path)
+        self.graph = from_model(analysed)
+        self.resolver = Resolver(self.graph, self.original_graph)
+        self.step("opfuse trial optimization", 1, 1)
+
+    def _profile(self, model_path, profile_path, op_summary) -> Profile:  # type: ignore[no-untyped-def]
+        o = self.opts
+        if op_summary is not None:
+            return read_op_summary(op_summary)
+        if profile_path is not None:
+            profile = read_ort_profile(profile_path, o.warmup)
+            unresolved = [r for r in profile.records if self.resolver.node(r.name) is None]
+            if unresolved:  # fused names: map them through the graph onnxruntime ran
+                self.step("onnxruntime graph of the profiled model", 0, 1)
+                level = o.graph_opt if o.graph_opt != "disable" else "all"
+                runtime = _ort_graph(model_path, level, o.provider, self.tmp)
+                self.resolver = Resolver(self.graph, self.original_graph, runtime)
+                profile.notes.append(
+                    f"{len(unresolved)} profiled names mapped through onnxruntime's "
+                    f"ORT_ENABLE_{level.upper()} graph"
+                )
+            return profile
+        profile = run_onnxruntime(
+            self.analysed_path,
+            runs=o.runs,
+            warmup=o.warmup,
+            threads=o.threads,
+            provider=o.provider,
+            graph_opt=o.graph_opt,
+            input_shapes=o.input_shapes,
+            optimized_out=os.path.join(self.tmp, "profiled_ort.onnx"),
+            progress=lambda done, total: self.step("profiling with onnxruntime", done, total),
+        )
+        if profile.ort_optimized_model:
+            runtime = from_model(ir.load(profile.ort_optimized_model))
+            self.resolver = Resolver(self.graph, None, runtime)
+        return profile
+
+    # --- helpers over the analysed graph -------------------------------------------------
+
+    def _record(self, index: int):  # type: ignore[no-untyped-def]
+        return self.times.record.get(index)
+
+    def _time(self, index: int) -> float:
+        return self.times.time_us.get(index, 0.0)
+
+    def _out_bytes(self, index: int) -> int | None:
+        node = self.graph.nodes[index]
+        rec = self._record(index)
+        itemsize = self.graph.itemsize.get(node.outputs[0], self.target.dtype_bytes)
+        if rec is not None and rec.output_shapes and rec.output_shapes[0]:
+            return int(_prod(rec.output_shapes[0])) * itemsize
+        if self.graph.chain:  # the next op's first input shape, as msprof printed it
+            for c in self.graph.consumers.get(node.outputs[0], []):
+                nrec = self._record(c)
+                if nrec is not None and nrec.input_shapes and nrec.input_shapes[0]:
+                    return int(_prod(nrec.input_shapes[0])) * self.target.dtype_bytes
+            return None
+        return self.graph.tensor_bytes(node.outputs[0], itemsize)
+
+    def _in_shapes(self, index: int) -> list[list[int]]:
+        rec = self._record(index)
+        if rec is not None and rec.input_shapes:
+            return rec.input_shapes
+        node = self.graph.nodes[index]
+        shapes = []
+        for t in (*node.inputs, *node.const_inputs):
+            s = self.graph.shapes.get(t)
+            if s is None or any(d is None for d in s):
+                return []
+            shapes.append([int(d) for d in s])  # type: ignore[arg-type]
+        return shapes
+
+    def _batch(self, index: int) -> int:
+        shapes = self._in_shapes(index)
+        return int(shapes[0][0]) if shapes and shapes[0] else 1
+
+    # --- sections ----------------------------------------------------------------------------
+
+    def _ub(self) -> tuple[list[Group], list[dict[str, object]]]:
+        groups = grow_groups(self.graph, self.target.ub_limits)
+        for grp in groups:
+            grp.duration_us = sum(self._time(m) for m in grp.members)
+        groups = rank_groups(groups)
+        ub_passes = [p.name for p in all_passes() if p.section == "UBFusion"]
+        rows = []
+        for grp in groups:
+            row: dict[str, object] = {
+                "subgraph": 0,
+                "fusion_type": grp.fusion_type,
+                "kind": grp.kind_name,
+                "nodes": grp.names,
+                "op_types": grp.op_types,
+                "edges": self._edges(grp.members),
+                "duration_us": round(grp.duration_us, 3),
+                "opfuse": {
+                    "pass": None,
+                    "available": bool(ub_passes),
+                    "fires": None,
+                    "reason": "a UB fusion is the backend's: opfuse keeps the graph in standard "
+                    "ONNX ops"
+                    + (f" (UBFusion passes: {', '.join(ub_passes)})" if ub_passes else ""),
+                },
+                "onnxruntime": self._ort_fuses(grp.members),
+            }
+            rows.append(row)
+        return groups, rows
+
+    def _edges(self, members: list[int]) -> list[list[int]]:
+        """Edges between a group's members, as positions in its node list."""
+        pos = {m: i for i, m in enumerate(members)}
+        edges = []
+        for m in members:
+            for t in self.graph.nodes[m].inputs:
+                src = self.graph.producer.get(t)
+                if src in pos:
+                    edges.append([pos[src], pos[m]])
+        return edges
+
+    def _ort_fuses(self, members: list[int]) -> dict[str, object] | None:
+        if self.runtime_kernels is None:
+            return None
+        kernels = [k for m in members for k in self.runtime_kernels.get(m, [])]
+        absorbed = [self.graph.nodes[m].name for m in members if m not in self.runtime_kernels]
+        fuses = "yes" if len(kernels) <= 1 else "partly" if len(kernels) < len(members) else "no"
+        return {"fuses": fuses, "kernels": kernels, "absorbed": absorbed}
+
+    def _aipp(self) -> list[dict[str, object]]:
+        g = self.original_graph if self.original is not None else self.graph
+        chains = []
+        for start in g.graph_inputs:
+            chain: list[int] = []
+            tensor, conv = start, None
+            for _ in range(64):
+                users = [c for c in g.consumers.get(tensor, []) if g.nodes[c].op_type != "Shape"]
+                if len(users) != 1:
+                    break
+                node = g.nodes[users[0]]
+                if classify(node.op_type) is Kind.CONV and node.op_type not in ("MatMul", "Gemm"):
+                    conv = node
+                    break
+                if node.op_type not in PREPROCESS or len(node.outputs) != 1:
+                    break
+                chain.append(node.index)
+                tensor = node.outputs[0]
+            if conv is not None and chain:
+                chains.append((chain, conv))
+        if not chains:
+            return []
+        trial = self._aipp_trial()
+        rows = []
+        for chain, conv in chains:
+            names = [g.nodes[i].name for i in chain]
+            types = [g.nodes[i].op_type for i in chain]
+            if self.original is not None:
+                dur = sum(
+                    self._time(self.graph.by_name[n]) for n in names if n in self.graph.by_name
+                )
+                verdict = (
+                    trial.verdict(AIPP_PASS, names, self.original_types)
+                    if trial is not None
+                    else {
+                        "pass": AIPP_PASS,
+                        "available": False,
+                        "fires": None,
+                        "reason": f"{AIPP_PASS} is not registered in this opfuse yet",
+                    }
+                )
+            else:
+                dur = sum(self._time(i) for i in chain)
+                verdict = {
+                    "pass": AIPP_PASS,
+                    "available": AIPP_PASS in registered(),
+                    "fires": None,
+                    "reason": "no model given: not tried",
+                }
+            rows.append(
+                {
+                    "nodes": names,
+                    "op_types": types,
+                    "normalization": [
+                        n for n, t in zip(names, types, strict=True) if t in NORMALIZATION
+                    ],
+                    "first_conv": conv.name,
+                    "duration_us": round(dur, 3),
+                    "opfuse": verdict,
+                }
+            )
+        return rows
+
+    def _aipp_trial(self) -> Trial | None:
+        if self.original is None or self.trial is None:
+            return None
+        known = registered()
+        if AIPP_PASS not in known:
+            return None
+        if AIPP_PASS in self.trial.result.passes:
+            return self.trial
+        self.step(f"opfuse trial with {AIPP_PASS}", 0, 1)
+        trial = Trial.run(self.original, enable=[AIPP_PASS], target=self.target.name)
+        self.step(f"opfuse trial with {AIPP_PASS}", 1, 1)
+        return trial
+
+    def _l2(self, groups: list[Group]) -> list[dict[str, object]]:
+        chains = l2_chains(self.graph, groups, self._out_bytes, self._batch, self.target)
+        for ch in chains:
+            ch.duration_us = sum(self._time(m) for m in ch.members)
+        chains.sort(key=lambda ch: -ch.duration_us)
+        rows = []
+        for ch in chains[: self.opts.top]:
+            ops = []
+            sources = set()
+            for m in ch.members:
+                node = self.graph.nodes[m]
+                rec = self._record(m)
+                shapes_text = (
+                    rec.shapes_text
+                    if rec is not None and rec.shapes_text
+                    else ";".join(",".join(str(d) for d in s) for s in self._in_shapes(m))
+                )
+                ratios: dict[str, float] | None = None
+                if rec is not None and rec.ratios:
+                    ratios, source = rec.ratios, "op_summary"
+                else:
+                    outs = rec.output_shapes if rec is not None else []
+                    if not outs and node.outputs:
+                        s = self.graph.shapes.get(node.outputs[0])
+                        outs = [[int(d) for d in s]] if s and None not in s else []  # type: ignore[arg-type]
+                    ratios = estimate_ratios(
+                        node.op_type,
+                        self._in_shapes(m),
+                        outs,
+                        self._time(m),
+                        self.target,
+                        self.graph.itemsize.get(node.outputs[0], 4) if node.outputs else 4,
+                    )
+                    source = "estimate"
+                sources.add(source if ratios else "none")
+                ops.append(
+                    {
+                        "name": node.name,
+                        "op_type": node.op_type,
+                        "input_shapes": shapes_text,
+                        **{
+                            k: (round(ratios[k], 6) if ratios and k in ratios else None)
+                            for k in ("mac_ratio", "vec_ratio", "mte2_ratio", "mte3_ratio")
+                        },
+                        "duration_us": round(self._time(m), 3),
+                    }
+                )
+            split = None
+            if ch.batch > 1 and ch.split_to < ch.batch:
+                split = {
+                    "batch": ch.batch,
+                    "split_to": ch.split_to,
+                    "runs": ch.batch // ch.split_to,
+                }
+            rows.append(
+                {
+                    "nodes": [self.graph.nodes[m].name for m in ch.members],
+                    "duration_us": round(ch.duration_us, 3),
+                    "batch": ch.batch,
+                    "max_intermediate_bytes": ch.max_bytes,
+                    "batch_split": split,
+                    "ratios_source": "+".join(sorted(sources)),
+                    "ops": ops,
+                    "opfuse": {
+                        "pass": None,
+                        "available": False,
+                        "fires": None,
+                        "reason": "L2 fusion and batch split are the runtime's",
+                    },
+                }
+            )
+        return rows
+
+    def _hints(self) -> list[dict[str, object]]:
+        times = self.times.time_us
+        hints = constraints.alignment_hints(self.graph, times, self.target.alignment)
+        hints += constraints.resize_hints(self.graph, times)
+        if self.original is not None and self.trial is not None:
+            orig_times = {
+                n.index: self._time(self.graph.by_name[n.name])
+                for n in self.original_graph.nodes
+                if n.name in self.graph.by_name
+            }
+            for hint in constraints.replace_hints(self.original_graph, orig_times):
+                if hint.opfuse_pass:
+                    hint.verdict = self.trial.verdict(
+                        hint.opfuse_pass, [hint.node], self.original_types
+                    )
+                hints.append(hint)
+        else:
+            hints += constraints.replace_hints(self.graph, times)
+        hints += constraints.fallback_hints(
+            self.profile.records, self.profile.provider, self.profile.source
+        )
+        hints.sort(key=lambda h: (h.kind, -h.duration_us))
+        return [h.to_json() for h in hints]
+
+    def _report(self, model_path) -> dict[str, object]:  # type: ignore[no-untyped-def]
+        self.step("grouping", 0, 1)
+        groups, ub = self._ub()
+        aipp = self._aipp()
+        l2 = self._l2(groups)
+        hints = self._hints()
+        self.step("grouping", 1, 1)
+        p = self.profile
+        total = p.total_us or 1.0
+        return {
+            "schema": SCHEMA,
+            "model": str(model_path) if model_path is not None else None,
+            "target": self.target.to_json(),
+            "profile": {
+                "source": p.source,
+                "path": p.path or None,
+                "runs": p.runs,
+                "warmup": p.warmup,
+                "provider": p.provider or None,
+                "graph_opt": p.graph_opt or None,
+                "total_us": round(p.total_us, 3),
+                "unmapped_us": round(self.times.unmapped_us, 3),
+                "unmapped_nodes": [r.name for r in self.times.unmapped][:20],
+                "missing_columns": p.missing_columns,
+                "notes": p.notes,
+            },
+            "op_statistic": [
+                {
+                    "op_type": s.op_type,
+                    "count": s.count,
+                    "total_us": round(s.total_us, 3),
+                    "mean_us": round(s.mean_us, 3),
+                    "share": round(s.share, 6),
+                }
+                for s in op_statistic(p.records)
+            ],
+            "top_nodes": [
+                {
+                    "name": r.name,
+                    "op_type": r.op_type,
+                    "duration_us": round(r.duration_us, 3),
+                    "share": round(r.duration_us / total, 6),
+                    "provider": r.provider or None,
+                }
+                for r in top_nodes(p.records, self.opts.top)
+            ],
+            "ub_fusion": ub,
+            "aipp_fusion": aipp,
+            "l2_fusion": l2,
+            "hints": hints,
+            "graph_fusion": self.trial.pass_summary() if self.trial is not None else [],
+        }
+
+
+def _prod(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def advise(
+    model_path: str | os.PathLike[str] | None,
+    *,
+    profile_path: str | os.PathLike[str] | None = None,
+    op_summary: str | os.PathLike[str] | None = None,
+    options: AdviseOptions | None = None,
+    step: Step | None = None,
+) -> dict[str, object]:
+    """The advisor report as a JSON-ready dict (schema opfuse.advise/1)."""
+    return Advisor(options or AdviseOptions(), step).run(model_path, profile_path, op_summary)
+
+
+def attribution_of(report_advisor: Advisor) -> Attribution:
+    return report_advisor.times

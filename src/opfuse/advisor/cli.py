@@ -1,0 +1,273 @@
+"""The ``opfuse profile`` and ``opfuse advise`` commands (registered in opfuse.cli)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from opfuse.advisor.profile import GRAPH_OPT_LEVELS, op_statistic, top_nodes
+from opfuse.errors import OpfuseError
+
+PathArg = click.Path(path_type=Path)
+
+
+def _console(output: Path | None):  # type: ignore[no-untyped-def]
+    if output is None:
+        return Console(highlight=False, width=None if sys.stdout.isatty() else 240)
+    return None
+
+
+@contextmanager
+def _progress() -> Iterator:  # type: ignore[type-arg]
+    """A rich progress bar on stderr; step(what, done, total) advances it."""
+    err = Console(stderr=True)
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as bar:
+        tasks: dict[str, object] = {}
+
+        def step(what: str, done: int, total: int) -> None:
+            if what not in tasks:
+                tasks[what] = bar.add_task(what, total=total)
+            bar.update(tasks[what], completed=done, total=total)  # type: ignore[arg-type]
+
+        yield step
+
+
+def _write(output: Path, text: str) -> None:
+    try:
+        output.write_text(text, "utf-8")
+    except OSError as exc:
+        raise OpfuseError(f"{output}: cannot write the report: {exc.strerror}") from None
+
+
+def _shapes(specs: tuple[str, ...]) -> dict[str, list[int]]:
+    from opfuse.verify import parse_input_shapes
+
+    return parse_input_shapes(list(specs))
+
+
+@click.command()
+@click.argument("model", type=PathArg)
+@click.option("--runs", default=10, show_default=True, help="Profiled inference runs.")
+@click.option("--warmup", default=2, show_default=True, help="Runs dropped before profiling.")
+@click.option("--threads", default=0, show_default=True, help="Intra-op threads (0: default).")
+@click.option(
+    "--provider",
+    default="CPUExecutionProvider",
+    show_default=True,
+    help="onnxruntime execution provider.",
+)
+@click.option(
+    "--graph-opt",
+    type=click.Choice(GRAPH_OPT_LEVELS),
+    default="all",
+    show_default=True,
+    help="onnxruntime graph optimization level while profiling.",
+)
+@click.option("--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224.")
+@click.option("--top", default=20, show_default=True, help="Slow nodes to list.")
+@click.option("-o", "--output", type=PathArg, help="Write onnxruntime's profile JSON here.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+def profile(
+    model: Path,
+    runs: int,
+    warmup: int,
+    threads: int,
+    provider: str,
+    graph_opt: str,
+    input_shape: tuple[str, ...],
+    top: int,
+    output: Path | None,
+    fmt: str,
+) -> None:
+    """Profile MODEL with onnxruntime: op statistics per op type and the slowest nodes."""
+    from opfuse.advisor.profile import run_onnxruntime
+    from opfuse.io import read_proto
+
+    read_proto(model)
+    with _progress() as step:
+        prof = run_onnxruntime(
+            model,
+            runs=runs,
+            warmup=warmup,
+            threads=threads,
+            provider=provider,
+            graph_opt=graph_opt,
+            input_shapes=_shapes(input_shape),
+            profile_out=output,
+            progress=lambda done, total: step("profiling", done, total),
+        )
+    stats = op_statistic(prof.records)
+    slow = top_nodes(prof.records, top)
+    total = prof.total_us or 1.0
+    out = Console(highlight=False, width=None if sys.stdout.isatty() else 240)
+    if fmt == "json":
+        out.print_json(
+            json.dumps(
+                {
+                    "runs": prof.runs,
+                    "warmup": prof.warmup,
+                    "total_us": prof.total_us,
+                    "op_statistic": [s.__dict__ for s in stats],
+                    "top_nodes": [
+                        {
+                            "name": r.name,
+                            "op_type": r.op_type,
+                            "duration_us": r.duration_us,
+                            "share": r.duration_us / total,
+                            "provider": r.provider,
+                        }
+                        for r in slow
+                    ],
+                }
+            )
+        )
+        return
+    out.print(
+        f"{model.name}: {prof.runs} runs after {prof.warmup} warm-up, "
+        f"{prof.total_us:.1f} us per run ({provider}, graph optimization {graph_opt})",
+        markup=False,
+    )
+    table = Table(title="Op Statistic", title_justify="left")
+    for col in ("OP Type", "Count", "Total Time(us)", "Avg Time(us)", "Ratio(%)"):
+        table.add_column(col, justify="left" if col == "OP Type" else "right")
+    for s in stats:
+        table.add_row(
+            s.op_type, str(s.count), f"{s.total_us:.3f}", f"{s.mean_us:.3f}", f"{100 * s.share:.2f}"
+        )
+    out.print(table)
+    table = Table(title=f"Top {len(slow)} slow nodes", title_justify="left")
+    for col in ("Op Name", "OP Type", "Duration(us)", "Ratio(%)", "Provider"):
+        table.add_column(col, justify="right" if "(" in col else "left")
+    for r in slow:
+        table.add_row(
+            r.name,
+            r.op_type,
+            f"{r.duration_us:.3f}",
+            f"{100 * r.duration_us / total:.2f}",
+            r.provider,
+        )
+    out.print(table)
+    if output is not None:
+        out.print(f"profile written to {output}", markup=False)
+
+
+@click.command()
+@click.argument("model", type=PathArg, required=False)
+@click.option(
+    "--profile",
+    "profile_path",
+    type=PathArg,
+    help="An onnxruntime profile JSON of MODEL instead of profiling it.",
+)
+@click.option("--op-summary", type=PathArg, help="An Ascend msprof op_summary_*.csv.")
+@click.option(
+    "--target",
+    help="ascend310, cpu, cuda or a target JSON file "
+    "[default: cpu; cuda for CUDA; ascend310 with --op-summary].",
+)
+@click.option("--runs", default=10, show_default=True, help="Profiled inference runs.")
+@click.option("--warmup", default=2, show_default=True, help="Runs dropped before profiling.")
+@click.option("--threads", default=0, show_default=True, help="Intra-op threads (0: default).")
+@click.option(
+    "--provider",
+    default="CPUExecutionProvider",
+    show_default=True,
+    help="onnxruntime execution provider.",
+)
+@click.option(
+    "--graph-opt",
+    type=click.Choice(GRAPH_OPT_LEVELS),
+    default="disable",
+    show_default=True,
+    help="onnxruntime optimization level while profiling (disable: one time per node).",
+)
+@click.option("--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224.")
+@click.option("--top", default=10, show_default=True, help="Entries per list in text and HTML.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text")
+@click.option("-o", "--output", type=PathArg, help="Write the report here.")
+@click.option(
+    "--no-onnxruntime-compare",
+    is_flag=True,
+    help="Do not check which groups onnxruntime fuses itself.",
+)
+def advise(
+    model: Path | None,
+    profile_path: Path | None,
+    op_summary: Path | None,
+    target: str | None,
+    runs: int,
+    warmup: int,
+    threads: int,
+    provider: str,
+    graph_opt: str,
+    input_shape: tuple[str, ...],
+    top: int,
+    fmt: str,
+    output: Path | None,
+    no_onnxruntime_compare: bool,
+) -> None:
+    """Rank the operator groups of MODEL a backend could fuse (UB, first-layer AIPP, L2)."""
+    from opfuse.advisor.advise import AdviseOptions
+    from opfuse.advisor.advise import advise as run_advise
+    from opfuse.advisor.html import render_html
+    from opfuse.advisor.report import render_text
+
+    options = AdviseOptions(
+        target=target,
+        runs=runs,
+        warmup=warmup,
+        threads=threads,
+        provider=provider,
+        graph_opt=graph_opt,
+        input_shapes=_shapes(input_shape),
+        top=top,
+        compare_onnxruntime=not no_onnxruntime_compare,
+    )
+    with _progress() as step:
+        report = run_advise(
+            model, profile_path=profile_path, op_summary=op_summary, options=options, step=step
+        )
+    if fmt == "json":
+        text = json.dumps(report, indent=2) + "\n"
+        if output is None:
+            click.echo(text, nl=False)
+        else:
+            _write(output, text)
+        return
+    if fmt == "html":
+        page = render_html(report, top)
+        if output is None:
+            click.echo(page, nl=False)
+        else:
+            _write(output, page)
+        return
+    if output is None:
+        render_text(
+            report, Console(highlight=False, width=None if sys.stdout.isatty() else 240), top
+        )
+        return
+    console = Console(record=True, width=240, file=open(_devnull(), "w"))  # noqa: SIM115
+    render_text(report, console, top)
+    _write(output, console.export_text())
+
+
+def _devnull() -> str:
+    import os
+
+    return os.devnull

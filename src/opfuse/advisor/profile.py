@@ -1,0 +1,334 @@
+"""Op times in: run onnxruntime with profiling, read its profile JSON, or read an Ascend
+msprof ``op_summary_*.csv``. All three give per-node records in execution order with the
+mean time per inference run (warm-up runs dropped)."""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import json
+import os
+import re
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opfuse.errors import OpfuseError
+
+KERNEL_SUFFIX = "_kernel_time"
+GRAPH_OPT_LEVELS = ("disable", "basic", "extended", "all")
+
+
+@dataclass
+class OpRecord:
+    name: str
+    op_type: str
+    duration_us: float  # mean per inference run
+    calls: int = 1  # calls per run
+    input_shapes: list[list[int]] = field(default_factory=list)
+    output_shapes: list[list[int]] = field(default_factory=list)
+    ratios: dict[str, float] = field(default_factory=dict)  # mac, vec, mte2, mte3 (msprof)
+    provider: str = ""  # execution provider (onnxruntime) or Task Type (msprof)
+    shapes_text: str = ""  # msprof's Input Shapes column as printed
+
+
+@dataclass
+class Profile:
+    source: str  # onnxruntime | onnxruntime-json | op_summary
+    records: list[OpRecord]
+    runs: int
+    warmup: int = 0
+    provider: str = ""
+    graph_opt: str = ""
+    path: str = ""
+    missing_columns: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    ort_optimized_model: str | None = None  # graph onnxruntime ran (for name mapping)
+
+    @property
+    def total_us(self) -> float:
+        return sum(r.duration_us for r in self.records)
+
+
+def _shapes(entries: object) -> list[list[int]]:
+    out: list[list[int]] = []
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, dict):
+            for dims in entry.values():
+                out.append([int(d) for d in dims] if isinstance(dims, list) else [])
+    return out
+
+
+def parse_ort_events(events: list[dict], warmup: int, source: str = "onnxruntime") -> Profile:
+    """Node events of an onnxruntime profile, the first ``warmup`` model runs dropped."""
+    if not isinstance(events, list):
+        raise OpfuseError("not an onnxruntime profile: expected a JSON list of events")
+    runs = sorted(
+        (e["ts"], e["ts"] + e.get("dur", 0))
+        for e in events
+        if isinstance(e, dict) and e.get("cat") == "Session" and e.get("name") == "model_run"
+    )
+    starts = [r[0] for r in runs]
+    notes: list[str] = []
+    if runs and warmup >= len(runs):
+        notes.append(f"only {len(runs)} runs in the profile: kept the last one (warm-up {warmup})")
+        warmup = len(runs) - 1
+    kept = max(1, len(runs) - warmup) if runs else 1
+    records: dict[str, OpRecord] = {}
+    calls: Counter[str] = Counter()
+    for e in events:
+        if not isinstance(e, dict) or e.get("cat") != "Node":
+            continue
+        name = str(e.get("name", ""))
+        if not name.endswith(KERNEL_SUFFIX):
+            continue
+        run = bisect.bisect_right(starts, e.get("ts", 0)) - 1
+        if runs and run < warmup:
+            continue
+        name = name[: -len(KERNEL_SUFFIX)]
+        args = e.get("args", {}) or {}
+        rec = records.get(name)
+        if rec is None:
+            rec = records[name] = OpRecord(
+                name,
+                str(args.get("op_name", "")),
+                0.0,
+                0,
+                _shapes(args.get("input_type_shape")),
+                _shapes(args.get("output_type_shape")),
+                provider=str(args.get("provider", "")),
+            )
+        rec.duration_us += float(e.get("dur", 0))
+        calls[name] += 1
+    for name, rec in records.items():
+        rec.duration_us /= kept
+        rec.calls = max(1, round(calls[name] / kept))
+    if not records:
+        raise OpfuseError("the onnxruntime profile has no node events (was it a profile JSON?)")
+    return Profile(source, list(records.values()), kept, warmup, notes=notes)
+
+
+def read_ort_profile(path: str | os.PathLike[str], warmup: int = 1) -> Profile:
+    try:
+        events = json.loads(Path(path).read_text("utf-8"))
+    except OSError as exc:
+        raise OpfuseError(f"{path}: cannot read the profile: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise OpfuseError(f"{path}: not JSON ({exc}); expected an onnxruntime profile") from None
+    profile = parse_ort_events(events, warmup, "onnxruntime-json")
+    profile.path = str(path)
+    return profile
+
+
+def run_onnxruntime(
+    model_path: str | os.PathLike[str],
+    *,
+    runs: int = 10,
+    warmup: int = 2,
+    threads: int = 0,
+    provider: str = "CPUExecutionProvider",
+    graph_opt: str = "disable",
+    input_shapes: Mapping[str, list[int]] | None = None,
+    profile_out: str | os.PathLike[str] | None = None,
+    optimized_out: str | os.PathLike[str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Profile:
+    """Profile ``runs`` inferences after ``warmup`` ones on seeded random inputs."""
+    import onnxruntime as ort
+
+    from opfuse.verify import make_inputs
+
+    if runs < 1 or warmup < 0:
+        raise OpfuseError("--runs must be at least 1 and --warmup at least 0")
+    if provider not in ort.get_available_providers():
+        raise OpfuseError(
+            f"--provider {provider}: not available here "
+            f"({', '.join(ort.get_available_providers())})"
+        )
+    levels = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }
+    with tempfile.TemporaryDirectory(prefix="opfuse-profile-") as tmp:
+        opts = ort.SessionOptions()
+        opts.enable_profiling = True
+        opts.profile_file_prefix = os.path.join(tmp, "ort")
+        opts.graph_optimization_level = levels[graph_opt]
+        opts.intra_op_num_threads = threads
+        opts.log_severity_level = 3
+        if optimized_out is not None and graph_opt != "disable":
+            opts.optimized_model_filepath = str(optimized_out)
+        providers = [provider] + (
+            ["CPUExecutionProvider"] if provider != "CPUExecutionProvider" else []
+        )
+        try:
+            sess = ort.InferenceSession(str(model_path), opts, providers=providers)
+        except Exception as exc:  # onnxruntime's own exception types
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise OpfuseError(f"{model_path}: onnxruntime cannot load the model: {first}") from None
+        feeds = make_inputs(sess, input_shapes)
+        total = warmup + runs
+        for i in range(total):
+            sess.run(None, feeds)
+            if progress:
+                progress(i + 1, total)
+        raw = sess.end_profiling()
+        events = json.loads(Path(raw).read_text("utf-8"))
+        if profile_out is not None:
+            Path(profile_out).write_text(json.dumps(events) + "\n", "utf-8")
+    profile = parse_ort_events(events, warmup)
+    profile.provider, profile.graph_opt = provider, graph_opt
+    if optimized_out is not None and graph_opt != "disable":
+        profile.ort_optimized_model = str(optimized_out)
+    return profile
+
+
+# --- Ascend msprof op_summary CSV ------------------------------------------------------------
+
+# canonical field -> accepted column names (normalized: lower case, no spaces, _ or units)
+CSV_COLUMNS: dict[str, tuple[str, ...]] = {
+    "op_name": ("opname", "name"),
+    "op_type": ("optype", "type"),
+    "duration": ("taskduration", "duration", "taskdurationus", "aicoretime"),
+    "task_type": ("tasktype",),
+    "input_shapes": ("inputshapes", "inputshape"),
+    "mac_ratio": ("aicmacratio", "macratio", "aiccubefp16ratio", "cubefp16ratio"),
+    "vec_ratio": ("aicvecratio", "vecratio", "aivvecratio", "vecfp16ratio"),
+    "mte2_ratio": ("aicmte2ratio", "mte2ratio", "aivmte2ratio"),
+    "mte3_ratio": ("aicmte3ratio", "aivmte3ratio", "mte3ratio"),
+    "start": ("taskstarttime", "taskstarttimeus", "starttime"),
+}
+REQUIRED = ("op_name", "op_type", "duration")
+RATIO_FIELDS = ("mac_ratio", "vec_ratio", "mte2_ratio", "mte3_ratio")
+
+
+def _norm(column: str) -> str:
+    column = re.sub(r"\((us|μs|ns|ms)\)", "", column.strip().lower())
+    return re.sub(r"[\s_()\-]", "", column)
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def _csv_shapes(text: str) -> list[list[int]]:
+    shapes = []
+    for part in text.strip().strip('"').split(";"):
+        dims = [int(d) for d in re.findall(r"-?\d+", part)]
+        shapes.append(dims)
+    return shapes
+
+
+def read_op_summary(path: str | os.PathLike[str]) -> Profile:
+    """msprof's op_summary CSV; column names drift between CANN versions, so each field
+    accepts several spellings, and the missing optional ones are reported."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            rows = list(csv.reader(f))
+    except OSError as exc:
+        raise OpfuseError(f"{path}: cannot read the op summary: {exc.strerror}") from None
+    if not rows:
+        raise OpfuseError(f"{path}: empty op summary")
+    header = [_norm(c) for c in rows[0]]
+    column: dict[str, int] = {}
+    for key, aliases in CSV_COLUMNS.items():
+        for alias in aliases:
+            if alias in header:
+                column[key] = header.index(alias)
+                break
+    missing_required = [k for k in REQUIRED if k not in column]
+    if missing_required:
+        raise OpfuseError(
+            f"{path}: op summary lacks the column(s) {', '.join(missing_required)} "
+            f"(header: {', '.join(rows[0])})"
+        )
+    missing = [k for k in CSV_COLUMNS if k not in column and k not in ("start",)]
+    data = [r for r in rows[1:] if len(r) > column["duration"] and any(c.strip() for c in r)]
+    if "start" in column:
+        data.sort(key=lambda r: _float(r[column["start"]]) or 0.0)
+
+    def cell(row: list[str], key: str) -> str:
+        i = column.get(key)
+        return row[i].strip() if i is not None and i < len(row) else ""
+
+    records: dict[str, OpRecord] = {}
+    sums: dict[str, dict[str, list[float]]] = {}
+    calls: Counter[str] = Counter()
+    for row in data:
+        name = cell(row, "op_name")
+        dur = _float(cell(row, "duration"))
+        if not name or dur is None:
+            continue
+        rec = records.get(name)
+        if rec is None:
+            shapes_text = cell(row, "input_shapes")
+            rec = records[name] = OpRecord(
+                name,
+                cell(row, "op_type"),
+                0.0,
+                input_shapes=_csv_shapes(shapes_text) if shapes_text else [],
+                provider=cell(row, "task_type"),
+                shapes_text=shapes_text.strip('"'),
+            )
+        rec.duration_us += dur
+        calls[name] += 1
+        for key in RATIO_FIELDS:
+            value = _float(cell(row, key))
+            if value is not None:
+                sums.setdefault(name, {}).setdefault(key, []).append(value)
+    if not records:
+        raise OpfuseError(f"{path}: no operator rows with a duration")
+    runs = Counter(calls.values()).most_common(1)[0][0]
+    for name, rec in records.items():
+        rec.calls = max(1, round(calls[name] / runs))
+        rec.duration_us /= runs
+        rec.ratios = {k: sum(v) / len(v) for k, v in sums.get(name, {}).items()}
+    notes = []
+    if missing:
+        notes.append(f"op summary columns missing: {', '.join(missing)}")
+    return Profile(
+        "op_summary",
+        list(records.values()),
+        runs,
+        path=str(path),
+        missing_columns=missing,
+        notes=notes,
+    )
+
+
+# --- statistics ("Op Statistic") ----------------------------------------------------------------
+
+
+@dataclass
+class OpStat:
+    op_type: str
+    count: int
+    total_us: float
+    mean_us: float
+    share: float
+
+
+def op_statistic(records: list[OpRecord]) -> list[OpStat]:
+    """Per op type: node calls per run, total and mean time, share of the total."""
+    total = sum(r.duration_us for r in records) or 1.0
+    count: Counter[str] = Counter()
+    time: dict[str, float] = {}
+    for r in records:
+        count[r.op_type] += r.calls
+        time[r.op_type] = time.get(r.op_type, 0.0) + r.duration_us
+    stats = [
+        OpStat(op, count[op], time[op], time[op] / max(count[op], 1), time[op] / total)
+        for op in time
+    ]
+    return sorted(stats, key=lambda s: -s.total_us)
+
+
+def top_nodes(records: list[OpRecord], n: int) -> list[OpRecord]:
+    return sorted(records, key=lambda r: -r.duration_us)[:n]
