@@ -151,3 +151,12 @@ def test_nhwc_constants_on_an_nchw_conv_are_refused():
     optimized, result = check_rule(model, PASS)
     assert "Conv" in op_types(optimized) and effected(result, PASS) == 0
     assert any("the channels are on axis 1" in r for r in reasons(result, PASS))
+
+
+def test_constants_that_broadcast_the_input_up_make_mul_add_not_batchnorm():
+    # x has 1 channel; the [1,C,1,1] constants broadcast it to C channels, which a
+    # BatchNormalization over x's axis 1 could not do
+    model = build(SUB_MUL_ADD.replace("(h,", "(x,"), "float[1,1,5,5] x")
+    optimized, result = check_rule(model, PASS)
+    assert op_types(optimized) == {"Mul": 1, "Add": 1}
+    assert effected(result, PASS) == 1

@@ -47,7 +47,13 @@ def bn_axis_ok(m: ChainMatch, ctx: PassContext) -> bool:
     if ctx.opset < 9 or x_rank is None or x_rank < 2 or isinstance(found, str):
         return False
     neg, length = found
-    return length > 1 and x_rank + neg == 1 and all(len(s) <= x_rank for s in m.chain.shapes)
+    assert m.chain.x.shape is not None
+    return (
+        length > 1
+        and x_rank + neg == 1
+        and m.chain.x.shape[1] == length  # else the constants would broadcast x up
+        and all(len(s) <= x_rank for s in m.chain.shapes)
+    )
 
 
 class BatchNormSmallOpsRule(Rule):
