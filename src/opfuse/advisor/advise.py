@@ -177,6 +177,7 @@ class Advisor:
             return read_op_summary(op_summary)
         if profile_path is not None:
             profile = read_ort_profile(profile_path, o.warmup)
+            profile.provider = o.provider
             unresolved = [r for r in profile.records if self.resolver.node(r.name) is None]
             if unresolved:  # fused names: map them through the graph onnxruntime ran
                 self.step("onnxruntime graph of the profiled model", 0, 1)

@@ -114,8 +114,8 @@ def resize_hints(g: OpGraph, times: dict[int, float]) -> list[Hint]:
                 k = max(1, round((d - 1) / (s - 1)))
                 bad.append(
                     f"axis {axis}: ({d}-1)/({s}-1) = {(d - 1) / (s - 1):.3f}; "
-                    f"an output of {k * (s - 1) + 1} (or an input of {(d - 1) // k + 1}) "
-                    f"makes it {k}"
+                    f"input {s + 1} and output {k * s + 1} make it {k} "
+                    f"(or output {k * (s - 1) + 1})"
                 )
         if bad:
             hints.append(

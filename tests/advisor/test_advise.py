@@ -1,0 +1,178 @@
+"""The advisor on small models: durations from a synthetic profile, constraint hints with
+the pass verdicts, and the JSON schema."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from conftest import FIXTURES, make_model, ort_profile, swish_net, write_json
+from onnx import helper
+
+from opfuse.advisor.advise import SCHEMA, AdviseOptions, advise
+
+TIMES = {
+    "conv1": ("Conv", 100.0),
+    "sig1": ("Sigmoid", 10.0),
+    "mul1": ("Mul", 12.0),
+    "conv2": ("Conv", 50.0),
+    "relu2": ("Relu", 5.0),
+    "gap": ("GlobalAveragePool", 7.0),
+    "add": ("Add", 3.0),
+    "relu3": ("Relu", 2.0),
+}
+OPTS = AdviseOptions(warmup=1, compare_onnxruntime=False)
+
+
+@pytest.fixture
+def swish(tmp_path):  # type: ignore[no-untyped-def]
+    path = tmp_path / "swish.onnx"
+    onnx.save(swish_net(), path)
+    return path
+
+
+def test_group_durations_add_up_to_the_profile(swish, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    prof = write_json(tmp_path / "p.json", ort_profile(TIMES, runs=4))
+    report = advise(swish, profile_path=prof, options=OPTS)
+    assert report["profile"]["runs"] == 3  # the warm-up run (100x slower) dropped
+    assert report["profile"]["total_us"] == pytest.approx(sum(t for _, t in TIMES.values()))
+    ub = {g["fusion_type"]: g for g in report["ub_fusion"]}
+    assert ub["Conv+Sigmoid+Mul"]["duration_us"] == pytest.approx(122.0)
+    assert ub["Conv+Relu"]["duration_us"] == pytest.approx(55.0)
+    assert ub["GlobalAveragePool+Add+Relu"]["duration_us"] == pytest.approx(12.0)
+    for g in report["ub_fusion"]:
+        assert g["duration_us"] == pytest.approx(sum(TIMES[n][1] for n in g["nodes"]))
+    durations = [g["duration_us"] for g in report["ub_fusion"]]
+    assert durations == sorted(durations, reverse=True)
+    assert report["profile"]["unmapped_us"] == 0
+
+
+def test_unknown_profile_names_are_reported_unmapped(swish, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    times = dict(TIMES, ghost=("Relu", 40.0))
+    prof = write_json(tmp_path / "p.json", ort_profile(times, runs=2))
+    report = advise(swish, profile_path=prof, options=AdviseOptions(warmup=1))
+    assert report["profile"]["unmapped_us"] == pytest.approx(40.0)
+    assert report["profile"]["unmapped_nodes"] == ["ghost"]
+
+
+def test_onnxruntime_profiling_and_fusion_comparison(swish) -> None:  # type: ignore[no-untyped-def]
+    report = advise(swish, options=AdviseOptions(runs=2, warmup=1))
+    assert report["profile"]["source"] == "onnxruntime"
+    assert report["profile"]["unmapped_us"] == 0
+    names = {r["name"] for r in report["top_nodes"]}
+    assert {"conv1", "sig1", "mul1"} <= names
+    group = next(g for g in report["ub_fusion"] if g["fusion_type"] == "Conv+Relu")
+    # onnxruntime runs Conv+Relu as one kernel (FusedConv, or an NCHWc Conv with activation)
+    assert group["onnxruntime"]["fuses"] == "yes"
+    assert len(group["onnxruntime"]["kernels"]) == 1
+    assert len(group["onnxruntime"]["absorbed"]) == 1
+
+
+def hint_model() -> onnx.ModelProto:
+    n = helper.make_node
+    rng = np.random.default_rng(0)
+    inits = {
+        "W": rng.standard_normal((10, 3, 1, 1)).astype(np.float32),  # 10 output channels
+        "two": np.array(2.0, np.float32),
+        "odd": np.array(2.5, np.float32),
+        "roi": np.zeros(0, np.float32),
+        "sizes": np.array([1, 10, 350, 350], np.int64),
+    }
+    nodes = [
+        n("Conv", ["x", "W"], ["c"], name="conv10"),
+        n("Pow", ["c", "two"], ["p"], name="pow_square"),
+        n("Pow", ["p", "odd"], ["q"], name="pow_odd"),
+        n("Resize", ["q", "roi", "", "sizes"], ["y"], name="resize",
+          mode="linear", coordinate_transformation_mode="align_corners"),
+    ]
+    return make_model(nodes, {"x": [1, 3, 175, 175]}, {"y": [1, 10, 350, 350]}, inits)
+
+
+def test_constraint_hints_and_pass_verdicts(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "hints.onnx"
+    onnx.save(hint_model(), path)
+    times = {"conv10": ("Conv", 30.0), "pow_square": ("Pow", 5.0), "pow_odd": ("Pow", 9.0),
+             "resize": ("Resize", 200.0)}
+    prof = write_json(tmp_path / "p.json", ort_profile(times, runs=2))
+    report = advise(path, profile_path=prof, options=AdviseOptions(target="ascend310", warmup=1))
+    hints = {(h["kind"], h["node"]): h for h in report["hints"]}
+    align = hints[("alignment", "conv10")]
+    assert "output channels 10 not a multiple of 16" in align["message"]
+    square = hints[("replace", "pow_square")]["opfuse"]
+    assert square["pass"] == "PowToMulFusionPass" and square["fires"] is True
+    odd = hints[("replace", "pow_odd")]["opfuse"]
+    assert odd["fires"] is False and odd["reason"]
+    resize = hints[("resize_align_corners", "resize")]
+    assert "(350-1)/(175-1)" in resize["message"]
+    assert "input 176 and output 351" in resize["message"]  # the guide's own fix
+    assert resize["duration_us"] == pytest.approx(200.0)
+
+
+def test_fallback_hint_from_the_profile(swish, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    events = ort_profile(TIMES, runs=1)
+    for e in events:
+        if e.get("cat") == "Node" and e["name"] != "gap_kernel_time":
+            e["args"]["provider"] = "CUDAExecutionProvider"
+    prof = write_json(tmp_path / "p.json", events)
+    report = advise(swish, profile_path=prof,
+                    options=AdviseOptions(provider="CUDAExecutionProvider", warmup=0,
+                                          compare_onnxruntime=False))
+    nodes = {h["node"] for h in report["hints"] if h["kind"] == "fallback"}
+    assert nodes == {"gap"} and "fell back from CUDAExecutionProvider" in next(
+        h["message"] for h in report["hints"] if h["node"] == "gap" and h["kind"] == "fallback"
+    )
+
+
+SCHEMA_KEYS = {
+    "schema", "model", "target", "profile", "op_statistic", "top_nodes", "ub_fusion",
+    "aipp_fusion", "l2_fusion", "hints", "graph_fusion",
+}
+UB_KEYS = {"subgraph", "fusion_type", "kind", "nodes", "op_types", "edges", "duration_us",
+           "opfuse", "onnxruntime"}
+L2_KEYS = {"nodes", "duration_us", "batch", "max_intermediate_bytes", "batch_split",
+           "ratios_source", "ops", "opfuse"}
+OP_KEYS = {"name", "op_type", "input_shapes", "mac_ratio", "vec_ratio", "mte2_ratio",
+           "mte3_ratio", "duration_us"}
+
+
+def test_json_schema_is_stable_and_documented(swish, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    prof = write_json(tmp_path / "p.json", ort_profile(TIMES, runs=2))
+    report = json.loads(json.dumps(advise(swish, profile_path=prof, options=OPTS)))
+    assert report["schema"] == SCHEMA == "opfuse.advise/1"
+    assert set(report) == SCHEMA_KEYS
+    assert all(set(g) == UB_KEYS for g in report["ub_fusion"])
+    assert report["l2_fusion"], "the small net has an L2 chain"
+    assert all(set(c) == L2_KEYS for c in report["l2_fusion"])
+    assert all(set(op) == OP_KEYS for c in report["l2_fusion"] for op in c["ops"])
+    assert report["l2_fusion"][0]["ratios_source"] == "estimate"
+    doc = (FIXTURES.parents[2] / "docs" / "ADVISOR.md").read_text()
+    for key in SCHEMA_KEYS | UB_KEYS | L2_KEYS | OP_KEYS:
+        assert f"`{key}`" in doc, f"docs/ADVISOR.md does not document {key}"
+
+
+def test_aipp_section_names_the_normalization_chain(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    n = helper.make_node
+    inits = {"scale": np.full((1, 1, 1, 3), 1 / 127.5, np.float32),
+             "shift": np.full((1, 1, 1, 3), -1.0, np.float32),
+             "W": np.ones((16, 3, 3, 3), np.float32)}
+    nodes = [
+        n("Mul", ["x", "scale"], ["m"], name="norm_mul"),
+        n("Add", ["m", "shift"], ["a"], name="norm_add"),
+        n("Transpose", ["a"], ["t"], name="to_nchw", perm=[0, 3, 1, 2]),
+        n("Conv", ["t", "W"], ["y"], name="first_conv"),
+    ]
+    path = tmp_path / "aipp.onnx"
+    onnx.save(make_model(nodes, {"x": [1, 8, 8, 3]}, {"y": [1, 16, 6, 6]}, inits), path)
+    times = {k: ("X", 1.0) for k in ("norm_mul", "norm_add", "to_nchw", "first_conv")}
+    prof = write_json(tmp_path / "p.json", ort_profile(times, runs=1))
+    report = advise(path, profile_path=prof, options=AdviseOptions(warmup=0))
+    (aipp,) = report["aipp_fusion"]
+    assert aipp["nodes"] == ["norm_mul", "norm_add", "to_nchw"]
+    assert aipp["normalization"] == ["norm_mul", "norm_add"]
+    assert aipp["first_conv"] == "first_conv"
+    assert aipp["opfuse"]["pass"] == "AippFusionPass"
+    assert aipp["opfuse"]["fires"] in (True, False, None)  # verdict present either way
+    if aipp["opfuse"]["fires"] is False:
+        assert aipp["opfuse"]["reason"]

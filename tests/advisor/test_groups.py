@@ -1,0 +1,147 @@
+"""Fusion classes, group growth with the target's limits, and ranking."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+from conftest import make_model, swish_net
+from onnx import helper
+
+from opfuse.advisor.graph import from_chain, from_model
+from opfuse.advisor.groups import Group, grow_groups, rank_groups
+from opfuse.advisor.opkinds import Kind, classify
+from opfuse.advisor.target import load_target
+from opfuse.errors import OpfuseError
+
+LIMITS = load_target("ascend310").ub_limits
+
+
+def graph_of(proto):  # type: ignore[no-untyped-def]
+    return from_model(ir.from_proto(proto))
+
+
+@pytest.mark.parametrize(
+    ("op", "kind"),
+    [
+        ("Conv", Kind.CONV),
+        ("ConvTranspose", Kind.CONV),
+        ("MatMul", Kind.CONV),
+        ("Gemm", Kind.CONV),
+        ("DepthwiseConv2D", Kind.CONV),
+        ("Sigmoid", Kind.ELEMENTWISE),
+        ("Mul", Kind.ELEMENTWISE),
+        ("ReduceMean", Kind.REDUCE),
+        ("GlobalAveragePool", Kind.REDUCE),
+        ("UnsortedSegmentSum", Kind.SEGMENT),
+        ("Reshape", Kind.OPAQUE),
+        ("Softmax", Kind.OPAQUE),
+    ],
+)
+def test_classify(op: str, kind: Kind) -> None:
+    assert classify(op) is kind
+
+
+def chain(head: str, ops: list[str], n_in: int = 1) -> object:
+    """head(x[, x2]) followed by single-input unary ops."""
+    n = helper.make_node
+    inits = {}
+    if head == "Conv":
+        inits["W"] = np.ones((4, 4, 1, 1), np.float32)
+        nodes = [n("Conv", ["x", "W"], ["t0"], name="head")]
+    elif head == "ReduceMean":
+        nodes = [n("ReduceMean", ["x"], ["t0"], name="head", axes=[1], keepdims=1)]
+    else:
+        nodes = [n(head, ["x", "x2"][:n_in] if n_in > 1 else ["x"], ["t0"], name="head")]
+    for i, op in enumerate(ops):
+        nodes.append(n(op, [f"t{i}"], [f"t{i + 1}"] if i + 1 < len(ops) else ["y"], name=f"e{i}"))
+    shape = [1, 4, 2, 2]
+    out = [1, 1, 2, 2] if head == "ReduceMean" else shape
+    ins = {"x": shape, **({"x2": shape} if n_in > 1 else {})}
+    return make_model(nodes, ins, {"y": out}, inits)
+
+
+def test_conv_takes_at_most_three_elementwise() -> None:
+    groups = grow_groups(graph_of(chain("Conv", ["Relu"] * 5)), LIMITS)
+    assert [g.fusion_type for g in groups] == ["Conv+Relu+Relu+Relu", "Relu+Relu"]
+    assert groups[0].kind is Kind.CONV
+
+
+def test_elementwise_chain_of_five_with_multi_input_head() -> None:
+    groups = grow_groups(graph_of(chain("Add", ["Relu"] * 6, n_in=2)), LIMITS)
+    assert [len(g.members) for g in groups] == [5, 2]
+    assert groups[0].op_types[0] == "Add"
+
+
+def test_reduce_takes_at_most_four_elementwise() -> None:
+    groups = grow_groups(graph_of(chain("ReduceMean", ["Relu"] * 6)), LIMITS)
+    assert [g.fusion_type for g in groups] == ["ReduceMean+Relu+Relu+Relu+Relu", "Relu+Relu"]
+
+
+def test_limits_come_from_the_target(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    limits = dict(LIMITS, conv_elementwise=1)
+    groups = grow_groups(graph_of(chain("Conv", ["Relu"] * 2)), limits)
+    assert groups[0].fusion_type == "Conv+Relu"
+    bad = tmp_path / "t.json"
+    bad.write_text('{"name": "x"}')
+    with pytest.raises(OpfuseError, match="lacks"):
+        load_target(str(bad))
+
+
+def test_swish_diamond_is_one_group_and_second_consumer_stops() -> None:
+    g = graph_of(swish_net())
+    groups = grow_groups(g, LIMITS)
+    types = [grp.fusion_type for grp in groups]
+    assert "Conv+Sigmoid+Mul" in types
+    assert "Conv+Relu" in types  # GlobalAveragePool is a reduce, not an elementwise follower
+    assert "GlobalAveragePool+Add+Relu" in types
+
+
+def test_intermediate_with_outside_consumer_stops_growth() -> None:
+    n = helper.make_node
+    nodes = [
+        n("Conv", ["x", "W"], ["c"], name="conv"),
+        n("Relu", ["c"], ["r"], name="relu"),
+        n("Sigmoid", ["r"], ["s"], name="sig"),
+        n("Add", ["r", "s"], ["y"], name="add_outside"),
+        n("Tanh", ["c"], ["z"], name="tanh"),  # second consumer of the Conv output
+    ]
+    model = make_model(
+        nodes, {"x": [1, 4, 2, 2]}, {"y": [1, 4, 2, 2], "z": [1, 4, 2, 2]},
+        {"W": np.ones((4, 4, 1, 1), np.float32)},
+    )
+    groups = grow_groups(graph_of(model), LIMITS)
+    assert all("conv" not in grp.names for grp in groups)  # c has a consumer outside any group
+
+
+def test_follower_with_an_outside_input_stops_a_conv_group() -> None:
+    n = helper.make_node
+    nodes = [
+        n("Conv", ["x", "W"], ["c"], name="conv"),
+        n("Mul", ["c", "x"], ["y"], name="mul_outside_input"),
+    ]
+    model = make_model(
+        nodes, {"x": [1, 4, 2, 2]}, {"y": [1, 4, 2, 2]}, {"W": np.ones((4, 4, 1, 1), np.float32)}
+    )
+    assert grow_groups(graph_of(model), LIMITS) == []
+
+
+def test_grouping_is_linear_on_a_long_chain() -> None:
+    g = from_chain([f"n{i}" for i in range(30000)], ["Conv", "Relu", "Add"] * 10000)
+    groups = grow_groups(g, LIMITS)
+    assert len(groups) == 10000 and all(grp.fusion_type == "Conv+Relu+Add" for grp in groups)
+
+
+def test_rank_largest_first_same_types_together() -> None:
+    def grp(types: str, us: float) -> Group:
+        ops = types.split("+")
+        return Group(list(range(len(ops))), Kind.CONV, ops, ops, None, us)
+
+    ranked = rank_groups(
+        [grp("Conv+Relu", 5), grp("Conv+Sigmoid+Mul", 30), grp("Conv+Relu", 20),
+         grp("Conv+Sigmoid+Mul", 10), grp("Conv+Add", 1)]
+    )
+    assert [(g.fusion_type, g.duration_us) for g in ranked] == [
+        ("Conv+Sigmoid+Mul", 30), ("Conv+Sigmoid+Mul", 10), ("Conv+Relu", 20),
+        ("Conv+Relu", 5), ("Conv+Add", 1),
+    ]
