@@ -2,7 +2,7 @@
 keeps every output within tolerance (onnxruntime with its optimizations off on both
 sides), the result passes ``onnx.checker``, and a second optimize effects nothing.
 
-CI runs ``OPFUSE_FUZZ_EXAMPLES`` examples (default 40); ``make fuzz`` runs 10,000.
+CI runs ``OPFUSE_FUZZ_EXAMPLES`` examples (default 100); ``make fuzz`` runs 10,000.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from fuzz_graphs import graphs
 from opfuse.api import optimize_model
 from opfuse.verify import compare_arrays
 
-EXAMPLES = int(os.environ.get("OPFUSE_FUZZ_EXAMPLES", "40"))
+EXAMPLES = int(os.environ.get("OPFUSE_FUZZ_EXAMPLES", "100"))
 RTOL, ATOL = 1e-4, 1e-5
 
 

@@ -213,14 +213,32 @@ def staged_save(
         except OSError as exc:
             raise OpfuseError(f"{target}: cannot write: {exc.strerror or exc}") from None
         yield staged
-        try:
-            if data_name and (staging / data_name).exists():
-                os.replace(staging / data_name, target.parent / data_name)
-            os.replace(staged, target)
-        except OSError as exc:
-            raise OpfuseError(f"{target}: cannot write: {exc.strerror or exc}") from None
+        _move_into_place(staging, staged, target, data_name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _move_into_place(staging: Path, staged: Path, target: Path, data_name: str | None) -> None:
+    """Move the staged data file, then the model, into place. If a move fails, the old
+    output stays a consistent pair: its data file is put back (or the new one removed)."""
+    data_target = target.parent / data_name if data_name else None
+    backup: Path | None = None
+    moved_data = False
+    try:
+        if data_name and data_target and (staging / data_name).exists():
+            if data_target.exists():
+                backup = staging / (".old-" + data_name)
+                os.replace(data_target, backup)
+            os.replace(staging / data_name, data_target)
+            moved_data = True
+        os.replace(staged, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            if backup is not None and backup.exists():
+                os.replace(backup, data_target)  # type: ignore[arg-type]
+            elif moved_data and data_target is not None:
+                data_target.unlink()
+        raise OpfuseError(f"{target}: cannot write: {exc.strerror or exc}") from None
 
 
 def external_data_files(path: str | os.PathLike[str]) -> set[Path]:
