@@ -237,6 +237,11 @@ def test_mul_before_layer_folds(body, inputs, outputs, expected):
             "constants vary along axis 2, the channels are on axis 1",
         ),
         ("s = Mul(x, c_k1)\ny = Gemm<transA=1>(s, wm)", f"float[{K},3] x", "Gemm transposes A"),
+        (
+            "s = Mul(x, c_in)\ny = Conv<pads=[1,1,1,1]>(s, w, b)",
+            "float[1,1,5,5] x",
+            "the Mul may broadcast its input up (input shape unknown or smaller)",
+        ),
     ],
 )
 def test_mul_before_layer_refused(body, inputs, reason):

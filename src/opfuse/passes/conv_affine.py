@@ -206,6 +206,9 @@ class MulConvRule(Rule):
         if isinstance(found, str):
             return found
         x_rank, axis, channels = found
+        x = m.value("x")
+        if x.shape is None or len(x.shape) != x_rank or x.shape[axis] != channels:
+            return "the Mul may broadcast its input up (input shape unknown or smaller)"
         return per_channel([tuple(m["c"].shape)], x_rank, axis, channels)
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
