@@ -41,6 +41,7 @@ class OptimizeResult:
     log: EffectLog
     passes: list[str]
     warnings: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     before: Counter[str] = field(default_factory=Counter)
     after: Counter[str] = field(default_factory=Counter)
@@ -117,17 +118,21 @@ def optimize_model(
     if options.target_opset is not None:
         model = convert_opset(model, options.target_opset)
     ctx = PassContext(model, options, log)
-    runnable = []
+    asked = set(enable) | {
+        name for entries in (switch_table or {}).values() for name, on in entries.items() if on
+    }
+    runnable, skipped = [], []
     for info in passes:
         if info.section == "UBFusion" and options.target is None:
             continue  # target-specific fusions run only for a named runtime
         if not info.applies_to_opset(ctx.opset):
-            warnings.append(
-                f"{info.name} skipped: needs opset {info.opset_range}, model has {ctx.opset}"
-            )
+            why = f"{info.name} skipped: needs opset {info.opset_range}, model has {ctx.opset}"
+            # a warning only when the user asked for it; --target-opset can raise the opset
+            (warnings if info.name in asked else skipped).append(why)
             continue
         runnable.append(info)
     result = OptimizeResult(model, log, [p.name for p in runnable], warnings, ctx.notes)
+    result.skipped = skipped
     result.before = op_counts(model)
     infer_shapes(model)
     for round_no in range(1, MAX_ROUNDS + 1):

@@ -160,6 +160,8 @@ def optimize(
         for warning in result.warnings:
             err.print(f"opfuse: warning: {warning}", markup=False)
     if log_level in ("info", "debug"):
+        for line in result.skipped:
+            out.print(f"[INFO] OPFUSE {line}", soft_wrap=True, markup=False)
         for line in result.log.lines():
             out.print(f"[INFO] OPFUSE {line}", soft_wrap=True, markup=False)
     if log_level == "debug":

@@ -24,8 +24,8 @@ def opset(path) -> int:
 
 def test_googlenet_sibling_convs_merge(zoo_dir, tmp_path):
     src = zoo_dir / "googlenet.onnx"
-    without = optimize_file(src, tmp_path / "a.onnx", disable=["ConvConcatFusionPass"])
-    merged = optimize_file(src, tmp_path / "b.onnx")
+    without = optimize_file(src, tmp_path / "a.onnx")  # off by default
+    merged = optimize_file(src, tmp_path / "b.onnx", enable=["ConvConcatFusionPass"])
     assert without.verify is not None and without.verify.ok
     assert merged.verify is not None and merged.verify.ok
     assert ops(tmp_path / "b.onnx")["Conv"] < ops(tmp_path / "a.onnx")["Conv"]

@@ -197,5 +197,9 @@ register(
         "Merge sibling Convs on one input (same kernel, strides, pads, dilations) into one "
         "Conv, split back or feeding their Concat",
         run=fuse_sibling_convs,
+        default=False,
+        note="off by default: exact, but on onnxruntime CPU the extra Split made googlenet "
+        "1-9% and keras_resnet50 5% slower (scripts/latency.py, ORT_ENABLE_ALL); it pays on "
+        "accelerators with wide matrix units, as CANN's pass of the same name does",
     )
 )
