@@ -5,16 +5,19 @@ directly or through its Transpose; every result verifies and passes onnx.checker
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import onnx
 import pytest
 
-from conftest import ZOO_MODELS
 from opfuse.api import optimize_file
 
 pytestmark = pytest.mark.slow
 
 LINEAR = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 KERAS = ("keras_mobilenetv3small", "keras_resnet50")
+ZOO = Path(__file__).resolve().parents[2].parent / "shared" / "zoo" / "models"
+ZOO_MODELS = sorted(p.stem for p in ZOO.glob("*.onnx"))
 
 
 def optimized(zoo_dir, tmp_path, name: str) -> onnx.ModelProto:

@@ -87,7 +87,7 @@ class ConvAddRule(_SingleStepRule):
 
     def accepts(self, m: ChainMatch, body: list) -> bool:
         # a bare MatMul + Add has no bias to merge into: that is MatMulBiasAdd's Gemm
-        return not (m.chain.steps == body and producer(m.chain.x, "MatMul") is not None)
+        return not (len(body) == len(m.chain.steps) and producer(m.chain.x, "MatMul") is not None)
 
 
 def _dims_broadcast(c_shape: ir.Shape, out: list) -> bool:
