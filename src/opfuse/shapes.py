@@ -21,7 +21,8 @@ logger = logging.getLogger(__name__)
 
 
 def infer_shapes(model: ir.Model) -> None:
-    """Fill missing or partial shapes and dtypes of the main graph's values in place.
+    """Fill missing or partial shapes and dtypes of the graph's values (subgraphs too)
+    in place.
 
     Inference failures (custom ops, invalid partial graphs) leave the model as it was.
     """
@@ -38,11 +39,11 @@ def infer_shapes(model: ir.Model) -> None:
         logger.info("shape inference failed, shapes left as they are: %s", exc)
         return
     values: dict[str, ir.Value] = {}
-    for node in model.graph:
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):  # subgraphs too
         for out in node.outputs:
             if out.name:
                 values[out.name] = out
-    for info in (*inferred.graph.value_info, *inferred.graph.output):
+    for info in _value_infos(inferred.graph):
         value = values.get(info.name)
         if value is None or not info.type.HasField("tensor_type"):
             continue
@@ -53,6 +54,19 @@ def infer_shapes(model: ir.Model) -> None:
             shape = ir.serde.deserialize_type_proto_for_shape(info.type)
             if shape is not None and (value.shape is None or _more_known(shape, value.shape)):
                 value.shape = shape
+
+
+def _value_infos(graph: onnx.GraphProto):
+    """The inferred ValueInfos of a graph and of its If/Loop/Scan bodies (names are
+    unique across scopes in a valid model)."""
+    yield from graph.value_info
+    yield from graph.output
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield from _value_infos(attr.g)
+            for sub in attr.graphs:
+                yield from _value_infos(sub)
 
 
 def _more_known(new: ir.Shape, old: ir.Shape) -> bool:
