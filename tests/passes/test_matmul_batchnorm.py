@@ -60,8 +60,9 @@ BN = "y = BatchNormalization<epsilon=0.001>(h, scale, bias, mean, var)"
         (f"h = Gemm(x, w, b)\n{BN}", {"Gemm": 1}),
     ],
 )
-def test_folds_bn_into_matmul_and_gemm(body, expected):
-    model = build(body)
+@pytest.mark.parametrize("batch", ["3", '"n"'])
+def test_folds_bn_into_matmul_and_gemm(body, expected, batch):
+    model = build(body, f"float[{batch},{K}] x", f"float[{batch},{C}] y")
     optimized, result = check_rule(model, PASS)
     assert op_types(optimized) == expected
     assert effected(result, PASS, "matmul_bn") == 1
