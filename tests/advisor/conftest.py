@@ -50,7 +50,9 @@ def swish_net(channels: int = 16) -> onnx.ModelProto:
     return make_model(nodes, {"x": [1, 3, 8, 8]}, {"y": [1, channels, 1, 1]}, inits)
 
 
-def ort_profile(times: dict[str, tuple[str, float]], runs: int, warmup_factor: float = 100.0) -> list[dict]:
+def ort_profile(
+    times: dict[str, tuple[str, float]], runs: int, warmup_factor: float = 100.0
+) -> list[dict]:
     """An onnxruntime-shaped profile: ``runs`` model_run windows; the first run's node
     times are ``warmup_factor`` times larger (a warm-up run that must be dropped)."""
     events: list[dict] = []
@@ -60,8 +62,14 @@ def ort_profile(times: dict[str, tuple[str, float]], runs: int, warmup_factor: f
         for name, (op_type, us) in times.items():
             dur = us * (warmup_factor if run == 0 else 1.0)
             events.append(
-                {"cat": "Node", "name": f"{name}_kernel_time", "ts": ts, "dur": dur, "ph": "X",
-                 "args": {"op_name": op_type, "provider": "CPUExecutionProvider"}}
+                {
+                    "cat": "Node",
+                    "name": f"{name}_kernel_time",
+                    "ts": ts,
+                    "dur": dur,
+                    "ph": "X",
+                    "args": {"op_name": op_type, "provider": "CPUExecutionProvider"},
+                }
             )
             ts += int(dur) + 1
         events.append({"cat": "Session", "name": "model_run", "ts": start, "dur": ts - start})

@@ -8,9 +8,9 @@ import json
 import numpy as np
 import onnx
 import pytest
-from conftest import FIXTURES, make_model, ort_profile, swish_net, write_json
 from onnx import helper
 
+from conftest import FIXTURES, make_model, ort_profile, swish_net, write_json
 from opfuse.advisor.advise import SCHEMA, AdviseOptions, advise
 
 TIMES = {
@@ -84,8 +84,14 @@ def hint_model() -> onnx.ModelProto:
         n("Conv", ["x", "W"], ["c"], name="conv10"),
         n("Pow", ["c", "two"], ["p"], name="pow_square"),
         n("Pow", ["p", "odd"], ["q"], name="pow_odd"),
-        n("Resize", ["q", "roi", "", "sizes"], ["y"], name="resize",
-          mode="linear", coordinate_transformation_mode="align_corners"),
+        n(
+            "Resize",
+            ["q", "roi", "", "sizes"],
+            ["y"],
+            name="resize",
+            mode="linear",
+            coordinate_transformation_mode="align_corners",
+        ),
     ]
     return make_model(nodes, {"x": [1, 3, 175, 175]}, {"y": [1, 10, 350, 350]}, inits)
 
@@ -93,8 +99,12 @@ def hint_model() -> onnx.ModelProto:
 def test_constraint_hints_and_pass_verdicts(tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "hints.onnx"
     onnx.save(hint_model(), path)
-    times = {"conv10": ("Conv", 30.0), "pow_square": ("Pow", 5.0), "pow_odd": ("Pow", 9.0),
-             "resize": ("Resize", 200.0)}
+    times = {
+        "conv10": ("Conv", 30.0),
+        "pow_square": ("Pow", 5.0),
+        "pow_odd": ("Pow", 9.0),
+        "resize": ("Resize", 200.0),
+    }
     prof = write_json(tmp_path / "p.json", ort_profile(times, runs=2))
     report = advise(path, profile_path=prof, options=AdviseOptions(target="ascend310", warmup=1))
     hints = {(h["kind"], h["node"]): h for h in report["hints"]}
@@ -116,9 +126,13 @@ def test_fallback_hint_from_the_profile(swish, tmp_path) -> None:  # type: ignor
         if e.get("cat") == "Node" and e["name"] != "gap_kernel_time":
             e["args"]["provider"] = "CUDAExecutionProvider"
     prof = write_json(tmp_path / "p.json", events)
-    report = advise(swish, profile_path=prof,
-                    options=AdviseOptions(provider="CUDAExecutionProvider", warmup=0,
-                                          compare_onnxruntime=False))
+    report = advise(
+        swish,
+        profile_path=prof,
+        options=AdviseOptions(
+            provider="CUDAExecutionProvider", warmup=0, compare_onnxruntime=False
+        ),
+    )
     nodes = {h["node"] for h in report["hints"] if h["kind"] == "fallback"}
     assert nodes == {"gap"} and "fell back from CUDAExecutionProvider" in next(
         h["message"] for h in report["hints"] if h["node"] == "gap" and h["kind"] == "fallback"
@@ -126,15 +140,49 @@ def test_fallback_hint_from_the_profile(swish, tmp_path) -> None:  # type: ignor
 
 
 SCHEMA_KEYS = {
-    "schema", "model", "target", "profile", "op_statistic", "top_nodes", "ub_fusion",
-    "aipp_fusion", "l2_fusion", "hints", "graph_fusion",
+    "schema",
+    "model",
+    "target",
+    "profile",
+    "op_statistic",
+    "top_nodes",
+    "ub_fusion",
+    "aipp_fusion",
+    "l2_fusion",
+    "hints",
+    "graph_fusion",
 }
-UB_KEYS = {"subgraph", "fusion_type", "kind", "nodes", "op_types", "edges", "duration_us",
-           "opfuse", "onnxruntime"}
-L2_KEYS = {"nodes", "duration_us", "batch", "max_intermediate_bytes", "batch_split",
-           "ratios_source", "ops", "opfuse"}
-OP_KEYS = {"name", "op_type", "input_shapes", "mac_ratio", "vec_ratio", "mte2_ratio",
-           "mte3_ratio", "duration_us"}
+UB_KEYS = {
+    "subgraph",
+    "fusion_type",
+    "kind",
+    "nodes",
+    "op_types",
+    "edges",
+    "duration_us",
+    "opfuse",
+    "onnxruntime",
+}
+L2_KEYS = {
+    "nodes",
+    "duration_us",
+    "batch",
+    "max_intermediate_bytes",
+    "batch_split",
+    "ratios_source",
+    "ops",
+    "opfuse",
+}
+OP_KEYS = {
+    "name",
+    "op_type",
+    "input_shapes",
+    "mac_ratio",
+    "vec_ratio",
+    "mte2_ratio",
+    "mte3_ratio",
+    "duration_us",
+}
 
 
 def test_json_schema_is_stable_and_documented(swish, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -154,9 +202,11 @@ def test_json_schema_is_stable_and_documented(swish, tmp_path) -> None:  # type:
 
 def test_aipp_section_names_the_normalization_chain(tmp_path) -> None:  # type: ignore[no-untyped-def]
     n = helper.make_node
-    inits = {"scale": np.full((1, 1, 1, 3), 1 / 127.5, np.float32),
-             "shift": np.full((1, 1, 1, 3), -1.0, np.float32),
-             "W": np.ones((16, 3, 3, 3), np.float32)}
+    inits = {
+        "scale": np.full((1, 1, 1, 3), 1 / 127.5, np.float32),
+        "shift": np.full((1, 1, 1, 3), -1.0, np.float32),
+        "W": np.ones((16, 3, 3, 3), np.float32),
+    }
     nodes = [
         n("Mul", ["x", "scale"], ["m"], name="norm_mul"),
         n("Add", ["m", "shift"], ["a"], name="norm_add"),

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 import pytest
-from conftest import make_model, swish_net
 from onnx import helper
 
+from conftest import make_model, swish_net
 from opfuse.advisor.graph import from_chain, from_model
 from opfuse.advisor.groups import Group, grow_groups, rank_groups
 from opfuse.advisor.opkinds import Kind, classify
@@ -107,7 +107,9 @@ def test_intermediate_with_outside_consumer_stops_growth() -> None:
         n("Tanh", ["c"], ["z"], name="tanh"),  # second consumer of the Conv output
     ]
     model = make_model(
-        nodes, {"x": [1, 4, 2, 2]}, {"y": [1, 4, 2, 2], "z": [1, 4, 2, 2]},
+        nodes,
+        {"x": [1, 4, 2, 2]},
+        {"y": [1, 4, 2, 2], "z": [1, 4, 2, 2]},
         {"W": np.ones((4, 4, 1, 1), np.float32)},
     )
     groups = grow_groups(graph_of(model), LIMITS)
@@ -138,10 +140,18 @@ def test_rank_largest_first_same_types_together() -> None:
         return Group(list(range(len(ops))), Kind.CONV, ops, ops, None, us)
 
     ranked = rank_groups(
-        [grp("Conv+Relu", 5), grp("Conv+Sigmoid+Mul", 30), grp("Conv+Relu", 20),
-         grp("Conv+Sigmoid+Mul", 10), grp("Conv+Add", 1)]
+        [
+            grp("Conv+Relu", 5),
+            grp("Conv+Sigmoid+Mul", 30),
+            grp("Conv+Relu", 20),
+            grp("Conv+Sigmoid+Mul", 10),
+            grp("Conv+Add", 1),
+        ]
     )
     assert [(g.fusion_type, g.duration_us) for g in ranked] == [
-        ("Conv+Sigmoid+Mul", 30), ("Conv+Sigmoid+Mul", 10), ("Conv+Relu", 20),
-        ("Conv+Relu", 5), ("Conv+Add", 1),
+        ("Conv+Sigmoid+Mul", 30),
+        ("Conv+Sigmoid+Mul", 10),
+        ("Conv+Relu", 20),
+        ("Conv+Relu", 5),
+        ("Conv+Add", 1),
     ]

@@ -15,12 +15,13 @@ import onnx_ir as ir
 
 from opfuse import io
 from opfuse.advisor import constraints
-from opfuse.advisor.attribution import Attribution, Resolver, attribute, runtime_kernels
+from opfuse.advisor.attribution import Resolver, attribute, runtime_kernels
 from opfuse.advisor.graph import OpGraph, from_chain, from_model
 from opfuse.advisor.groups import Group, grow_groups, rank_groups
 from opfuse.advisor.l2 import estimate_ratios, l2_chains
 from opfuse.advisor.opkinds import Kind, classify
 from opfuse.advisor.profile import (
+    OpRecord,
     Profile,
     op_statistic,
     read_op_summary,
@@ -171,7 +172,12 @@ class Advisor:
         self.resolver = Resolver(self.graph, self.original_graph)
         self.step("opfuse trial optimization", 1, 1)
 
-    def _profile(self, model_path, profile_path, op_summary) -> Profile:  # type: ignore[no-untyped-def]
+    def _profile(
+        self,
+        model_path: str | os.PathLike[str] | None,
+        profile_path: str | os.PathLike[str] | None,
+        op_summary: str | os.PathLike[str] | None,
+    ) -> Profile:
         o = self.opts
         if op_summary is not None:
             return read_op_summary(op_summary)
@@ -182,6 +188,7 @@ class Advisor:
             if unresolved:  # fused names: map them through the graph onnxruntime ran
                 self.step("onnxruntime graph of the profiled model", 0, 1)
                 level = o.graph_opt if o.graph_opt != "disable" else "all"
+                assert model_path is not None
                 runtime = _ort_graph(model_path, level, o.provider, self.tmp)
                 self.resolver = Resolver(self.graph, self.original_graph, runtime)
                 profile.notes.append(
@@ -207,7 +214,7 @@ class Advisor:
 
     # --- helpers over the analysed graph -------------------------------------------------
 
-    def _record(self, index: int):  # type: ignore[no-untyped-def]
+    def _record(self, index: int) -> OpRecord | None:
         return self.times.record.get(index)
 
     def _time(self, index: int) -> float:
@@ -247,7 +254,7 @@ class Advisor:
     # --- sections ----------------------------------------------------------------------------
 
     def _ub(self) -> tuple[list[Group], list[dict[str, object]]]:
-        groups = grow_groups(self.graph, self.target.ub_limits)
+        groups = grow_groups(self.graph, self.target.ub_limits, self._other_unit())
         for grp in groups:
             grp.duration_us = sum(self._time(m) for m in grp.members)
         groups = rank_groups(groups)
@@ -274,6 +281,16 @@ class Advisor:
             }
             rows.append(row)
         return groups, rows
+
+    def _other_unit(self) -> set[int]:
+        """Nodes msprof ran on the AI CPU: no UB fusion with AI Core operators."""
+        if self.profile.source != "op_summary":
+            return set()
+        return {
+            i
+            for i, rec in self.times.record.items()
+            if rec.provider.upper().replace(" ", "_") == "AI_CPU"
+        }
 
     def _edges(self, members: list[int]) -> list[list[int]]:
         """Edges between a group's members, as positions in its node list."""
@@ -460,14 +477,22 @@ class Advisor:
                     )
                 hints.append(hint)
         else:
-            hints += constraints.replace_hints(self.graph, times)
+            for hint in constraints.replace_hints(self.graph, times):
+                if hint.opfuse_pass:
+                    hint.verdict = {
+                        "pass": hint.opfuse_pass,
+                        "available": hint.opfuse_pass in registered(),
+                        "fires": None,
+                        "reason": "no model given: not tried",
+                    }
+                hints.append(hint)
         hints += constraints.fallback_hints(
             self.profile.records, self.profile.provider, self.profile.source
         )
         hints.sort(key=lambda h: (h.kind, -h.duration_us))
         return [h.to_json() for h in hints]
 
-    def _report(self, model_path) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    def _report(self, model_path: str | os.PathLike[str] | None) -> dict[str, object]:
         self.step("grouping", 0, 1)
         groups, ub = self._ub()
         aipp = self._aipp()
@@ -538,7 +563,3 @@ def advise(
 ) -> dict[str, object]:
     """The advisor report as a JSON-ready dict (schema opfuse.advise/1)."""
     return Advisor(options or AdviseOptions(), step).run(model_path, profile_path, op_summary)
-
-
-def attribution_of(report_advisor: Advisor) -> Attribution:
-    return report_advisor.times

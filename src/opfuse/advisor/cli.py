@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from collections.abc import Iterator
@@ -17,12 +18,6 @@ from opfuse.advisor.profile import GRAPH_OPT_LEVELS, op_statistic, top_nodes
 from opfuse.errors import OpfuseError
 
 PathArg = click.Path(path_type=Path)
-
-
-def _console(output: Path | None):  # type: ignore[no-untyped-def]
-    if output is None:
-        return Console(highlight=False, width=None if sys.stdout.isatty() else 240)
-    return None
 
 
 @contextmanager
@@ -262,12 +257,6 @@ def advise(
             report, Console(highlight=False, width=None if sys.stdout.isatty() else 240), top
         )
         return
-    console = Console(record=True, width=240, file=open(_devnull(), "w"))  # noqa: SIM115
+    console = Console(record=True, width=240, file=io.StringIO(), color_system=None)
     render_text(report, console, top)
     _write(output, console.export_text())
-
-
-def _devnull() -> str:
-    import os
-
-    return os.devnull

@@ -10,7 +10,7 @@ so the cost is linear in the graph size.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 
 from opfuse.advisor.graph import OpGraph
@@ -44,9 +44,12 @@ def _escaping(g: OpGraph, members: set[int], produced: list[str]) -> list[str]:
     ]
 
 
-def grow_groups(g: OpGraph, limits: Mapping[str, int]) -> list[Group]:
-    """Every group of two or more nodes, in graph order."""
-    assigned: set[int] = set()
+def grow_groups(
+    g: OpGraph, limits: Mapping[str, int], exclude: Set[int] = frozenset()
+) -> list[Group]:
+    """Every group of two or more nodes, in graph order. ``exclude``: nodes that cannot join
+    any group (they run on another unit, like msprof's AI CPU operators)."""
+    assigned: set[int] = set(exclude)
     groups: list[Group] = []
     for node in g.nodes:
         if node.index in assigned:

@@ -24,7 +24,11 @@ window.addEventListener('error', function (e) {
 window.addEventListener('load', function () {
   var charts = document.querySelectorAll('svg.chart rect.bar').length;
   var graphs = document.querySelectorAll('svg.group-graph').length;
-  document.body.setAttribute('data-rendered', 'bars=' + charts + ';groups=' + graphs);
+  var chart = document.getElementById('group-chart');
+  var box = chart ? chart.getBoundingClientRect() : null;
+  var seen = box && box.width > 0 && box.top >= 0 && box.bottom <= window.innerHeight;
+  document.body.setAttribute('data-rendered', 'bars=' + charts + ';groups=' + graphs +
+    ';chart-in-view=' + (seen ? 'yes' : 'no'));
 });
 """
 COLORS = {"conv": "#4e79a7", "elementwise": "#f28e2b", "reduce": "#59a14f", "other": "#9c9c9c"}
@@ -41,7 +45,7 @@ def bar_chart(title: str, rows: Sequence[tuple[str, float, str]], chart_id: str)
     """Horizontal bars: (label, value in us, color)."""
     if not rows:
         return ""
-    width, label_w, bar_h = 900, 330, 20
+    width, label_w, bar_h = 1040, 440, 20
     height = 30 + bar_h * len(rows)
     top = max(v for _, v, _ in rows) or 1.0
     parts = [
@@ -52,7 +56,7 @@ def bar_chart(title: str, rows: Sequence[tuple[str, float, str]], chart_id: str)
     for i, (label, value, color) in enumerate(rows):
         y = 26 + i * bar_h
         w = max(1.0, (width - label_w - 110) * value / top)
-        short = label if len(label) <= 52 else label[:24] + "…" + label[-26:]
+        short = label if len(label) <= 64 else label[:30] + "…" + label[-33:]
         parts.append(
             f'<text x="{label_w - 6}" y="{y + 14}" font-size="11" text-anchor="end">'
             f"{escape(short)}</text>"

@@ -42,7 +42,7 @@ def verdict_text(opfuse: Mapping[str, Any] | None) -> str:
         return f"opfuse: {name} applies it"
     if opfuse.get("fires") is False:
         return f"opfuse: {name} would not fire: {opfuse.get('reason')}"
-    return f"opfuse: {name}"
+    return f"opfuse: {name} ({opfuse['reason']})" if opfuse.get("reason") else f"opfuse: {name}"
 
 
 def ort_text(ort: Mapping[str, Any] | None) -> str:
@@ -152,9 +152,9 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
         for i, c in enumerate(report["l2_fusion"], 1):
             source = c["ratios_source"]
             label = (
-                ""
-                if source == "op_summary"
-                else (" (ratios are estimates: FLOPs and bytes against the target's peaks)")
+                " (ratios are estimates: FLOPs and bytes against the target's peaks)"
+                if "estimate" in source
+                else ""
             )
             p(f"Op Info {i}{label}", markup=False)
             for op in c["ops"]:

@@ -1,0 +1,78 @@
+"""`opfuse profile` and `opfuse advise` from the command line."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+from click.testing import CliRunner
+
+from conftest import FIXTURES, swish_net
+from opfuse.cli import app
+
+
+def test_profile_prints_op_statistic_and_writes_the_profile(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    model = tmp_path / "swish.onnx"
+    onnx.save(swish_net(), model)
+    out = tmp_path / "profile.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "profile",
+            str(model),
+            "--runs",
+            "3",
+            "--warmup",
+            "1",
+            "--graph-opt",
+            "disable",
+            "-o",
+            str(out),
+            "--top",
+            "3",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "Op Statistic" in result.output and "Top 3 slow nodes" in result.output
+    for op in ("Conv", "Sigmoid", "GlobalAveragePool"):
+        assert op in result.output
+    events = json.loads(out.read_text())
+    assert sum(e.get("name") == "model_run" for e in events) == 4  # warm-up kept in the file
+    # the written profile is read back by advise, the warm-up run dropped again
+    result = CliRunner().invoke(
+        app, ["advise", str(model), "--profile", str(out), "--warmup", "1", "--format", "json"]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["profile"]["runs"] == 3 and report["profile"]["unmapped_us"] == 0
+    assert "Conv+Sigmoid+Mul" in {g["fusion_type"] for g in report["ub_fusion"]}
+
+
+def test_advise_writes_text_json_and_html(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    csv = FIXTURES / "op_summary_0_1.csv"
+    for fmt, name in (("text", "r.txt"), ("json", "r.json"), ("html", "r.html")):
+        out = tmp_path / name
+        result = CliRunner().invoke(
+            app, ["advise", "--op-summary", str(csv), "--format", fmt, "-o", str(out)]
+        )
+        assert result.exit_code == 0, result.output
+        assert result.output == ""  # the report went to the file
+        text = out.read_text()
+        if fmt == "json":
+            assert json.loads(text)["schema"] == "opfuse.advise/1"
+        elif fmt == "html":
+            assert text.startswith("<!DOCTYPE html>") and "<svg" in text
+        else:
+            assert "====UBModel====" in text and "====L2Model====" in text
+
+
+def test_advise_errors_are_one_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    runner = CliRunner()
+    result = runner.invoke(app, ["advise"], standalone_mode=False)
+    assert "give a MODEL" in str(result.exception)
+    result = runner.invoke(
+        app,
+        ["advise", "--op-summary", str(FIXTURES / "op_summary_0_1.csv"), "--target", "tpu"],
+        standalone_mode=False,
+    )
+    assert "unknown; built-in targets are ascend310, cpu, cuda" in str(result.exception)
