@@ -1,12 +1,13 @@
 """Removal of operators that compute nothing: Identity, inference Dropout, and no-op
-Cast, Reshape, Transpose, Slice, Expand, Pad, Concat and Split."""
+Cast, Reshape, Transpose, Slice, Expand, Pad, Concat and Split; chains of Casts,
+Transposes and Reshapes merged, Squeeze/Unsqueeze pairs cancelled."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
 
-from opfuse.passes._util import attr, static_shape
+from opfuse.passes._util import attr, rank, static_shape
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Const, Match, Op, Optional, PassContext, Rule, Var
 from opfuse.rewrite.pattern import const_array
@@ -224,6 +225,221 @@ class SingleInputRule(Rule):
         return [m.value("x")]
 
 
+# every value of the first type is exactly a value of the second
+LOSSLESS_CASTS: dict[ir.DataType, frozenset[ir.DataType]] = {
+    k: frozenset(v)
+    for k, v in {
+        ir.DataType.BOOL: [
+            ir.DataType.UINT8,
+            ir.DataType.INT8,
+            ir.DataType.UINT16,
+            ir.DataType.INT16,
+            ir.DataType.UINT32,
+            ir.DataType.INT32,
+            ir.DataType.UINT64,
+            ir.DataType.INT64,
+            ir.DataType.FLOAT16,
+            ir.DataType.BFLOAT16,
+            ir.DataType.FLOAT,
+            ir.DataType.DOUBLE,
+        ],
+        ir.DataType.UINT8: [
+            ir.DataType.UINT16,
+            ir.DataType.INT16,
+            ir.DataType.UINT32,
+            ir.DataType.INT32,
+            ir.DataType.UINT64,
+            ir.DataType.INT64,
+            ir.DataType.FLOAT16,
+            ir.DataType.BFLOAT16,
+            ir.DataType.FLOAT,
+            ir.DataType.DOUBLE,
+        ],
+        ir.DataType.INT8: [
+            ir.DataType.INT16,
+            ir.DataType.INT32,
+            ir.DataType.INT64,
+            ir.DataType.FLOAT16,
+            ir.DataType.BFLOAT16,
+            ir.DataType.FLOAT,
+            ir.DataType.DOUBLE,
+        ],
+        ir.DataType.UINT16: [
+            ir.DataType.UINT32,
+            ir.DataType.INT32,
+            ir.DataType.UINT64,
+            ir.DataType.INT64,
+            ir.DataType.FLOAT,
+            ir.DataType.DOUBLE,
+        ],
+        ir.DataType.INT16: [
+            ir.DataType.INT32,
+            ir.DataType.INT64,
+            ir.DataType.FLOAT,
+            ir.DataType.DOUBLE,
+        ],
+        ir.DataType.UINT32: [ir.DataType.UINT64, ir.DataType.INT64, ir.DataType.DOUBLE],
+        ir.DataType.INT32: [ir.DataType.INT64, ir.DataType.DOUBLE],
+        ir.DataType.FLOAT16: [ir.DataType.FLOAT, ir.DataType.DOUBLE],
+        ir.DataType.BFLOAT16: [ir.DataType.FLOAT, ir.DataType.DOUBLE],
+        ir.DataType.FLOAT: [ir.DataType.DOUBLE],
+    }.items()
+}
+
+
+class CastChainRule(Rule):
+    """Cast(Cast(x, T1), T2) where x's type converts to T1 losslessly ==> Cast(x, T2),
+    or x when T2 is x's type (f32->f64->f32 goes; f32->f16->f32 rounds and stays)"""
+
+    name = "cast_chain"
+    pattern = Op("Cast", Op("Cast", Var("x"), name="inner"))
+
+    def check(self, m: Match, ctx: PassContext) -> str | None:
+        dtype = m.value("x").dtype
+        if dtype is None:
+            return "input dtype unknown"
+        middle = ir.DataType(m.attr("inner", "to"))
+        if middle != dtype and middle not in LOSSLESS_CASTS.get(dtype, ()):
+            return f"the first Cast ({dtype.name} to {middle.name}) loses information"
+        return None
+
+    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+        x = m.value("x")
+        if ir.DataType(attr(m.root, "to")) == x.dtype:
+            return [x]
+        attrs = {k: a.value for k, a in m.root.attributes.items()}
+        return [b.op("Cast", [x], attrs, like=m.root)]
+
+
+def _perm(node: ir.Node, rank_: int | None) -> list[int] | None:
+    perm = attr(node, "perm")
+    if perm is not None:
+        return [int(p) for p in perm]
+    return None if rank_ is None else list(reversed(range(rank_)))
+
+
+class TransposeChainRule(Rule):
+    """Transpose(Transpose(x, p1), p2) ==> Transpose(x, p1[p2]), or x when that is the
+    identity"""
+
+    name = "transpose_chain"
+    pattern = Op("Transpose", Op("Transpose", Var("x"), name="inner"))
+
+    def check(self, m: Match, ctx: PassContext) -> str | None:
+        r = rank(m.value("x"))
+        for name in ("inner",):
+            p = attr(m.node(name), "perm")
+            r = len(p) if p is not None else r
+        p = attr(m.root, "perm")
+        r = len(p) if p is not None else r
+        if _perm(m.node("inner"), r) is None or _perm(m.root, r) is None:
+            return "default permutation of unknown rank"
+        return None
+
+    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+        r = rank(m.value("x"))
+        for node in (m.node("inner"), m.root):
+            p = attr(node, "perm")
+            r = len(p) if p is not None else r
+        p1, p2 = _perm(m.node("inner"), r), _perm(m.root, r)
+        assert p1 is not None and p2 is not None
+        perm = [p1[i] for i in p2]
+        if perm == sorted(perm):
+            return [m.value("x")]
+        return [b.op("Transpose", [m.value("x")], {"perm": perm}, like=m.root)]
+
+
+class ReshapeChainRule(Rule):
+    """Reshape(Reshape(x, s1), s2) ==> Reshape(x, s2) (a 0 in s2 that copies a dim of
+    the middle tensor is resolved from its static shape)"""
+
+    name = "reshape_chain"
+    pattern = Op("Reshape", Op("Reshape", Var("x"), Var("s1"), name="inner"), Var("s2"))
+    constants = ("s2",)
+
+    def check(self, m: Match, ctx: PassContext) -> str | None:
+        if self._target(m) is None:
+            return "the outer shape copies a dim of the middle tensor that is not static"
+        return None
+
+    @staticmethod
+    def _target(m: Match) -> list[int] | None:
+        target = [int(d) for d in m["s2"].reshape(-1)]
+        if attr(m.root, "allowzero", 0) or 0 not in target:
+            return target
+        middle = m.node("inner").outputs[0].shape
+        for j, d in enumerate(target):
+            if d == 0:
+                dim = middle[j] if middle is not None and j < len(middle) else None
+                if not isinstance(dim, int) or dim == 0:
+                    return None
+                target[j] = dim
+        return target
+
+    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+        target = self._target(m)
+        shape = b.const(np.array(target, dtype=np.int64), f"{m.root.name or 'reshape'}_shape")
+        attrs = {"allowzero": attr(m.root, "allowzero", 0)} if ctx.opset >= 14 else {}
+        return [b.op("Reshape", [m.value("x"), shape], attrs, like=m.root)]
+
+
+def _axes(node: ir.Node) -> list[int] | None:
+    """A Squeeze/Unsqueeze's constant axes (attribute before opset 13, input after)."""
+    axes = attr(node, "axes")
+    if axes is not None:
+        return [int(a) for a in axes]
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        array = const_array(node.inputs[1])
+        return None if array is None else [int(a) for a in array.reshape(-1)]
+    return None
+
+
+def _normalized(axes: list[int], r: int | None) -> set[int] | None:
+    if r is None:
+        return None if any(a < 0 for a in axes) else set(axes)
+    return {a % r for a in axes} if r > 0 else set(axes)
+
+
+class SqueezeUnsqueezeRule(Rule):
+    """Squeeze(Unsqueeze(x, a), a) ==> x; Unsqueeze(Squeeze(x, a), a) ==> x"""
+
+    name = "squeeze_unsqueeze"
+    pattern = Op(
+        ("Squeeze", "Unsqueeze"),
+        Op(("Squeeze", "Unsqueeze"), Var("x"), Optional(Var("a1")), name="inner"),
+        Optional(Var("a2")),
+    )
+
+    def check(self, m: Match, ctx: PassContext) -> str | None:
+        inner = m.node("inner")
+        if inner.op_type == m.root.op_type:
+            return "both are " + inner.op_type
+        x = m.value("x")
+        a1, a2 = _axes(inner), _axes(m.root)
+        if a2 is None:
+            return "axes are not constant"
+        r = rank(x)
+        if inner.op_type == "Squeeze" and a1 is None:
+            shape = static_shape(x)
+            if shape is None:
+                return "Squeeze without axes of a tensor whose shape is not static"
+            a1 = [i for i, d in enumerate(shape) if d == 1]
+        if a1 is None:
+            return "axes are not constant"
+        # the middle tensor's rank, against which both sets of axes are normalized
+        middle = None if r is None else (r + len(a1) if inner.op_type == "Unsqueeze" else r)
+        if inner.op_type == "Squeeze":
+            n1, n2 = _normalized(a1, r), _normalized(a2, r)
+        else:
+            n1, n2 = _normalized(a1, middle), _normalized(a2, middle)
+        if n1 is None or n2 is None:
+            return "negative axes of unknown rank"
+        return None if n1 == n2 else "the axes differ"
+
+    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+        return [m.value("x")]
+
+
 register(
     PassInfo(
         "IdentityRemovalFusionPass",
@@ -251,5 +467,13 @@ register(
             PadNoOpRule(),
             SingleInputRule(),
         ),
+    )
+)
+register(
+    PassInfo(
+        "RedundantChainFusionPass",
+        "Merge Cast chains that round-trip losslessly, consecutive Transposes and Reshapes; "
+        "cancel Squeeze/Unsqueeze pairs",
+        rules=(CastChainRule(), TransposeChainRule(), ReshapeChainRule(), SqueezeUnsqueezeRule()),
     )
 )

@@ -1,0 +1,214 @@
+"""Constant folding: a node whose inputs are all constants becomes its value, computed by
+onnx's reference evaluator (onnxruntime when that fails), and Constant nodes become
+initializers. The shape rules of shape_arith run in the same pass.
+
+Never folded: nondeterministic ops (Random*, Multinomial, Bernoulli), DequantizeLinear
+(folding it would store quantized weights as floats, four times the size), ops with
+subgraphs that read non-constant values from the enclosing graph, and results larger than
+``--fold-size-limit`` bytes that are not paid for by the constant inputs they free.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from opfuse.passes._evaluate import EvaluationError, evaluate
+from opfuse.passes.shape_arith import SHAPE_RULES
+from opfuse.registry import PassInfo, register
+from opfuse.rewrite import Builder, Match, PassContext, Rule
+from opfuse.rewrite.pattern import const_array
+
+NEVER_FOLD = {
+    "RandomNormal": "Random ops are nondeterministic",
+    "RandomUniform": "Random ops are nondeterministic",
+    "RandomNormalLike": "Random ops are nondeterministic",
+    "RandomUniformLike": "Random ops are nondeterministic",
+    "Multinomial": "Multinomial is nondeterministic",
+    "Bernoulli": "Bernoulli is nondeterministic",
+    "DequantizeLinear": "DequantizeLinear of a constant stays (quantized weights stay small)",
+}
+
+
+@cache
+def foldable_op_types() -> tuple[str, ...]:
+    """Every default-domain op type except Constant (its own rule)."""
+    names = {s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain == ""}
+    return tuple(sorted(names - {"Constant"}))
+
+
+def _subgraphs(node: ir.Node) -> list[ir.Graph]:
+    graphs: list[ir.Graph] = []
+    for a in node.attributes.values():
+        if a.type == ir.AttributeType.GRAPH:
+            graphs.append(a.value)
+        elif a.type == ir.AttributeType.GRAPHS:
+            graphs.extend(a.value)
+    return graphs
+
+
+def _outer_values(node: ir.Node) -> list[ir.Value]:
+    """Values of enclosing graphs that the node's subgraphs read (implicit inputs)."""
+    inner: set[int] = set()
+    used: list[ir.Value] = []
+    for graph in _subgraphs(node):
+        for sub in (graph, *graph.subgraphs()):
+            inner.update(id(v) for v in sub.inputs)
+            inner.update(id(v) for v in sub.initializers.values())
+            for n in sub:
+                inner.update(id(v) for v in n.outputs)
+                used.extend(v for v in n.inputs if v is not None)
+    seen: set[int] = set()
+    outer = []
+    for v in used:
+        if id(v) not in inner and id(v) not in seen:
+            seen.add(id(v))
+            outer.append(v)
+    return outer
+
+
+def _freed_bytes(node: ir.Node) -> int:
+    """Bytes of the constant inputs that only this node reads (folding drops them)."""
+    total = 0
+    for v in {id(v): v for v in node.inputs if v is not None}.values():
+        users = {id(u) for u, _ in v.uses()}
+        if users == {id(node)} and not v.is_graph_output():
+            array = const_array(v)
+            total += 0 if array is None else array.nbytes
+    return total
+
+
+def _static_bytes(value: ir.Value) -> int | None:
+    if value.shape is None or value.dtype is None:
+        return None
+    if not all(isinstance(d, int) for d in value.shape):
+        return None
+    count = int(np.prod([int(d) for d in value.shape], dtype=np.int64))  # type: ignore[arg-type]
+    return int(np.ceil(count * value.dtype.itemsize))
+
+
+class FoldMatch(Match):
+    arrays: list[np.ndarray | None]
+    results: list[np.ndarray]
+
+
+def constant_value(array: np.ndarray, b: Builder, old: ir.Value, like: ir.Node) -> ir.Value:
+    """A constant for ``old``: an initializer, or a Constant node when ``old`` is a graph
+    output (a graph output cannot be an initializer)."""
+    if old.is_graph_output():
+        return b.op("Constant", [], {"value": ir.tensor(array)}, like=like)
+    return b.const(array, old.name or "folded")
+
+
+class ConstantNodeRule(Rule):
+    """Constant node ==> initializer (what onnxsim and onnxslim do too)"""
+
+    name = "constant_node"
+    roots = ("Constant",)
+
+    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
+        out = node.outputs[0]
+        if out.is_graph_output():
+            return None  # stays a node: a graph output cannot be an initializer
+        m = Match(node)
+        m.nodes.append(node)
+        return m
+
+    def check(self, m: Match, ctx: PassContext) -> str | None:
+        if (ctx.model.ir_version or 0) < 4:
+            return "IR version below 4: initializers must also be graph inputs"
+        if const_array(m.root.outputs[0]) is None:
+            return "sparse or unreadable Constant"
+        return None
+
+    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+        array = const_array(m.root.outputs[0])
+        assert array is not None
+        return [b.const(array, m.root.outputs[0].name or "constant")]
+
+
+class FoldRule(Rule):
+    """op(c1, c2, ...) ==> its value, evaluated by onnx's reference evaluator"""
+
+    name = "fold"
+    exclusive = False  # the constant inputs may have other readers; they stay for them
+
+    def root_types(self) -> tuple[str, ...]:
+        return foldable_op_types()
+
+    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
+        arrays: list[np.ndarray | None] = []
+        for v in node.inputs:
+            if v is None:
+                arrays.append(None)
+                continue
+            array = const_array(v)
+            if array is None:
+                return None
+            arrays.append(array)
+        m = FoldMatch(node)
+        m.nodes.append(node)
+        m.arrays = arrays
+        return m
+
+    def check(self, m: Match, ctx: PassContext) -> str | None:
+        assert isinstance(m, FoldMatch)
+        node = m.root
+        if node.op_type in NEVER_FOLD:
+            return NEVER_FOLD[node.op_type]
+        if _subgraphs(node) and any(const_array(v) is None for v in _outer_values(node)):
+            return "a subgraph reads non-constant values"
+        limit = ctx.options.fold_size_limit
+        freed = _freed_bytes(node)
+        sizes = [_static_bytes(out) for out in node.outputs]
+        if all(s is not None for s in sizes):
+            reason = _size_reason(sum(s or 0 for s in sizes), freed, limit)
+            if reason:
+                return reason
+        try:
+            m.results = evaluate(node, m.arrays, ctx.model, _outer_arrays(node))
+        except EvaluationError as exc:
+            return f"cannot evaluate: {exc}"
+        return _size_reason(sum(r.nbytes for r in m.results), freed, limit)
+
+    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+        assert isinstance(m, FoldMatch)
+        return [
+            constant_value(r, b, out, m.root) if (out.uses() or out.is_graph_output()) else None
+            for r, out in zip(m.results, m.root.outputs, strict=True)
+        ]
+
+
+def _outer_arrays(node: ir.Node) -> dict[str, np.ndarray]:
+    arrays = {}
+    for v in _outer_values(node):
+        array = const_array(v)
+        if array is not None and v.name:
+            arrays[v.name] = array
+    return arrays
+
+
+def _size_reason(out_bytes: int, freed: int, limit: int) -> str | None:
+    """Fold when the result fits the limit or frees at least its own size."""
+    if out_bytes <= limit or out_bytes <= freed:
+        return None
+    return f"result of {out_bytes} bytes exceeds --fold-size-limit {limit}"
+
+
+register(
+    PassInfo(
+        "ConstantFoldingFusionPass",
+        "Replace nodes whose inputs are all constants by their value (onnx reference "
+        "evaluator); Constant nodes become initializers; Shape arithmetic on static dims "
+        "folds and Shape->Gather->Unsqueeze->Concat->Reshape chains become a constant shape",
+        rules=(ConstantNodeRule(), FoldRule(), *SHAPE_RULES),
+        note="A folded node's result may be at most --fold-size-limit bytes (default 1 MiB) "
+        "unless it is no larger than the constant inputs it frees. Never folded: Random*, "
+        "Multinomial, Bernoulli, DequantizeLinear (keeps quantized weights small), ops whose "
+        "subgraphs read non-constant values. A Reshape shape rebuilt with -1 differs from the "
+        "original only on empty tensors.",
+    )
+)
