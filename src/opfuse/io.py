@@ -209,13 +209,35 @@ def staged_save(
     try:
         staged = staging / target.name
         try:
-            ir.save(model, staged, external_data=data_name)
+            with _no_initializer_value_info(model):
+                ir.save(model, staged, external_data=data_name)
         except OSError as exc:
             raise OpfuseError(f"{target}: cannot write: {exc.strerror or exc}") from None
         yield staged
         _move_into_place(staging, staged, target, data_name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _no_initializer_value_info(model: ir.Model) -> Iterator[None]:
+    """Save without value_info that only repeats what a reader derives: onnx-ir writes one
+    for every typed initializer (the tensor says it) and for every inferred intermediate
+    (shape inference says it), so even a model nothing changed would grow on disk.
+    Graph inputs and outputs, and outputs of non-default-domain ops, keep theirs."""
+    saved = []
+    for graph in (model.graph, *model.graph.subgraphs()):
+        values = [v for v in graph.initializers.values() if not v.is_graph_input()]
+        values += [out for node in graph if node.domain in ("", "ai.onnx") for out in node.outputs]
+        for value in values:
+            if not value.is_graph_output() and (value.type or value.shape):
+                saved.append((value, value.type, value.shape))
+                value.type, value.shape = None, None
+    try:
+        yield
+    finally:
+        for value, type_, shape in saved:
+            value.type, value.shape = type_, shape
 
 
 def _move_into_place(staging: Path, staged: Path, target: Path, data_name: str | None) -> None:

@@ -7,6 +7,9 @@ import importlib
 PIPELINE_ORDER = (
     "strip_unused",  # first: later passes see only what is kept
     "cleanup",
+    "constant_folding",  # with shape_arith's rules
+    "arithmetic",
+    "cse",
     "replace",
     "softmax",
     "layout",  # before the Conv fusions: BN small ops meet their Conv once Transposes are gone

@@ -29,7 +29,16 @@ def const_array(value: ir.Value | None) -> np.ndarray | None:
     """
     if value is None or value.is_graph_input():
         return None
-    tensor = ir.convenience.get_const_tensor(value)
+    tensor = value.const_value
+    if tensor is None:
+        producer = value.producer()
+        if producer is None or producer.op_type != "Constant":
+            return None  # the common case, answered without get_const_tensor's checks
+        attr = producer.attributes.get("value")
+        if attr is not None and attr.type == ir.AttributeType.TENSOR and producer.domain == "":
+            tensor = attr.value  # skips as_tensor's slow isinstance on a Protocol
+        else:
+            tensor = ir.convenience.get_const_tensor(value)
     if tensor is None:
         return None
     try:
