@@ -118,6 +118,16 @@ def test_constraint_hints_and_pass_verdicts(tmp_path) -> None:  # type: ignore[n
     assert "(350-1)/(175-1)" in resize["message"]
     assert "input 176 and output 351" in resize["message"]  # the guide's own fix
     assert resize["duration_us"] == pytest.approx(200.0)
+    # the UB group holding the Pow that PowToMulFusionPass refused carries the engine's reason
+    (group,) = report["ub_fusion"]
+    assert group["nodes"] == ["conv10", "pow_square", "pow_odd"]
+    assert group["op_types"] == ["Conv", "Mul", "Pow"]  # the square already became a Mul
+    assert group["opfuse"] == {
+        "pass": "PowToMulFusionPass",
+        "available": True,
+        "fires": False,
+        "reason": odd["reason"],
+    }
 
 
 def test_fallback_hint_from_the_profile(swish, tmp_path) -> None:  # type: ignore[no-untyped-def]

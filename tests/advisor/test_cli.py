@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import onnx
+import pytest
 from click.testing import CliRunner
 
 from conftest import FIXTURES, swish_net
@@ -33,9 +34,19 @@ def test_profile_prints_op_statistic_and_writes_the_profile(tmp_path) -> None:  
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "Op Statistic" in result.output and "Top 3 slow nodes" in result.output
+    assert "Op Statistic (3 runs)" in result.output
+    assert "Top 3 slow nodes (3 runs)" in result.output
     for op in ("Conv", "Sigmoid", "GlobalAveragePool"):
         assert op in result.output
+    result = CliRunner().invoke(
+        app, ["profile", str(model), "--runs", "2", "--warmup", "0", "--format", "json"]
+    )
+    stats = json.loads(result.output)
+    conv = next(s for s in stats["op_statistic"] if s["op_type"] == "Conv")
+    assert conv["count"] == 4  # two Conv nodes, two runs
+    assert conv["mean_us"] == pytest.approx(conv["total_us"] / 4)
+    slowest = stats["top_nodes"][0]
+    assert slowest["count"] == 2 and slowest["total_us"] == pytest.approx(2 * slowest["mean_us"])
     events = json.loads(out.read_text())
     assert sum(e.get("name") == "model_run" for e in events) == 4  # warm-up kept in the file
     # the written profile is read back by advise, the warm-up run dropped again

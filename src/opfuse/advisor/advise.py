@@ -259,8 +259,19 @@ class Advisor:
             grp.duration_us = sum(self._time(m) for m in grp.members)
         groups = rank_groups(groups)
         ub_passes = [p.name for p in all_passes() if p.section == "UBFusion"]
+        refused = self._refusals()
         rows = []
         for grp in groups:
+            opfuse: dict[str, object] = {
+                "pass": None,
+                "available": bool(ub_passes),
+                "fires": None,
+                "reason": "a UB fusion is the backend's: opfuse keeps the graph in standard "
+                "ONNX ops" + (f" (UBFusion passes: {', '.join(ub_passes)})" if ub_passes else ""),
+            }
+            hit = next((refused[n] for n in grp.names if n in refused), None)
+            if hit is not None:  # a graph pass matched part of the group and gave up
+                opfuse = {"pass": hit[0], "available": True, "fires": False, "reason": hit[1]}
             row: dict[str, object] = {
                 "subgraph": 0,
                 "fusion_type": grp.fusion_type,
@@ -269,18 +280,22 @@ class Advisor:
                 "op_types": grp.op_types,
                 "edges": self._edges(grp.members),
                 "duration_us": round(grp.duration_us, 3),
-                "opfuse": {
-                    "pass": None,
-                    "available": bool(ub_passes),
-                    "fires": None,
-                    "reason": "a UB fusion is the backend's: opfuse keeps the graph in standard "
-                    "ONNX ops"
-                    + (f" (UBFusion passes: {', '.join(ub_passes)})" if ub_passes else ""),
-                },
+                "opfuse": opfuse,
                 "onnxruntime": self._ort_fuses(grp.members),
             }
             rows.append(row)
         return groups, rows
+
+    def _refusals(self) -> dict[str, tuple[str, str]]:
+        """Node name -> (pass, the engine's reason) for patterns that matched and gave up."""
+        refused: dict[str, tuple[str, str]] = {}
+        if self.trial is None:
+            return refused
+        for s in self.trial.result.log:
+            for reason, _ in s.reasons.most_common():
+                for name in s.examples.get(reason, []):
+                    refused.setdefault(name, (s.pass_name, reason))
+        return refused
 
     def _other_unit(self) -> set[int]:
         """Nodes msprof ran on the AI CPU: no UB fusion with AI Core operators."""

@@ -18,6 +18,7 @@ from opfuse.advisor.profile import GRAPH_OPT_LEVELS, op_statistic, top_nodes
 from opfuse.errors import OpfuseError
 
 PathArg = click.Path(path_type=Path)
+NUMERIC = ("Count", "Total Time(us)", "Avg Time(us)", "Ratio(%)")
 
 
 @contextmanager
@@ -118,12 +119,23 @@ def profile(
                     "runs": prof.runs,
                     "warmup": prof.warmup,
                     "total_us": prof.total_us,
-                    "op_statistic": [s.__dict__ for s in stats],
+                    "op_statistic": [
+                        {
+                            "op_type": s.op_type,
+                            "count": s.count * prof.runs,
+                            "total_us": s.total_us * prof.runs,
+                            "mean_us": s.mean_us,
+                            "share": s.share,
+                        }
+                        for s in stats
+                    ],
                     "top_nodes": [
                         {
                             "name": r.name,
                             "op_type": r.op_type,
-                            "duration_us": r.duration_us,
+                            "count": r.calls * prof.runs,
+                            "total_us": r.duration_us * prof.runs,
+                            "mean_us": r.duration_us / r.calls,
                             "share": r.duration_us / total,
                             "provider": r.provider,
                         }
@@ -138,22 +150,37 @@ def profile(
         f"{prof.total_us:.1f} us per run ({provider}, graph optimization {graph_opt})",
         markup=False,
     )
-    table = Table(title="Op Statistic", title_justify="left")
+    # counts and totals over the profiled runs, as msprof's Op Statistic gives them
+    table = Table(title=f"Op Statistic ({prof.runs} runs)", title_justify="left")
     for col in ("OP Type", "Count", "Total Time(us)", "Avg Time(us)", "Ratio(%)"):
         table.add_column(col, justify="left" if col == "OP Type" else "right")
     for s in stats:
         table.add_row(
-            s.op_type, str(s.count), f"{s.total_us:.3f}", f"{s.mean_us:.3f}", f"{100 * s.share:.2f}"
+            s.op_type,
+            str(s.count * prof.runs),
+            f"{s.total_us * prof.runs:.3f}",
+            f"{s.mean_us:.3f}",
+            f"{100 * s.share:.2f}",
         )
     out.print(table)
-    table = Table(title=f"Top {len(slow)} slow nodes", title_justify="left")
-    for col in ("Op Name", "OP Type", "Duration(us)", "Ratio(%)", "Provider"):
-        table.add_column(col, justify="right" if "(" in col else "left")
+    table = Table(title=f"Top {len(slow)} slow nodes ({prof.runs} runs)", title_justify="left")
+    for col in (
+        "Op Name",
+        "OP Type",
+        "Count",
+        "Total Time(us)",
+        "Avg Time(us)",
+        "Ratio(%)",
+        "Provider",
+    ):
+        table.add_column(col, justify="right" if col in NUMERIC else "left")
     for r in slow:
         table.add_row(
             r.name,
             r.op_type,
-            f"{r.duration_us:.3f}",
+            str(r.calls * prof.runs),
+            f"{r.duration_us * prof.runs:.3f}",
+            f"{r.duration_us / r.calls:.3f}",
             f"{100 * r.duration_us / total:.2f}",
             r.provider,
         )

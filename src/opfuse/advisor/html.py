@@ -180,7 +180,8 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
     for g in ub[:top]:
         out.append(
             f'<div class="group"><div><b>{escape(g["fusion_type"])}</b> '
-            f"{g['duration_us']:.1f} us</div>{group_graph(g)}</div>"
+            f"{g['duration_us']:.1f} us</div>{group_graph(g)}"
+            f'<div class="dim">{escape(g["nodes"][0])}</div></div>'
         )
     out.append(
         _table(
