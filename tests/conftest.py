@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-ZOO = ROOT.parent / "shared" / "zoo"
 sys.path.insert(0, str(Path(__file__).parent))
+
+from zoo import ZOO  # noqa: E402  (needs the path above)
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +23,3 @@ def zoo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         [sys.executable, str(ZOO / "materialize.py"), str(out)], check=True, capture_output=True
     )
     return out
-
-
-ZOO_MODELS = sorted(p.stem for p in (ZOO / "models").glob("*.onnx")) if ZOO.exists() else []

@@ -6,8 +6,8 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from conftest import ZOO_MODELS
 from opfuse.api import optimize_file
+from zoo import ZOO_MODELS
 
 pytestmark = pytest.mark.slow
 

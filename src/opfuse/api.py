@@ -131,8 +131,9 @@ def optimize_model(
             (warnings if info.name in asked else skipped).append(why)
             continue
         runnable.append(info)
-    result = OptimizeResult(model, log, [p.name for p in runnable], warnings, ctx.notes)
-    result.skipped = skipped
+    result = OptimizeResult(
+        model, log, [p.name for p in runnable], warnings=warnings, skipped=skipped, notes=ctx.notes
+    )
     result.before = op_counts(model)
     infer_shapes(model)
     for round_no in range(1, MAX_ROUNDS + 1):

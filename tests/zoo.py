@@ -1,0 +1,9 @@
+"""Where the zoo is and which models it has (../shared/zoo beside the repository)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOO = ROOT.parent / "shared" / "zoo"
+ZOO_MODELS = sorted(p.stem for p in (ZOO / "models").glob("*.onnx")) if ZOO.exists() else []
