@@ -136,3 +136,125 @@ def test_dead_code_removes_unused_nodes_and_initializers():
     assert op_types(optimized) == {"Sigmoid": 1}
     assert "unused" not in optimized.graph.initializers
     assert effected(result, "DeadCodeFusionPass") == 2
+
+
+# --- RedundantChainFusionPass ----------------------------------------------------------
+
+CHAIN = "RedundantChainFusionPass"
+
+CHAIN_POSITIVE = [
+    ("t = Cast<to=11>(x)\n u = Cast<to=1>(t)\n y = Relu(u)", {"Relu": 1}),
+    ("t = Cast<to=11>(x)\n u = Cast<to=7>(t)\n y = Cast<to=1>(u)", {"Cast": 2}),
+    (
+        "t = Transpose<perm=[1,0,2]>(x)\n u = Transpose<perm=[1,0,2]>(t)\n y = Relu(u)",
+        {"Relu": 1},
+    ),
+    (
+        "t = Transpose<perm=[1,2,0]>(x)\n u = Transpose<perm=[1,2,0]>(t)\n"
+        " v = Transpose<perm=[1,2,0]>(u)\n y = Relu(v)",
+        {"Relu": 1},
+    ),
+    (
+        "s = Constant<value=int64[2] {6,4}>()\n r = Constant<value=int64[3] {2,3,4}>()\n"
+        " t = Reshape(x, s)\n u = Reshape(t, r)\n y = Relu(u)",
+        {"Relu": 1},
+    ),
+    (
+        "a = Constant<value=int64[1] {0}>()\n t = Unsqueeze(x, a)\n u = Squeeze(t, a)\n"
+        " y = Relu(u)",
+        {"Relu": 1},
+    ),
+    (
+        "a = Constant<value=int64[1] {-1}>()\n b = Constant<value=int64[1] {3}>()\n"
+        " t = Unsqueeze(x, a)\n u = Squeeze(t, b)\n y = Relu(u)",
+        {"Relu": 1},
+    ),
+]
+
+
+@pytest.mark.parametrize("body,left", CHAIN_POSITIVE)
+def test_chain_merges(body, left):
+    optimized, result = check_rule(model(body), CHAIN, "NoOpRemovalFusionPass")
+    assert effected(result, CHAIN) >= 1
+    assert dict(op_types(optimized)) == left
+
+
+def test_chain_merges_reshapes_into_one():
+    body = (
+        "s = Constant<value=int64[2] {6,4}>()\n r = Constant<value=int64[2] {4,6}>()\n"
+        " t = Reshape(x, s)\n y = Reshape(t, r)"
+    )
+    optimized, result = check_rule(model(body, outputs="float[4,6] y"), CHAIN)
+    assert effected(result, CHAIN, "reshape_chain") == 1
+    assert op_types(optimized) == {"Reshape": 1}
+
+
+def test_chain_resolves_a_copied_dim_of_the_middle_tensor():
+    body = (
+        "s = Constant<value=int64[2] {6,4}>()\n r = Constant<value=int64[3] {0,2,2}>()\n"
+        " t = Reshape(x, s)\n y = Reshape(t, r)"
+    )
+    optimized, _ = check_rule(model(body, outputs="float[6,2,2] y"), CHAIN)
+    (node,) = optimized.graph
+    assert list(node.inputs[1].const_value.numpy()) == [6, 2, 2]
+
+
+def test_unsqueeze_of_squeeze_without_axes_on_static_shape():
+    body = "t = Squeeze(x)\n u = Unsqueeze(t, a)\n y = Relu(u)"
+    m = model_from_text(
+        f"{HEAD}\ng (float[2,1,4] x) => (float[2,1,4] y) {{\n"
+        " a = Constant<value=int64[1] {1}>()\n" + body + "\n}"
+    )
+    optimized, _ = check_rule(m, CHAIN)
+    assert op_types(optimized) == {"Relu": 1}
+
+
+CHAIN_NEGATIVE = [
+    (
+        "t = Cast<to=10>(x)\n u = Cast<to=1>(t)\n y = Relu(u)",
+        "float[2,3,4] x",
+        "the first Cast (FLOAT to FLOAT16) loses information",
+    ),
+    (
+        "t = Cast<to=6>(x)\n u = Cast<to=1>(t)\n y = Relu(u)",
+        "float[2,3,4] x",
+        "the first Cast (FLOAT to INT32) loses information",
+    ),
+    (
+        "s = Constant<value=int64[2] {-1,4}>()\n r = Constant<value=int64[3] {0,2,-1}>()\n"
+        " t = Reshape(x, s)\n y = Reshape(t, r)",
+        "float[N,3,4] x",
+        "the outer shape copies a dim of the middle tensor that is not static",
+    ),
+    (
+        "a = Constant<value=int64[1] {0}>()\n b = Constant<value=int64[1] {1}>()\n"
+        " t = Unsqueeze(x, a)\n u = Unsqueeze(t, b)\n y = Relu(u)",
+        "float[2,3,4] x",
+        "both are Unsqueeze",
+    ),
+    (
+        "a = Constant<value=int64[1] {0}>()\n b = Constant<value=int64[1] {2}>()\n"
+        " t = Unsqueeze(x, a)\n u = Squeeze(t, b)\n y = Relu(u)",
+        "float[2,1,4] x",
+        "the axes differ",
+    ),
+    (
+        "a = Constant<value=int64[1] {0}>()\n t = Unsqueeze(x, a)\n u = Squeeze(t)\n y = Relu(u)",
+        "float[N,3,4] x",
+        "axes are not constant",
+    ),
+]
+
+
+@pytest.mark.parametrize("body,x,reason", CHAIN_NEGATIVE)
+def test_chain_refuses(body, x, reason):
+    out = "float[A,B,C] y"
+    if "Unsqueeze(t, b)" in body:
+        out = "float[1,1,2,3,4] y"
+    elif "Squeeze(t, b)" in body:
+        out = "float[1,2,4] y"
+    elif "Cast" in body:
+        out = "float[2,3,4] y"
+    m = model_from_text(f"{HEAD}\ng ({x}) => ({out}) {{\n{body}\n}}")
+    _, result = check_rule(m, CHAIN)
+    assert reason in reasons(result, CHAIN)

@@ -113,22 +113,14 @@ class AddSubChainRule(_ChainRule):
         assert isinstance(m, ChainMatch)
         _, so, c, sc = m.outer
         x, sx, k, sk = m.first
-        p, s = so * sk, so * sx  # sign of k in the result, sign of x
+        # sign of k in the result, sign of x; k and c cannot both be negated while x is,
+        # since the outer constant is negated only in Sub(t, c), where t keeps its sign
+        p, s = so * sk, so * sx
         if p > 0:
             total, sign = (k + c if sc > 0 else k - c), 1
         else:
             total, sign = (c - k, 1) if sc > 0 else (k + c, -1)
         return [self._build(b, m, x, s, sign, total)]
-
-    def check(self, m: Match, ctx: PassContext) -> str | None:
-        reason = super().check(m, ctx)
-        if reason:
-            return reason
-        assert isinstance(m, ChainMatch)
-        so, sx, sk, sc = m.outer[1], m.first[1], m.first[3], m.outer[3]
-        if so * sx < 0 and so * sk < 0 and sc < 0:
-            return "the result would need a negation"
-        return None
 
     @staticmethod
     def _build(b: Builder, m: Match, x: ir.Value, s: int, sign: int, total: np.ndarray):
@@ -152,7 +144,6 @@ class MulDivChainRule(_ChainRule):
         assert isinstance(m, ChainMatch)
         dtype = m.root.outputs[0].dtype
         assert dtype is not None
-        so, sc, sx, sk = m.outer[1], m.outer[3], m.first[1], m.first[3]
         divides = "Div" in (m.root.op_type, m.inner.op_type)
         if not dtype.is_floating_point():
             return "integer division does not reassociate" if divides else None
@@ -161,8 +152,6 @@ class MulDivChainRule(_ChainRule):
             return "a constant is not finite"
         if divides and (np.any(k == 0) or np.any(c == 0)):
             return "a divisor constant has zeros"
-        if so * sx < 0 and so * sk < 0 and sc < 0:
-            return "the result would need a reciprocal"
         with np.errstate(all="ignore"):
             total, _ = self._total(m)
         if not np.all(np.isfinite(total)):
