@@ -146,6 +146,12 @@ class Advisor:
                 self.graph = from_chain([r.name for r in recs], [r.op_type for r in recs])
                 self.resolver = Resolver(self.graph)
             self.times = attribute(self.profile.records, self.resolver)
+            if self.times.aligned:
+                self.profile.notes.append(
+                    f"{len(self.times.aligned)} kernels onnxruntime named itself (inlined "
+                    f"function bodies such as {self.times.aligned[0]}) attributed by execution "
+                    "order to the node without a time of its own that follows"
+                )
             self.runtime_kernels: dict[int, list[str]] | None = None
             if model_path is not None and o.compare_onnxruntime:
                 self.step("onnxruntime graph at ORT_ENABLE_ALL", 0, 1)

@@ -93,6 +93,7 @@ class Attribution:
     time_us: dict[int, float] = field(default_factory=dict)  # analysed node -> us per run
     record: dict[int, OpRecord] = field(default_factory=dict)  # first record mapped to it
     unmapped: list[OpRecord] = field(default_factory=list)
+    aligned: list[str] = field(default_factory=list)  # kernels placed by execution order
 
     @property
     def unmapped_us(self) -> float:
@@ -101,16 +102,55 @@ class Attribution:
 
 def attribute(records: Iterable[OpRecord], resolver: Resolver) -> Attribution:
     result = Attribution()
-    for rec in records:
-        index = resolver.node(rec.name)
+    ordered = list(records)
+    found = [resolver.node(rec.name) for rec in ordered]
+    for rec, index in zip(ordered, found, strict=True):
         if index is None:
-            result.unmapped.append(rec)
             continue
         result.time_us[index] = result.time_us.get(index, 0.0) + rec.duration_us
         direct = resolver.analysed.nodes[index].name == rec.name
         if direct or index not in result.record:
             result.record[index] = rec
+    _align_unnamed(ordered, found, resolver.analysed, result)
     return result
+
+
+def _align_unnamed(
+    ordered: list[OpRecord], found: list[int | None], g: OpGraph, result: Attribution
+) -> None:
+    """Kernels onnxruntime named itself (``HardSigmoid_122``: the inlined body of a function
+    op such as HardSwish) go, run by run in execution order, to the next node after the
+    last mapped one that has no time of its own and the same output shape."""
+    missing = [n.index for n in g.nodes if n.index not in result.time_us]
+    cursor, last = 0, -1
+    i = 0
+    while i < len(ordered):
+        if found[i] is not None:
+            last = max(last, found[i])  # type: ignore[type-var]
+            i += 1
+            continue
+        j = i
+        while j + 1 < len(ordered) and found[j + 1] is None:
+            j += 1
+        run = ordered[i : j + 1]
+        shape = run[-1].output_shapes[0] if run[-1].output_shapes else None
+        target = None
+        for k in range(cursor, len(missing)):
+            node = g.nodes[missing[k]]
+            if node.index <= last or node.index in result.time_us:
+                continue
+            known = g.shapes.get(node.outputs[0]) if node.outputs else None
+            if shape is None or known is None or list(known) == list(shape) or None in known:
+                target, cursor = node.index, k + 1
+                break
+        if target is None:
+            result.unmapped.extend(run)
+        else:
+            result.time_us[target] = sum(r.duration_us for r in run)
+            result.record[target] = run[-1]
+            result.aligned.extend(r.name for r in run)
+            last = target
+        i = j + 1
 
 
 def runtime_kernels(resolver: Resolver) -> dict[int, list[str]]:
