@@ -125,8 +125,9 @@ def _align_unnamed(
     cursor, last = 0, -1
     i = 0
     while i < len(ordered):
-        if found[i] is not None:
-            last = max(last, found[i])  # type: ignore[type-var]
+        here = found[i]
+        if here is not None:
+            last = max(last, here)
             i += 1
             continue
         j = i
