@@ -155,3 +155,24 @@ def test_rank_largest_first_same_types_together() -> None:
         ("Conv+Relu", 5),
         ("Conv+Add", 1),
     ]
+
+
+def test_deeper_diamond_fits_and_too_deep_rolls_back() -> None:
+    n = helper.make_node
+    w = {"W": np.ones((4, 4, 1, 1), np.float32), "k": np.array(2.0, np.float32)}
+    shape = {"x": [1, 4, 2, 2]}
+    # Conv -> Sigmoid -> Mul(., k) -> Mul(conv, .): three followers, one group
+    nodes = [
+        n("Conv", ["x", "W"], ["c"], name="conv"),
+        n("Sigmoid", ["c"], ["s"], name="sig"),
+        n("Mul", ["s", "k"], ["m"], name="scale"),
+        n("Mul", ["c", "m"], ["y"], name="gate"),
+    ]
+    groups = grow_groups(graph_of(make_model(nodes, shape, {"y": [1, 4, 2, 2]}, w)), LIMITS)
+    assert [grp.names for grp in groups] == [["conv", "sig", "scale", "gate"]]
+    # one more follower: the Conv cannot close its group within 3, so it stays alone and the
+    # elementwise chain after it groups what reads only its own tensors
+    nodes.insert(3, n("Relu", ["m"], ["m2"], name="relu"))
+    nodes[-1] = n("Mul", ["c", "m2"], ["y"], name="gate")
+    groups = grow_groups(graph_of(make_model(nodes, shape, {"y": [1, 4, 2, 2]}, w)), LIMITS)
+    assert [grp.names for grp in groups] == [["sig", "scale", "relu"]]

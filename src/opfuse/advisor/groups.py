@@ -1,11 +1,11 @@
 """Grow UB fusion groups along single-consumer edges, with the target's limits.
 
-A group starts at a Conv-like, Reduce, Segment or (unassigned) elementwise node and takes the
-elementwise consumers of its one escaping tensor while every intermediate stays inside the
-group (its consumers all in the group, not a graph output). Followers may read only tensors of
-the group (``Mul(x, Sigmoid(x))`` is fine); an elementwise chain's head may have several
-inputs. Each node joins at most one group and each growth step reads one tensor's consumers,
-so the cost is linear in the graph size.
+A group starts at a Conv-like, Reduce, Segment or (unassigned) elementwise node and takes
+elementwise consumers whose data inputs are all made inside the group (``Mul(x, Sigmoid(x))``
+is fine; only an elementwise chain's head may read outside tensors). It ends where exactly one
+tensor leaves it: every intermediate has all its consumers in the group and is not a graph
+output. A group holds at most limit + 1 nodes and each step reads the consumers of its few
+escaping tensors, so the cost is linear in the graph size.
 """
 
 from __future__ import annotations
@@ -57,42 +57,12 @@ def grow_groups(
         kind = classify(node.op_type)
         if kind is Kind.OPAQUE or len(node.outputs) != 1:
             continue
-        limit = limits[ANCHOR_LIMIT[kind]]
-        followers = 0
-        members = [node.index]
-        inside = {node.index}
-        produced = list(node.outputs)
-        escaping = _escaping(g, inside, produced)
-        while len(escaping) == 1 and escaping[0] not in g.graph_outputs:
-            tensor = escaping[0]
-            candidates = sorted({c for c in g.consumers.get(tensor, ()) if c not in inside})
-            ok = (
-                bool(candidates)
-                and followers + len(candidates) + (1 if kind is Kind.ELEMENTWISE else 0) <= limit
-            )
-            trial = inside | set(candidates)
-            for c in candidates if ok else ():
-                cand = g.nodes[c]
-                if (
-                    c in assigned
-                    or classify(cand.op_type) is not Kind.ELEMENTWISE
-                    or len(cand.outputs) != 1
-                    or any(g.producer.get(t) not in trial for t in cand.inputs)
-                ):
-                    ok = False
-                    break
-            if not ok:
-                break
-            new_produced = produced + [t for c in candidates for t in g.nodes[c].outputs]
-            new_escaping = _escaping(g, trial, new_produced)
-            if len(new_escaping) != 1:
-                break
-            members += candidates
-            inside, produced, escaping = trial, new_produced, new_escaping
-            followers += len(candidates)
+        members = _grow(g, node.index, kind, limits[ANCHOR_LIMIT[kind]], assigned)
         if len(members) < 2:
             continue
         assigned.update(members)
+        produced = [t for m in members for t in g.nodes[m].outputs]
+        escaping = _escaping(g, set(members), produced)
         groups.append(
             Group(
                 members,
@@ -103,6 +73,42 @@ def grow_groups(
             )
         )
     return groups
+
+
+def _grow(g: OpGraph, anchor: int, kind: Kind, limit: int, assigned: set[int]) -> list[int]:
+    """Add ready elementwise consumers one at a time (a consumer is ready when all its data
+    inputs are made inside the group) and keep the longest prefix that leaves exactly one
+    tensor escaping, so ``Mul(x, f(x))`` shapes of any depth fit within the limit."""
+    members = [anchor]
+    inside = {anchor}
+    produced = list(g.nodes[anchor].outputs)
+    followers_max = limit - 1 if kind is Kind.ELEMENTWISE else limit
+    best = 1
+    while len(members) - 1 < followers_max:
+        escaping = _escaping(g, inside, produced)
+        if any(t in g.graph_outputs for t in escaping):
+            break
+        ready = None
+        for t in escaping:
+            for c in g.consumers.get(t, ()):
+                cand = g.nodes[c]
+                if (
+                    c in inside
+                    or c in assigned
+                    or classify(cand.op_type) is not Kind.ELEMENTWISE
+                    or len(cand.outputs) != 1
+                    or any(g.producer.get(x) not in inside for x in cand.inputs)
+                ):
+                    continue
+                ready = c if ready is None else min(ready, c)
+        if ready is None:
+            break
+        members.append(ready)
+        inside.add(ready)
+        produced += g.nodes[ready].outputs
+        if len(_escaping(g, inside, produced)) == 1:
+            best = len(members)
+    return members[:best]
 
 
 def rank_groups(groups: list[Group]) -> list[Group]:
