@@ -190,7 +190,9 @@ def test_gather_of_dynamic_dim_stays_with_reason():
     assert op_types(optimized)["Gather"] == 1
 
 
-def reshape_chain(tail: str, target: str, x: str = "float[N,T,64] x", out: str = "") -> ir.Model:
+def reshape_chain(
+    tail: str, target: str, x: str = "float[N,T,64] x", out: str = "", head: str = HEAD
+) -> ir.Model:
     return model(
         "s = Shape(x)\n i0 = Constant<value=int64 {0}>()\n i1 = Constant<value=int64 {1}>()\n"
         " a = Gather<axis=0>(s, i0)\n b = Gather<axis=0>(s, i1)\n"
@@ -198,15 +200,18 @@ def reshape_chain(tail: str, target: str, x: str = "float[N,T,64] x", out: str =
         f" {tail}\n y = Reshape{target}",
         inputs=x,
         outputs=out,
+        head=head,
     )
 
 
-def test_reshape_chain_becomes_constant_shape_with_zeros():
+@pytest.mark.parametrize("opset", [13, 17])
+def test_reshape_chain_becomes_constant_shape_with_zeros(opset):
     m = reshape_chain(
         "ua = Unsqueeze(a, ax)\n ub = Unsqueeze(b, ax)\n"
         " k = Constant<value=int64[2] {4,16}>()\n c = Concat<axis=0>(ua, ub, k)",
         "(x, c)",
         out="float[N,T,4,16] y",
+        head=HEAD.replace("17", str(opset)),
     )
     optimized, result = check_rule(m, PASS)
     assert effected(result, PASS, "reshape_shape_chain") == 1

@@ -280,7 +280,8 @@ class ReshapeShapeChainRule(Rule):
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
         shape = b.const(m.consts["_shape"], f"{m.root.name or 'reshape'}_shape")
         x = m.root.inputs[0]
-        return [b.op("Reshape", [x, shape], {"allowzero": 0}, like=m.root)]
+        attrs = {k: a.value for k, a in m.root.attributes.items()}  # allowzero=0 if set
+        return [b.op("Reshape", [x, shape], attrs, like=m.root)]
 
 
 SHAPE_RULES = (ShapeStaticRule(), ShapeGatherRule(), ReshapeShapeChainRule())
