@@ -210,7 +210,8 @@ def test_json_schema_is_stable_and_documented(swish, tmp_path) -> None:  # type:
         assert f"`{key}`" in doc, f"docs/ADVISOR.md does not document {key}"
 
 
-def test_aipp_section_names_the_normalization_chain(tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("pads", [[0, 0, 0, 0], [1, 1, 1, 1]])
+def test_aipp_section_names_the_normalization_chain(pads, tmp_path) -> None:  # type: ignore[no-untyped-def]
     n = helper.make_node
     inits = {
         "scale": np.full((1, 1, 1, 3), 1 / 127.5, np.float32),
@@ -221,10 +222,11 @@ def test_aipp_section_names_the_normalization_chain(tmp_path) -> None:  # type: 
         n("Mul", ["x", "scale"], ["m"], name="norm_mul"),
         n("Add", ["m", "shift"], ["a"], name="norm_add"),
         n("Transpose", ["a"], ["t"], name="to_nchw", perm=[0, 3, 1, 2]),
-        n("Conv", ["t", "W"], ["y"], name="first_conv"),
+        n("Conv", ["t", "W"], ["y"], name="first_conv", pads=pads),
     ]
+    side = 6 + 2 * pads[0]
     path = tmp_path / "aipp.onnx"
-    onnx.save(make_model(nodes, {"x": [1, 8, 8, 3]}, {"y": [1, 16, 6, 6]}, inits), path)
+    onnx.save(make_model(nodes, {"x": [1, 8, 8, 3]}, {"y": [1, 16, side, side]}, inits), path)
     times = {k: ("X", 1.0) for k in ("norm_mul", "norm_add", "to_nchw", "first_conv")}
     prof = write_json(tmp_path / "p.json", ort_profile(times, runs=1))
     report = advise(path, profile_path=prof, options=AdviseOptions(warmup=0))
@@ -232,10 +234,13 @@ def test_aipp_section_names_the_normalization_chain(tmp_path) -> None:  # type: 
     assert aipp["nodes"] == ["norm_mul", "norm_add", "to_nchw"]
     assert aipp["normalization"] == ["norm_mul", "norm_add"]
     assert aipp["first_conv"] == "first_conv"
-    assert aipp["opfuse"]["pass"] == "AippFusionPass"
-    assert aipp["opfuse"]["fires"] in (True, False, None)  # verdict present either way
-    if aipp["opfuse"]["fires"] is False:
-        assert aipp["opfuse"]["reason"]
+    verdict = aipp["opfuse"]
+    assert verdict["pass"] == "AippFusionPass" and verdict["available"] is True
+    if pads[0] == 0:  # folded exactly into the Conv's weights and bias
+        assert verdict["fires"] is True and verdict["reason"] is None
+    else:  # zero padding after a shift: the engine's reason, recorded on the Conv
+        assert verdict["fires"] is False
+        assert "pads" in verdict["reason"] and "not listed" not in verdict["reason"]
 
 
 def test_inlined_function_kernels_go_to_their_node(tmp_path) -> None:  # type: ignore[no-untyped-def]

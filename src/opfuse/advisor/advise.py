@@ -364,7 +364,7 @@ class Advisor:
                     self._time(self.graph.by_name[n]) for n in names if n in self.graph.by_name
                 )
                 verdict = (
-                    trial.verdict(AIPP_PASS, names, self.original_types)
+                    trial.verdict(AIPP_PASS, [*names, conv.name], self.original_types)
                     if trial is not None
                     else {
                         "pass": AIPP_PASS,
