@@ -268,3 +268,38 @@ def test_inlined_function_kernels_go_to_their_node(tmp_path) -> None:  # type: i
         assert any("inlined function bodies" in note for note in report["profile"]["notes"])
     total = sum(g["duration_us"] for g in report["ub_fusion"])
     assert total == pytest.approx(report["profile"]["total_us"], abs=1e-2)
+
+
+def test_user_target_file_sets_limits_alignment_and_l2(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A dynamic batch of 4 and an L2 that holds one sample's tensors: the L2 chain gets a
+    batch split; the alignment and UB limits of the file apply."""
+    target = json.loads((FIXTURES.parents[2] / "src/opfuse/targets/ascend310.json").read_text())
+    target.update(name="tiny", alignment=32, l2_bytes=16 * 8 * 8 * 4 * 2)
+    target["ub_limits"]["conv_elementwise"] = 1
+    target_path = write_json(tmp_path / "tiny.json", target)
+    model = swish_net()
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    path = tmp_path / "swish_dyn.onnx"
+    onnx.save(model, path)
+    report = advise(
+        path,
+        options=AdviseOptions(
+            target=str(target_path),
+            runs=1,
+            warmup=0,
+            input_shapes={"x": [4, 3, 8, 8]},
+            compare_onnxruntime=False,
+        ),
+    )
+    assert report["target"]["name"] == "tiny" and report["target"]["l2_bytes"] == 8192
+    types = {g["fusion_type"] for g in report["ub_fusion"]}
+    assert "Conv+Relu" in types and "Conv+Sigmoid+Mul" not in types  # limit 1 follower
+    assert any(
+        h["kind"] == "alignment" and "16 not a multiple of 32" in h["message"]
+        for h in report["hints"]
+    )
+    chain = report["l2_fusion"][0]
+    assert chain["batch"] == 4 and chain["ratios_source"] == "estimate"
+    assert chain["batch_split"] == {"batch": 4, "split_to": 2, "runs": 2}
+    assert all(op["mte2_ratio"] is not None for op in chain["ops"])

@@ -87,3 +87,14 @@ def test_advise_errors_are_one_line(tmp_path) -> None:  # type: ignore[no-untype
         standalone_mode=False,
     )
     assert "unknown; built-in targets are ascend310, cpu, cuda" in str(result.exception)
+
+
+def test_profile_rejects_a_missing_provider(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    model = tmp_path / "swish.onnx"
+    onnx.save(swish_net(), model)
+    result = CliRunner().invoke(
+        app,
+        ["profile", str(model), "--provider", "NoSuchExecutionProvider"],
+        standalone_mode=False,
+    )
+    assert "--provider NoSuchExecutionProvider: not available here" in str(result.exception)
