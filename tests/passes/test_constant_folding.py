@@ -303,3 +303,48 @@ def test_quantized_model_does_not_grow(tmp_path):
     onnx.checker.check_model(str(out), full_check=True)
     ops = [n.op_type for n in onnx.load(str(out)).graph.node]
     assert ops.count("DequantizeLinear") >= 1
+
+
+def test_gather_of_shape_with_runtime_indices_stays():
+    m = model(
+        "s = Shape(x)\n g = Gather<axis=0>(s, i)\n f = Cast<to=1>(g)\n y = Add(x, f)",
+        inputs="float[N,3] x, int64[1] i",
+        outputs="float[N,3] y",
+    )
+    feeds = {"x": np.ones((2, 3), np.float32), "i": np.array([1])}
+    optimized, result = check_rule(m, PASS, feeds=feeds)
+    assert "indices are not constant or the rank is unknown" in reasons(result, PASS)
+    assert op_types(optimized)["Gather"] == 1
+
+
+def test_reshape_to_a_shape_of_unknown_length_stays():
+    m = model(
+        "s = Abs(z)\n y = Reshape(x, s)",
+        inputs="float[2,3] x, int64[K] z",
+        outputs="float[A] y",
+    )
+    result = run_passes(m, PASS)
+    assert "shape length unknown" in reasons(result, PASS)
+
+
+def test_constant_node_in_ir3_model_stays():
+    m = model(
+        "c = Constant<value=float[3] {1,2,3}>()\n y = Add(x, c)",
+        head='<ir_version: 3, opset_import: ["" : 8]>',
+    )
+    result = run_passes(m, PASS)
+    assert "IR version below 4: initializers must also be graph inputs" in reasons(result, PASS)
+
+
+def test_onnxruntime_evaluates_when_the_reference_evaluator_fails(monkeypatch):
+    from opfuse.passes import _evaluate
+
+    def broken(proto):
+        raise RuntimeError("reference evaluator unavailable")
+
+    monkeypatch.setattr(_evaluate, "_reference", broken)
+    monkeypatch.setattr(_evaluate, "_cache", {})
+    m = model("c = Constant<value=float[3] {1,4,9}>()\n r = Sqrt(c)\n y = Add(x, r)")
+    optimized, result = check_rule(m, PASS)
+    assert effected(result, PASS, "fold") == 1
+    assert op_types(optimized) == {"Add": 1}
