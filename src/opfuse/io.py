@@ -9,6 +9,7 @@ target and renames into place, so an interrupted save never leaves a partial fil
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import shutil
 import tempfile
@@ -150,6 +151,17 @@ def _all_initializers(model: ir.Model) -> Iterator[ir.Value]:
                     yield from g.initializers.values()
 
 
+def drop_pages(value: ir.Value | None) -> None:
+    """Let the kernel take back the pages of a memory-mapped external weight that a fold
+    has read (they are read from the file again if needed), so folding several large
+    weights does not keep every one of them in the process's memory."""
+    tensor = value.const_value if value is not None else None
+    raw = getattr(tensor, "raw", None)
+    if isinstance(tensor, ir.ExternalTensor) and raw is not None and hasattr(mmap, "MADV_DONTNEED"):
+        with contextlib.suppress(OSError, ValueError):
+            raw.madvise(mmap.MADV_DONTNEED)
+
+
 def check_output_path(out: str | os.PathLike[str], inputs: list[str | os.PathLike[str]]) -> Path:
     """Refuse an output that would overwrite an input or cannot be written."""
     target = Path(out)
@@ -209,7 +221,7 @@ def staged_save(
     try:
         staged = staging / target.name
         try:
-            with _no_initializer_value_info(model):
+            with _without_derivable_value_info(model):
                 ir.save(model, staged, external_data=data_name)
         except OSError as exc:
             raise OpfuseError(f"{target}: cannot write: {exc.strerror or exc}") from None
@@ -220,7 +232,7 @@ def staged_save(
 
 
 @contextlib.contextmanager
-def _no_initializer_value_info(model: ir.Model) -> Iterator[None]:
+def _without_derivable_value_info(model: ir.Model) -> Iterator[None]:
     """Save without value_info that only repeats what a reader derives: onnx-ir writes one
     for every typed initializer (the tensor says it) and for every inferred intermediate
     (shape inference says it), so even a model nothing changed would grow on disk.

@@ -258,3 +258,10 @@ def test_chain_refuses(body, x, reason):
     m = model_from_text(f"{HEAD}\ng ({x}) => ({out}) {{\n{body}\n}}")
     _, result = check_rule(m, CHAIN)
     assert reason in reasons(result, CHAIN)
+
+
+def test_identity_chain_goes():
+    m = model("a = Identity(x)\n b = Identity(a)\n c = Identity(b)\n y = Relu(c)")
+    optimized, result = check_rule(m, "IdentityRemovalFusionPass")
+    assert effected(result, "IdentityRemovalFusionPass") == 3
+    assert op_types(optimized) == {"Relu": 1}
