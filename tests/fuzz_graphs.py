@@ -180,7 +180,11 @@ def gemm(b: Builder, x: Value | None = None) -> Value | None:
     x = x or b.pick(lambda r: r == 2)
     if x is None:
         return None
-    k, m = x.shape[1], b.draw(st.integers(1, 8))
+    trans_a = b.draw(st.integers(0, 3)) == 0
+    if trans_a:
+        x = b.node("Transpose", [x.name], x.shape[::-1], perm=[1, 0])
+        b.values.remove(x)
+    k, m = x.shape[1 - trans_a], b.draw(st.integers(1, 8))
     trans_b = b.draw(st.integers(0, 1))
     inputs = [x.name, conv_weight(b, (m, k) if trans_b else (k, m))]
     bias = b.draw(st.sampled_from(["none", "vector", "row", "scalar"]))
@@ -189,7 +193,10 @@ def gemm(b: Builder, x: Value | None = None) -> Value | None:
         inputs.append(b.const(b.floats(shape), "gb"))
     alpha = b.draw(st.sampled_from([1.0, 0.5, 2.0]))
     beta = b.draw(st.sampled_from([1.0, 0.5]))
-    return b.node("Gemm", inputs, (x.shape[0], m), transB=trans_b, alpha=alpha, beta=beta)
+    rows = x.shape[1] if trans_a else x.shape[0]
+    return b.node(
+        "Gemm", inputs, (rows, m), transA=int(trans_a), transB=trans_b, alpha=alpha, beta=beta
+    )
 
 
 def broadcast_shape(b: Builder, shape) -> tuple[int, ...]:
@@ -452,12 +459,14 @@ def cast(b: Builder) -> Value | None:
     x = b.pick()
     if x is None:
         return None
-    kind = b.draw(st.sampled_from(["double", "same", "half"]))
-    if kind == "half" and not x.exact:
+    kind = b.draw(st.sampled_from(["double", "same", "half", "int"]))
+    if kind in ("half", "int") and not x.exact:
         kind = "double"
     if kind == "same":
         return b.node("Cast", [x.name], x.shape, exact=x.exact, to=TensorProto.FLOAT)
-    to = TensorProto.DOUBLE if kind == "double" else TensorProto.FLOAT16
+    to = {"double": TensorProto.DOUBLE, "half": TensorProto.FLOAT16, "int": TensorProto.INT32}[
+        kind
+    ]  # float -> int32 -> float truncates: never a no-op pair
     mid = b.node("Cast", [x.name], x.shape, to=to)
     b.values.remove(mid)
     return b.node("Cast", [mid.name], x.shape, exact=x.exact, to=TensorProto.FLOAT)
@@ -659,6 +668,20 @@ def conv_fc(b: Builder) -> Value | None:
     return b.node("Reshape", [c.name, b.ints([0, -1], "shape")], (c.shape[0], c.shape[1]))
 
 
+def affine_conv(b: Builder) -> Value | None:
+    """Mul/Add/BN by per-channel constants, then a Conv (with or without pads): only a
+    Mul folds exactly into the Conv after it; an Add or BN shift does not at padded borders."""
+    x = b.pick(lambda r: r == 4)
+    if x is None:
+        return None
+    kind = b.draw(st.sampled_from(["Mul", "Add", "bn"]))
+    if kind == "bn":
+        y = batchnorm(b, x)
+    else:
+        y = binary_const(b, x, kind, b.draw(st.sampled_from([(x.shape[1], 1, 1), ()])))
+    return conv(b, y) if y is not None else None
+
+
 def nhwc_sandwich(b: Builder) -> Value | None:
     """Transpose to NHWC, per-channel work, Transpose back (the layout pass's target)."""
     x = b.pick(lambda r: r == 4)
@@ -679,7 +702,7 @@ SINGLE = [
 ]  # fmt: skip
 MOTIFS = [
     conv_bn, pad_conv, matmul_bias, conv_affine, bn_small_ops, softmax_parts, layernorm_parts,
-    gelu_parts, sibling_convs, conv_fc, nhwc_sandwich,
+    gelu_parts, sibling_convs, conv_fc, nhwc_sandwich, affine_conv,
 ]  # fmt: skip
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from opfuse.io import drop_pages
 from opfuse.passes._affine import (
     Linear,
     find_linear,
@@ -52,6 +53,20 @@ def bn_check(m: Match, ctx: PassContext, bn: str = "bn") -> str | None:
     return None
 
 
+def scaled_weight(w: np.ndarray, s: np.ndarray, transposed: bool, group: int) -> np.ndarray:
+    """W * s along the output channels in float64, a block of channels at a time, so a
+    large (memory-mapped) weight never gets a whole float64 copy."""
+    if transposed:
+        return scale_out_channels(w.astype(np.float64), s, True, group).astype(w.dtype)
+    out = np.empty(w.shape, w.dtype)
+    step = max(1, (1 << 22) // max(1, w[0].size))
+    for i in range(0, w.shape[0], step):
+        out[i : i + step] = scale_out_channels(
+            w[i : i + step].astype(np.float64), s[i : i + step], False, 1
+        )
+    return out
+
+
 class ConvBatchNormRule(Rule):
     """Conv/ConvTranspose(x, W, b) -> BatchNormalization ==> Conv(x, W*s, (b-mean)*s + beta)"""
 
@@ -85,7 +100,8 @@ class ConvBatchNormRule(Rule):
         w = m["w"]
         s, t = bn_affine(m)
         bias = m["b"].astype(np.float64) if "b" in m.consts else np.zeros_like(s)
-        new_w = scale_out_channels(w.astype(np.float64), s, transposed, group).astype(w.dtype)
+        new_w = scaled_weight(w, s, transposed, group)
+        drop_pages(m.value("w"))  # a large external weight was read once: unmap its pages
         new_b = (bias * s + t).astype(w.dtype)
         attrs = {k: a for k, a in conv.attributes.items()}
         out = b.op(

@@ -8,6 +8,7 @@ duplicates merge in the same sweep). Both are linear in the size of the graph.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections import defaultdict
 
@@ -21,12 +22,46 @@ from opfuse.rewrite.pattern import const_array
 CSE_CONSTANT_NODE_LIMIT = 64  # elements: Constant nodes up to this size are merged too
 
 
-def _digest(value: ir.Value) -> tuple[str, bytes] | None:
+CHUNK = 1 << 24  # bytes hashed or compared at a time: large weights are never copied whole
+
+
+def _chunks(value: ir.Value):
+    """The constant's bytes in bounded chunks (a memory-mapped weight is not copied)."""
     array = const_array(value)
     if array is None or array.dtype == object:
         return None
-    data = array.tobytes()
-    return hashlib.sha256(data).hexdigest(), data
+    flat = array.reshape(-1)
+    step = max(1, CHUNK // max(1, array.itemsize))
+    return (flat[i : i + step].tobytes() for i in range(0, max(1, flat.size), step))
+
+
+def _release(value: ir.Value) -> None:
+    """Unmap an external weight once read, so its pages leave the process's memory."""
+    tensor = value.const_value
+    if isinstance(tensor, ir.ExternalTensor):
+        with contextlib.suppress(BufferError):
+            tensor.release()
+
+
+def _digest(value: ir.Value) -> str | None:
+    chunks = _chunks(value)
+    if chunks is None:
+        return None
+    h = hashlib.sha256()
+    for chunk in chunks:
+        h.update(chunk)
+    del chunks
+    _release(value)
+    return h.hexdigest()
+
+
+def _same_bytes(a: ir.Value, b: ir.Value) -> bool:
+    ca, cb = _chunks(a), _chunks(b)
+    same = ca is not None and cb is not None and all(x == y for x, y in zip(ca, cb, strict=True))
+    del ca, cb
+    _release(a)
+    _release(b)
+    return same
 
 
 def dedupe_initializers(graph: ir.Graph) -> int:
@@ -42,15 +77,14 @@ def dedupe_initializers(graph: ir.Graph) -> int:
     for values in groups.values():
         if len(values) < 2:
             continue
-        kept: dict[str, list[tuple[bytes, ir.Value]]] = defaultdict(list)
+        kept: dict[str, list[ir.Value]] = defaultdict(list)
         for value in values:
-            found = _digest(value)
-            if found is None:
+            digest = _digest(value)
+            if digest is None:
                 continue
-            digest, data = found
-            same = next((k for b, k in kept[digest] if b == data), None)
+            same = next((k for k in kept[digest] if _same_bytes(k, value)), None)
             if same is None:
-                kept[digest].append((data, value))
+                kept[digest].append(value)
                 continue
             value.replace_all_uses_with(same)
             assert value.name is not None
