@@ -8,21 +8,19 @@ import json
 import numpy as np
 import onnx
 import pytest
+from advisor_models import (
+    FIXTURES,
+    SWISH_TIMES,
+    make_model,
+    ort_profile,
+    swish_net,
+    write_json,
+)
 from onnx import helper
 
-from conftest import FIXTURES, make_model, ort_profile, swish_net, write_json
 from opfuse.advisor.advise import SCHEMA, AdviseOptions, advise
 
-TIMES = {
-    "conv1": ("Conv", 100.0),
-    "sig1": ("Sigmoid", 10.0),
-    "mul1": ("Mul", 12.0),
-    "conv2": ("Conv", 50.0),
-    "relu2": ("Relu", 5.0),
-    "gap": ("GlobalAveragePool", 7.0),
-    "add": ("Add", 3.0),
-    "relu3": ("Relu", 2.0),
-}
+TIMES = SWISH_TIMES
 OPTS = AdviseOptions(warmup=1, compare_onnxruntime=False)
 
 

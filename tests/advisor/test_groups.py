@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 import pytest
+from advisor_models import make_model, swish_net
 from onnx import helper
 
-from conftest import make_model, swish_net
 from opfuse.advisor.graph import from_chain, from_model
 from opfuse.advisor.groups import Group, grow_groups, rank_groups
 from opfuse.advisor.opkinds import Kind, classify

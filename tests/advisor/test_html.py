@@ -12,9 +12,8 @@ import subprocess
 
 import onnx
 import pytest
-from test_advise import TIMES
+from advisor_models import FIXTURES, SWISH_TIMES, ort_profile, swish_net, write_json
 
-from conftest import FIXTURES, ort_profile, swish_net, write_json
 from opfuse.advisor.advise import AdviseOptions, advise
 from opfuse.advisor.html import render_html
 
@@ -59,7 +58,7 @@ def test_html_report_renders_in_chromium(source, tmp_path) -> None:  # type: ign
     else:
         model = tmp_path / "swish.onnx"
         onnx.save(swish_net(), model)
-        prof = write_json(tmp_path / "p.json", ort_profile(TIMES, runs=2))
+        prof = write_json(tmp_path / "p.json", ort_profile(SWISH_TIMES, runs=2))
         report = advise(
             model, profile_path=prof, options=AdviseOptions(warmup=1, compare_onnxruntime=False)
         )

@@ -6,8 +6,8 @@ from __future__ import annotations
 import csv
 
 import pytest
+from advisor_models import FIXTURES
 
-from conftest import FIXTURES
 from opfuse.advisor.advise import advise
 from opfuse.advisor.profile import read_op_summary
 from opfuse.errors import OpfuseError

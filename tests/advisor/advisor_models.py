@@ -1,4 +1,5 @@
-"""Small models and synthetic onnxruntime profiles for the advisor tests."""
+"""Small models and synthetic onnxruntime profiles for the advisor tests (a plain module,
+not a conftest: ``import conftest`` would shadow the root one)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,19 @@ def swish_net(channels: int = 16) -> onnx.ModelProto:
         n("Relu", ["a"], ["y"], name="relu3"),
     ]
     return make_model(nodes, {"x": [1, 3, 8, 8]}, {"y": [1, channels, 1, 1]}, inits)
+
+
+# per-node (op type, us per run) of swish_net for synthetic profiles
+SWISH_TIMES = {
+    "conv1": ("Conv", 100.0),
+    "sig1": ("Sigmoid", 10.0),
+    "mul1": ("Mul", 12.0),
+    "conv2": ("Conv", 50.0),
+    "relu2": ("Relu", 5.0),
+    "gap": ("GlobalAveragePool", 7.0),
+    "add": ("Add", 3.0),
+    "relu3": ("Relu", 2.0),
+}
 
 
 def ort_profile(

@@ -6,9 +6,9 @@ import json
 
 import onnx
 import pytest
+from advisor_models import FIXTURES, swish_net
 from click.testing import CliRunner
 
-from conftest import FIXTURES, swish_net
 from opfuse.cli import app
 
 
