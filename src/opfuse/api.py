@@ -121,7 +121,8 @@ def optimize_model(
     asked = set(enable) | {
         name for entries in (switch_table or {}).values() for name, on in entries.items() if on
     }
-    runnable, skipped = [], []
+    runnable: list[PassInfo] = []
+    skipped: list[str] = []
     for info in passes:
         if info.section == "UBFusion" and options.target is None:
             continue  # target-specific fusions run only for a named runtime
