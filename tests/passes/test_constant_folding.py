@@ -348,3 +348,32 @@ def test_onnxruntime_evaluates_when_the_reference_evaluator_fails(monkeypatch):
     optimized, result = check_rule(m, PASS)
     assert effected(result, PASS, "fold") == 1
     assert op_types(optimized) == {"Add": 1}
+
+
+def test_dim_kept_by_a_slice_with_runtime_bounds_folds():
+    # onnx's inference loses every dim of t; dim 0 is x's, which the Slice does not touch
+    m = model(
+        "z = Constant<value=int64[1] {0}>()\n one = Constant<value=int64[1] {1}>()\n"
+        " t = Slice(x, z, e, one)\n s = Shape(t)\n i = Constant<value=int64 {0}>()\n"
+        " g = Gather<axis=0>(s, i)\n f = Cast<to=1>(g)\n y = Add(t, f)",
+        inputs="float[3,N] x, int64[1] e",
+        outputs="float[3,M] y",
+    )
+    feeds = {"x": np.ones((3, 4), np.float32), "e": np.array([2])}
+    optimized, result = check_rule(m, PASS, feeds=feeds)
+    assert effected(result, PASS, "shape_gather") == 1
+    assert op_types(optimized) == {"Slice": 1, "Add": 1}
+
+
+def test_dim_cut_by_a_slice_with_runtime_bounds_stays():
+    m = model(
+        "z = Constant<value=int64[1] {0}>()\n one = Constant<value=int64[1] {1}>()\n"
+        " t = Slice(x, z, e, one)\n s = Shape(t)\n i = Constant<value=int64 {1}>()\n"
+        " g = Gather<axis=0>(s, i)\n f = Cast<to=1>(g)\n y = Add(t, f)",
+        inputs="float[3,4] x, int64[1] e",
+        outputs="float[3,M] y",
+    )
+    feeds = {"x": np.ones((3, 4), np.float32), "e": np.array([2])}
+    optimized, result = check_rule(m, PASS, feeds=feeds)
+    assert "the selected dims are dynamic" in reasons(result, PASS)
+    assert op_types(optimized)["Gather"] == 1

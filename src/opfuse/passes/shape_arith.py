@@ -31,7 +31,7 @@ def _shape_dims(node: ir.Node) -> list[object] | None:
     x = node.inputs[0]
     if x is None or x.shape is None:
         return None
-    dims: list[object] = list(x.shape)
+    dims: list[object] = [dim_of(x, i) for i in range(len(x.shape))]
     start, end = attr(node, "start", 0), attr(node, "end", None)
     return dims[slice(start, end)]
 
@@ -96,10 +96,31 @@ def _sliced_positions(node: ir.Node) -> tuple[ir.Node, list[int]] | None:
     return shape, positions[sl]
 
 
+def dim_of(value: ir.Value, i: int, depth: int = 8) -> object:
+    """Dim ``i`` of ``value``: its inferred dim, or, where inference lost it, the dim of a
+    Slice's input on an axis the Slice does not touch (onnx's inference drops every dim
+    of a Slice with run-time bounds)."""
+    d = value.shape[i] if value.shape is not None and i < len(value.shape) else None
+    if isinstance(d, int) or depth == 0:
+        return d
+    node = value.producer()
+    if node is None or node.op_type != "Slice" or len(node.inputs) < 4 or node.inputs[0] is None:
+        return d
+    data, axes_value = node.inputs[0], node.inputs[3]
+    axes = const_array(axes_value) if axes_value is not None else None
+    r = len(data.shape) if data.shape is not None else None
+    if axes is None or r is None or (value.shape is not None and len(value.shape) != r):
+        return d
+    if i in {int(a) % r for a in axes.reshape(-1)}:
+        return d
+    inner = dim_of(data, i, depth - 1)
+    return inner if isinstance(inner, int) else d
+
+
 def _static_positions(shape: ir.Node, positions: list[int]) -> list[int] | None:
     x = shape.inputs[0]
     assert x is not None and x.shape is not None
-    dims = [x.shape[p] for p in positions]
+    dims = [dim_of(x, p) for p in positions]
     static = [d for d in dims if isinstance(d, int)]
     return static if len(static) == len(dims) else None
 
@@ -263,7 +284,7 @@ class ReshapeShapeChainRule(Rule):
                 continue
             if e[0] == "dim":
                 v, i = e[1], e[2]
-                d = v.shape[i] if v.shape is not None else None
+                d = dim_of(v, i)
                 if isinstance(d, int):
                     target.append(d)
                     continue
