@@ -151,6 +151,7 @@ SCHEMA_KEYS = {
     "schema",
     "model",
     "target",
+    "graph",
     "profile",
     "op_statistic",
     "top_nodes",
@@ -198,6 +199,12 @@ def test_json_schema_is_stable_and_documented(swish, tmp_path) -> None:  # type:
     report = json.loads(json.dumps(advise(swish, profile_path=prof, options=OPTS)))
     assert report["schema"] == SCHEMA == "opfuse.advise/1"
     assert set(report) == SCHEMA_KEYS
+    assert report["graph"] == {
+        "analysed": "the model after opfuse's default passes",
+        "nodes_original": 8,
+        "nodes_analysed": 8,
+        "subgraphs": 0,
+    }
     assert all(set(g) == UB_KEYS for g in report["ub_fusion"])
     assert report["l2_fusion"], "the small net has an L2 chain"
     assert all(set(c) == L2_KEYS for c in report["l2_fusion"])

@@ -292,6 +292,21 @@ class Advisor:
             rows.append(row)
         return groups, rows
 
+    def _graph_info(self) -> dict[str, object]:
+        if self.original is None:
+            return {
+                "analysed": "op summary in execution order (each op assumed to feed the next)",
+                "nodes_original": None,
+                "nodes_analysed": len(self.graph.nodes),
+                "subgraphs": 0,
+            }
+        return {
+            "analysed": "the model after opfuse's default passes",
+            "nodes_original": len(self.original_graph.nodes),
+            "nodes_analysed": len(self.graph.nodes),
+            "subgraphs": sum(1 for _ in self.original.graph.subgraphs()),
+        }
+
     def _refusals(self) -> dict[str, tuple[str, str]]:
         """Node name -> (pass, the engine's reason) for patterns that matched and gave up."""
         refused: dict[str, tuple[str, str]] = {}
@@ -526,6 +541,7 @@ class Advisor:
             "schema": SCHEMA,
             "model": str(model_path) if model_path is not None else None,
             "target": self.target.to_json(),
+            "graph": self._graph_info(),
             "profile": {
                 "source": p.source,
                 "path": p.path or None,

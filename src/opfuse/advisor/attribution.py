@@ -118,10 +118,12 @@ def attribute(records: Iterable[OpRecord], resolver: Resolver) -> Attribution:
 def _align_unnamed(
     ordered: list[OpRecord], found: list[int | None], g: OpGraph, result: Attribution
 ) -> None:
-    """Kernels onnxruntime named itself (``HardSigmoid_122``: the inlined body of a function
-    op such as HardSwish) go, run by run in execution order, to the next node after the
-    last mapped one that has no time of its own and the same output shape."""
+    """Kernels onnxruntime named itself (``HardSigmoid_122``, named ``<op type>_<index>``: the
+    inlined body of a function op such as HardSwish) go, run by run in execution order, to
+    the next node after the last mapped one that has no time of its own and the same output
+    shape. Other unknown names stay unmapped."""
     missing = [n.index for n in g.nodes if n.index not in result.time_us]
+    own = [bool(re.fullmatch(rf"{re.escape(r.op_type)}_\d+", r.name)) for r in ordered]
     cursor, last = 0, -1
     i = 0
     while i < len(ordered):
@@ -130,8 +132,12 @@ def _align_unnamed(
             last = max(last, here)
             i += 1
             continue
+        if not own[i]:  # a name of someone else's (a subgraph node, another model)
+            result.unmapped.append(ordered[i])
+            i += 1
+            continue
         j = i
-        while j + 1 < len(ordered) and found[j + 1] is None:
+        while j + 1 < len(ordered) and found[j + 1] is None and own[j + 1]:
             j += 1
         run = ordered[i : j + 1]
         shape = run[-1].output_shapes[0] if run[-1].output_shapes else None

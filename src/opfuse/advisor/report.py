@@ -62,6 +62,19 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
         f"total {prof['total_us']:.1f} us per run",
         markup=False,
     )
+    graph = report["graph"]
+    p(
+        f"graph: {graph['analysed']}"
+        + (
+            f" ({graph['nodes_original']} -> {graph['nodes_analysed']} nodes)"
+            if graph["nodes_original"] is not None
+            else f" ({graph['nodes_analysed']} ops)"
+        )
+        + (
+            f"; {graph['subgraphs']} If/Loop/Scan bodies not analysed" if graph["subgraphs"] else ""
+        ),
+        markup=False,
+    )
     if prof["unmapped_us"]:
         p(
             f"time not mapped onto the graph: {prof['unmapped_us']:.1f} us "
