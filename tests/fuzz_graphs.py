@@ -47,6 +47,7 @@ class Builder:
     values: list[Value] = field(default_factory=list)
     inputs: list[Value] = field(default_factory=list)
     count: int = 0
+    focus: Value | None = None
 
     # -- helpers ---------------------------------------------------------------------
     def fresh(self, prefix: str) -> str:
@@ -79,6 +80,9 @@ class Builder:
         return rng.uniform(low, high, shape).astype(np.float32)
 
     def pick(self, rank_ok: Callable[[int], bool] = lambda r: True) -> Value | None:
+        focus, self.focus = self.focus, None
+        if focus is not None and rank_ok(len(focus.shape)):
+            return focus  # a motif asked the next operator to read this value
         choices = [v for v in self.values if rank_ok(len(v.shape))]
         if not choices:
             return None
@@ -213,7 +217,11 @@ def broadcast_shape(b: Builder, shape) -> tuple[int, ...]:
         return (shape[-1],)
     if kind == "full":
         return tuple(shape[1:])
-    return tuple(d if b.draw(st.booleans()) else 1 for d in shape)
+    if kind == "keep" or b.draw(st.integers(0, 2)):
+        return tuple(d if b.draw(st.booleans()) else 1 for d in shape)
+    # a constant that grows the output: 2 where the value has 1, or a new leading axis
+    grown = tuple(2 if d == 1 and b.draw(st.booleans()) else d for d in shape)
+    return (2, *grown) if rank < 4 and b.draw(st.booleans()) else grown
 
 
 def binary_const(b: Builder, x: Value | None = None, op: str | None = None, cshape=None):
@@ -222,11 +230,17 @@ def binary_const(b: Builder, x: Value | None = None, op: str | None = None, csha
         return None
     op = op or b.draw(st.sampled_from(["Add", "Sub", "Mul", "Div"]))
     cshape = cshape if cshape is not None else broadcast_shape(b, x.shape)
+    out = tuple(np.broadcast_shapes(tuple(x.shape), tuple(cshape)))
+    if size(out) > MAX_ELEMENTS:
+        cshape, out = (), x.shape
     c = b.floats(cshape, 0.5, 2.0) * np.where(b.floats(cshape) < 0, -1, 1).astype(np.float32)
+    if b.draw(st.integers(0, 5)) == 0:  # a neutral element (x*1, x/1, x+0, x-0, -0.0)
+        neutral = {"Mul": 1.0, "Div": 1.0}.get(op, b.draw(st.sampled_from([0.0, -0.0])))
+        c = np.full(cshape, neutral, np.float32)
     cname = b.const(c.astype(np.float32), op.lower())
     if op != "Div" and b.draw(st.integers(0, 3)) == 0:
-        return b.node(op, [cname, x.name], x.shape)  # constant first
-    return b.node(op, [x.name, cname], x.shape)
+        return b.node(op, [cname, x.name], out)  # constant first
+    return b.node(op, [x.name, cname], out)
 
 
 def binary_values(b: Builder) -> Value | None:
@@ -682,6 +696,127 @@ def affine_conv(b: Builder) -> Value | None:
     return conv(b, y) if y is not None else None
 
 
+def shape_arith(b: Builder) -> Value | None:
+    """Reshape by a shape computed from Shape/Gather/Unsqueeze/Concat (what exporters
+    write for dynamic dims): foldable only where the dims are static."""
+    x = b.pick(lambda r: r >= 2)
+    if x is None:
+        return None
+    shape = b.node("Shape", [x.name], (len(x.shape),))
+    b.values.remove(shape)
+    keep = b.draw(st.integers(1, len(x.shape) - 1))  # keep dims [0, keep), flatten the rest
+    parts = []
+    for i in range(keep):
+        g = b.node("Gather", [shape.name, b.ints(i, "idx")], (), axis=0)
+        u = b.node("Unsqueeze", [g.name, b.ints([0], "axes")], (1,))
+        b.values.remove(g)
+        b.values.remove(u)
+        parts.append(u.name)
+    cat = b.node("Concat", [*parts, b.ints([-1], "minus1")], (keep + 1,), axis=0)
+    b.values.remove(cat)
+    out = (*x.shape[:keep], size(x.shape[keep:]))
+    return b.node("Reshape", [x.name, cat.name], out, exact=x.exact)
+
+
+def const_expr(b: Builder) -> Value | None:
+    """An operand computed from constants only (Transpose/Reshape/Add/Cast/Concat of
+    initializers): constant folding's input."""
+    x = b.pick()
+    if x is None:
+        return None
+    target = broadcast_shape(b, x.shape)
+    if size(np.broadcast_shapes(tuple(x.shape), tuple(target))) > MAX_ELEMENTS:
+        target = ()
+    kind = b.draw(st.sampled_from(["transpose", "reshape", "add", "cast", "concat"]))
+    if kind == "transpose" and len(target) >= 2:
+        c = b.const(b.floats(target[::-1]), "ct")
+        v = b.node("Transpose", [c], target, perm=list(range(len(target)))[::-1])
+    elif kind == "reshape":
+        c = b.const(b.floats((size(target),)), "cr")
+        v = b.node("Reshape", [c, b.ints(list(target), "shape")], target)
+    elif kind == "cast":
+        c = b.const(b.floats(target).astype(np.float64), "cc")
+        b.inits[-1] = numpy_helper.from_array(b.floats(target).astype(np.float64), c)
+        v = b.node("Cast", [c], target, to=TensorProto.FLOAT)
+    elif kind == "concat" and len(target) >= 1 and target[-1] >= 2:
+        first = target[-1] // 2
+        c1 = b.const(b.floats((*target[:-1], first)), "cc1")
+        c2 = b.const(b.floats((*target[:-1], target[-1] - first)), "cc2")
+        v = b.node("Concat", [c1, c2], target, axis=len(target) - 1)
+    else:
+        v = b.node(
+            "Add", [b.const(b.floats(target), "ca"), b.const(b.floats(target), "cb")], target
+        )
+    b.values.remove(v)
+    op = b.draw(st.sampled_from(["Add", "Mul", "Sub"]))
+    out = tuple(np.broadcast_shapes(tuple(x.shape), tuple(target)))
+    return b.node(op, [x.name, v.name], out)
+
+
+def redundant_chain(b: Builder) -> Value | None:
+    """The same or the inverse operator twice: Relu/Relu, Neg/Neg, Abs/Abs, Transpose and
+    its inverse or another perm, Reshape/Reshape, Unsqueeze/Squeeze, Cast pairs."""
+    x = b.pick(lambda r: r >= 2)
+    if x is None:
+        return None
+    kind = b.draw(
+        st.sampled_from(["Relu", "Neg", "Abs", "Sigmoid", "transpose", "reshape", "unsq", "cast"])
+    )
+    if kind in ("Relu", "Neg", "Abs", "Sigmoid"):
+        y = b.node(kind, [x.name], x.shape, exact=x.exact and kind != "Sigmoid")
+        return b.node(kind, [y.name], x.shape, exact=y.exact)
+    if kind == "transpose":
+        perm = b.draw(st.permutations(range(len(x.shape))))
+        y = b.node("Transpose", [x.name], [x.shape[p] for p in perm], exact=x.exact, perm=perm)
+        back = (
+            list(np.argsort(perm))
+            if b.draw(st.booleans())
+            else b.draw(st.permutations(range(len(x.shape))))
+        )
+        back = [int(p) for p in back]
+        return b.node("Transpose", [y.name], [y.shape[p] for p in back], exact=x.exact, perm=back)
+    if kind == "reshape":
+        y = b.node(
+            "Reshape",
+            [x.name, b.ints([0, -1], "shape")],
+            (x.shape[0], size(x.shape[1:])),
+            exact=x.exact,
+        )
+        return b.node(
+            "Reshape", [y.name, b.ints([0, *x.shape[1:]], "shape")], x.shape, exact=x.exact
+        )
+    if kind == "unsq":
+        axis = b.draw(st.integers(1, len(x.shape)))
+        y = b.node(
+            "Unsqueeze",
+            [x.name, b.ints([axis], "axes")],
+            (*x.shape[:axis], 1, *x.shape[axis:]),
+            exact=x.exact,
+        )
+        return b.node("Squeeze", [y.name, b.ints([axis], "axes")], x.shape, exact=x.exact)
+    b.focus = x
+    return cast(b)
+
+
+def nhwc_region(b: Builder) -> Value | None:
+    """Transpose to NHWC, a few layout-agnostic operators, Transpose back (or not)."""
+    x = b.pick(lambda r: r == 4)
+    if x is None:
+        return None
+    n, c, h, w = x.shape
+    t = b.node("Transpose", [x.name], (n, h, w, c), exact=x.exact, perm=[0, 2, 3, 1])
+    ops = [binary_const, unary, pad, reduce_, concat, split, slice_, binary_values]
+    for _ in range(b.draw(st.integers(1, 3))):
+        b.focus = t
+        t = b.draw(st.sampled_from(ops))(b) or t
+        if len(t.shape) != 4:
+            return t
+    if b.draw(st.integers(0, 3)) == 0:
+        return t
+    n, h, w, c = t.shape
+    return b.node("Transpose", [t.name], (n, c, h, w), exact=t.exact, perm=[0, 3, 1, 2])
+
+
 def nhwc_sandwich(b: Builder) -> Value | None:
     """Transpose to NHWC, per-channel work, Transpose back (the layout pass's target)."""
     x = b.pick(lambda r: r == 4)
@@ -702,7 +837,8 @@ SINGLE = [
 ]  # fmt: skip
 MOTIFS = [
     conv_bn, pad_conv, matmul_bias, conv_affine, bn_small_ops, softmax_parts, layernorm_parts,
-    gelu_parts, sibling_convs, conv_fc, nhwc_sandwich, affine_conv,
+    gelu_parts, sibling_convs, conv_fc, nhwc_sandwich, affine_conv, shape_arith, const_expr,
+    redundant_chain, nhwc_region,
 ]  # fmt: skip
 
 
@@ -753,10 +889,26 @@ def graphs(draw, max_steps: int = 12) -> tuple[onnx.ModelProto, dict[str, np.nda
     dynamic_dims = {0} if dynamic else set()
     if dynamic and draw(st.booleans()):
         dynamic_dims |= {len(shape) - 1}  # a symbolic inner dim too
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    feeds = {v.name: rng.standard_normal(v.shape).astype(np.float32) for v in b.inputs}
+    # now and then a float constant is also a graph input (a default the caller may
+    # override): no pass may fold it, and the feeds override it with other values
+    overridable = []
+    if draw(st.integers(0, 3)) == 0:
+        floats = [t for t in b.inits if t.data_type == TensorProto.FLOAT]
+        for t in (
+            draw(st.lists(st.sampled_from(floats), max_size=2, unique_by=lambda t: t.name))
+            if floats
+            else []
+        ):
+            value = numpy_helper.to_array(t)
+            feeds[t.name] = (value * rng.uniform(0.5, 1.5, value.shape)).astype(np.float32)
+            overridable.append(value_info(t.name, value.shape, set()))
     graph = helper.make_graph(
         b.nodes,
         "fuzz",
-        [value_info(v.name, v.shape, dynamic_dims) for v in b.inputs],
+        [value_info(v.name, v.shape, dynamic_dims) for v in b.inputs] + overridable,
         [
             helper.make_tensor_value_info(
                 v.name, TensorProto.FLOAT, [f"{v.name}_{i}" for i in range(len(v.shape))]
@@ -769,7 +921,4 @@ def graphs(draw, max_steps: int = 12) -> tuple[onnx.ModelProto, dict[str, np.nda
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 10 if opset <= 21 else 11
-    seed = draw(st.integers(0, 2**31 - 1))
-    rng = np.random.default_rng(seed)
-    feeds = {v.name: rng.standard_normal(v.shape).astype(np.float32) for v in b.inputs}
     return model, feeds

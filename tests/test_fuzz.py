@@ -41,6 +41,7 @@ def check_equivalent(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> No
     result = optimize_model(ir.from_proto(proto))
     optimized = ir.to_proto(result.model)
     onnx.checker.check_model(optimized, full_check=True)
+    assert [i.name for i in optimized.graph.input] == [i.name for i in proto.graph.input]
     got = run(optimized, feeds)
     assert list(got) == list(expected), f"outputs {list(got)} != {list(expected)}"
     for name, ref in expected.items():
