@@ -308,3 +308,18 @@ def test_user_target_file_sets_limits_alignment_and_l2(tmp_path) -> None:  # typ
     assert chain["batch"] == 4 and chain["ratios_source"] == "estimate"
     assert chain["batch_split"] == {"batch": 4, "split_to": 2, "runs": 2}
     assert all(op["mte2_ratio"] is not None for op in chain["ops"])
+
+
+def test_profile_of_onnxruntimes_fused_graph_maps_back(swish, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A profile taken at ORT_ENABLE_ALL names fused kernels (FusedConv, NCHWc Conv,
+    QuickGelu, reorders); their time maps onto the original nodes with nothing lost."""
+    from opfuse.advisor.profile import run_onnxruntime
+
+    raw = tmp_path / "ort_all.json"
+    run_onnxruntime(swish, runs=2, warmup=1, graph_opt="all", profile_out=raw)
+    report = advise(swish, profile_path=raw, options=AdviseOptions(warmup=1))
+    prof = report["profile"]
+    assert prof["unmapped_us"] == 0, prof["unmapped_nodes"]
+    grouped = sum(g["duration_us"] for g in report["ub_fusion"])
+    assert grouped == pytest.approx(prof["total_us"], abs=0.01)  # every node is in a group
+    assert any(n not in SWISH_TIMES for n in (r["name"] for r in report["top_nodes"]))
