@@ -11,7 +11,10 @@ from opfuse.advisor.profile import OpRecord
 
 # op type -> (what to use instead, the opfuse pass that does it or None)
 REPLACEABLE: dict[str, tuple[str, str | None]] = {
-    "Pow": ("Mul / Sqrt / Reciprocal for a constant exponent", "PowToMulFusionPass"),
+    "Pow": (
+        "Mul / Reciprocal for a constant exponent 2, 3, -1 (Sqrt for 0.5: PowToSqrtFusionPass, off by default)",
+        "PowToMulFusionPass",
+    ),
     "Einsum": ("MatMul with Transpose/Reshape", None),
     "Upsample": ("Resize (Upsample is deprecated since opset 10)", None),
     "ReduceL2": ("Mul + ReduceSum + Sqrt", None),

@@ -1,0 +1,22 @@
+"""docs/PASSES.md is generated from the registry and must stay equal to it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from opfuse.registry import all_passes, markdown_table
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "PASSES.md"
+
+
+def test_pass_table_is_up_to_date():
+    expected = markdown_table(all_passes())
+    assert DOC.read_text("utf-8") == expected, (
+        "docs/PASSES.md is stale: run `opfuse passes --format markdown > docs/PASSES.md`"
+    )
+
+
+def test_off_by_default_passes_say_why():
+    for info in all_passes():
+        if not info.default:
+            assert info.note, f"{info.name} is off by default without a note saying why"
