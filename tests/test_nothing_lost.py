@@ -303,3 +303,50 @@ def test_qdq_model_in_memory_keeps_weight_bytes():
     result = optimize_model(model)
     after = sum(v.const_value.nbytes for v in result.model.graph.initializers.values())
     assert after <= before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["squeezenet1_1", "mobilenet_v2"])
+def test_zoo_model_quantized_by_onnxruntime_never_grows(zoo_dir, tmp_path, name):
+    """A real QDQ model (onnxruntime's static quantizer on a zoo model): the optimized
+    file is no larger (beyond the shapes it records), keeps every Q/DQ, and verifies."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    src = zoo_dir / f"{name}.onnx"
+    proto = onnx.load_model(str(src))
+    inp = proto.graph.input[0]
+    shape = [d.dim_value or 1 for d in inp.type.tensor_type.shape.dim]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.feeds = iter(
+                [{inp.name: RNG.standard_normal(shape).astype(np.float32)} for _ in range(2)]
+            )
+
+        def get_next(self):  # type: ignore[no-untyped-def]
+            return next(self.feeds, None)
+
+    qdq = tmp_path / "q.onnx"
+    quantize_static(str(src), str(qdq), Reader(), quant_format=QuantFormat.QDQ)
+    out = tmp_path / "o.onnx"
+    result = optimize_file(qdq, out)
+    assert result.verify is not None and result.verify.ok
+    before, after = onnx.load_model(str(qdq)), onnx.load_model(str(out))
+    shapes = sum(v.ByteSize() + 4 for v in after.graph.value_info) - sum(
+        v.ByteSize() + 4 for v in before.graph.value_info
+    )
+    assert out.stat().st_size - max(shapes, 0) <= qdq.stat().st_size
+    assert qdq_counts(after) == qdq_counts(before)
+
+    def tensor_bytes(model: onnx.ModelProto, types: set[int], min_size: int = 0) -> list[int]:
+        return sorted(
+            len(t.raw_data) or numpy_helper.to_array(t).nbytes
+            for t in model.graph.initializer
+            if t.data_type in types and np.prod(t.dims) >= min_size
+        )
+
+    # the int8 weights all stay (identical zero points may be merged), no weight became float
+    int8 = {TensorProto.INT8, TensorProto.UINT8}
+    assert tensor_bytes(after, int8, 64) == tensor_bytes(before, int8, 64)
+    floats = {TensorProto.FLOAT}
+    assert sum(tensor_bytes(after, floats)) <= sum(tensor_bytes(before, floats))
