@@ -121,6 +121,16 @@ def escaping_case(d: Path) -> list[str]:
     return ["optimize", str(models / "m.onnx"), "-o", str(models / OUT)]
 
 
+def symlink_case(d: Path) -> list[str]:
+    """models/link.bin is a symlink to d/w.bin, outside the model's folder."""
+    models = d / "models"
+    models.mkdir()
+    path = external_model(d, "link.bin")
+    path.rename(models / "m.onnx")
+    (models / "link.bin").symlink_to(d / "w.bin")
+    return ["optimize", str(models / "m.onnx"), "-o", str(models / OUT)]
+
+
 def output_is_input(d: Path) -> list[str]:
     path = write_model(d)
     return ["optimize", str(path), "-o", str(d / "." / "m.onnx")]
@@ -212,6 +222,7 @@ CASES = {
     "external data absolute": Case(external(absolute_location), "absolute external data location"),
     "external data ../": Case(escaping_case, "outside the model's folder"),
     "external data ../ and back": Case(external(escaping_location), "outside the model's folder"),
+    "external data symlink out": Case(symlink_case, "outside the model's folder"),
     "output is the input": Case(output_is_input, "output path is the input model"),
     "output folder missing": Case(
         output_folder("{d}/nowhere/out.onnx"), "does not exist", "nowhere"
