@@ -31,7 +31,7 @@ test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow
 
 fuzz: $(STAMP)
-	OPFUSE_FUZZ_EXAMPLES=10000 $(BIN)/pytest -q tests/test_fuzz.py
+	OPFUSE_FUZZ_EXAMPLES=10000 $(BIN)/pytest -q tests/test_fuzz.py --hypothesis-show-statistics
 
 $(VENV)/.bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[test,bench]'
