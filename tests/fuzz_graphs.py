@@ -855,7 +855,7 @@ def value_info(name: str, shape, dynamic_dims: set[int]) -> onnx.ValueInfoProto:
 
 
 @st.composite
-def graphs(draw, max_steps: int = 12) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+def graphs(draw, max_steps: int = 16) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """A random valid model and the seeded feeds to run it with."""
     opset = draw(st.sampled_from(OPSETS))
     dynamic = draw(st.booleans())
