@@ -72,6 +72,7 @@ def test_run_on_a_tiny_model(tmp_path: Path, missing_tool: str) -> None:
         assert row["latency_off_ratio"] > 0 and row["latency_all_ratio"] > 0
         assert row["session_all_s"] > 0
     assert entry["latency_runs"] >= measure.MIN_RUNS
+    assert rows[run.CONTROL]["latency_all_ratio"] > 0  # the noise control
     text = (out / "results.md").read_text()
     assert "| opfuse |" in text and "not installed" in text
     assert "python -m bench.run" in text and "nproc" not in text  # described, not raw keys
