@@ -6,14 +6,11 @@ is left and every output verifies against the original."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from opfuse.api import optimize_file
 from opfuse.rewrite.context import Options
 
-ZOO = Path("/tmp/zoo")
 MODELS = ["keras_mobilenetv3small", "keras_resnet50"]
 
 pytestmark = pytest.mark.slow
@@ -21,10 +18,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("layout", ["keep", "nchw"])
 @pytest.mark.parametrize("name", MODELS)
-def test_keras_model_loses_its_transposes(name, layout, tmp_path):
-    src = ZOO / f"{name}.onnx"
-    if not src.exists():
-        pytest.skip(f"{src} not materialized")
+def test_keras_model_loses_its_transposes(name, layout, zoo_dir, tmp_path):
+    src = zoo_dir / f"{name}.onnx"
     result = optimize_file(src, tmp_path / "out.onnx", options=Options(layout=layout))
     assert result.verify is not None and result.verify.ok
     assert result.after["Cast"] == 0
