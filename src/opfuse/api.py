@@ -17,6 +17,7 @@ import onnx_ir as ir
 
 from opfuse import io
 from opfuse.errors import OpfuseError, VerificationError
+from opfuse.graphs import all_graphs
 from opfuse.registry import PassInfo, all_passes
 from opfuse.rewrite.context import Options, PassContext
 from opfuse.rewrite.driver import Driver
@@ -31,7 +32,7 @@ logger = logging.getLogger("opfuse")
 
 def op_counts(model: ir.Model) -> Counter[str]:
     """Node count by op type over the main graph and its subgraphs."""
-    graphs = (model.graph, *model.graph.subgraphs())
+    graphs = all_graphs(model.graph)
     return Counter(node.op_type for g in graphs for node in g)
 
 

@@ -21,6 +21,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from opfuse.errors import OpfuseError
+from opfuse.graphs import all_graphs
 
 MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -86,7 +87,11 @@ def read_proto(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, bool]:
     if p.stat().st_size == 0:
         raise OpfuseError(f"{p}: empty file, not an ONNX model")
     try:
-        proto = onnx.load_model(str(p), load_external_data=False)
+        data = p.read_bytes()  # parsed and checked from these bytes: no re-serialization
+    except OSError as exc:
+        raise OpfuseError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    try:
+        proto = onnx.load_model_from_string(data)
     except (DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise OpfuseError(f"{p}: not an ONNX model or truncated ({first})") from None
@@ -102,10 +107,8 @@ def read_proto(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, bool]:
         )
     external = _check_external_data(proto, p)
     try:
-        if external or proto.ByteSize() >= TWO_GB:
-            onnx.checker.check_model(str(p))
-        else:
-            onnx.checker.check_model(proto)
+        # the checker reads external data files itself only when given the path
+        onnx.checker.check_model(str(p) if external else data)
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0]
         raise OpfuseError(f"{p}: fails onnx.checker: {first}") from None
@@ -141,14 +144,8 @@ def tensor_bytes(model: ir.Model) -> int:
 
 
 def _all_initializers(model: ir.Model) -> Iterator[ir.Value]:
-    yield from model.graph.initializers.values()
-    for node in ir.traversal.RecursiveGraphIterator(model.graph):
-        for attr in node.attributes.values():
-            if attr.type == ir.AttributeType.GRAPH:
-                yield from attr.as_graph().initializers.values()
-            elif attr.type == ir.AttributeType.GRAPHS:
-                for g in attr.as_graphs():
-                    yield from g.initializers.values()
+    for graph in all_graphs(model.graph):
+        yield from graph.initializers.values()
 
 
 def drop_pages(value: ir.Value | None) -> None:
@@ -238,7 +235,7 @@ def _without_derivable_value_info(model: ir.Model) -> Iterator[None]:
     (shape inference says it), so even a model nothing changed would grow on disk.
     Graph inputs and outputs, and outputs of non-default-domain ops, keep theirs."""
     saved = []
-    for graph in (model.graph, *model.graph.subgraphs()):
+    for graph in all_graphs(model.graph):
         values = [v for v in graph.initializers.values() if not v.is_graph_input()]
         values += [out for node in graph if node.domain in ("", "ai.onnx") for out in node.outputs]
         for value in values:

@@ -12,6 +12,8 @@ import logging
 import onnx
 import onnx_ir as ir
 
+from opfuse.graphs import all_graphs
+
 try:  # onnx-ir's helper that strips large initializers before calling onnx's C API
     from onnx_ir.passes.common._c_api_utils import call_onnx_api
 except ImportError:  # pragma: no cover - older or newer onnx-ir
@@ -39,10 +41,11 @@ def infer_shapes(model: ir.Model) -> None:
         logger.info("shape inference failed, shapes left as they are: %s", exc)
         return
     values: dict[str, ir.Value] = {}
-    for node in ir.traversal.RecursiveGraphIterator(model.graph):  # subgraphs too
-        for out in node.outputs:
-            if out.name:
-                values[out.name] = out
+    for graph in all_graphs(model.graph):
+        for node in graph:
+            for out in node.outputs:
+                if out.name:
+                    values[out.name] = out
     for info in _value_infos(inferred.graph):
         value = values.get(info.name)
         if value is None or not info.type.HasField("tensor_type"):
@@ -50,7 +53,7 @@ def infer_shapes(model: ir.Model) -> None:
         tensor_type = info.type.tensor_type
         if tensor_type.elem_type and value.dtype is None:
             value.dtype = ir.DataType(tensor_type.elem_type)
-        if tensor_type.HasField("shape"):
+        if tensor_type.HasField("shape") and not _fully_static(value.shape):
             shape = ir.serde.deserialize_type_proto_for_shape(info.type)
             if shape is not None and (value.shape is None or _more_known(shape, value.shape)):
                 value.shape = shape
@@ -67,6 +70,11 @@ def _value_infos(graph: onnx.GraphProto):
                 yield from _value_infos(attr.g)
             for sub in attr.graphs:
                 yield from _value_infos(sub)
+
+
+def _fully_static(shape: ir.Shape | None) -> bool:
+    """A shape inference cannot improve (every dim a known integer)."""
+    return shape is not None and all(isinstance(d, int) for d in shape)
 
 
 def _more_known(new: ir.Shape, old: ir.Shape) -> bool:

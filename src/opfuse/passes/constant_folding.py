@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from opfuse.graphs import all_graphs
 from opfuse.passes._evaluate import EvaluationError, evaluate
 from opfuse.passes.shape_arith import SHAPE_RULES
 from opfuse.registry import PassInfo, register
@@ -55,7 +56,7 @@ def _outer_values(node: ir.Node) -> list[ir.Value]:
     inner: set[int] = set()
     used: list[ir.Value] = []
     for graph in _subgraphs(node):
-        for sub in (graph, *graph.subgraphs()):
+        for sub in all_graphs(graph):
             inner.update(id(v) for v in sub.inputs)
             inner.update(id(v) for v in sub.initializers.values())
             for n in sub:

@@ -7,12 +7,13 @@ import contextlib
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
+from opfuse.graphs import all_graphs
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import PassContext
 
 
 def _count(model: ir.Model) -> tuple[int, int]:
-    graphs = (model.graph, *model.graph.subgraphs())
+    graphs = all_graphs(model.graph)
     return sum(len(g) for g in graphs), sum(len(g.initializers) for g in graphs)
 
 
@@ -29,7 +30,7 @@ def _release_removed(values: list[ir.Value]) -> None:
 def remove_dead_code(ctx: PassContext) -> None:
     """Remove nodes whose outputs no graph output needs, and unused initializers."""
     nodes, inits = _count(ctx.model)
-    graphs = (ctx.model.graph, *ctx.model.graph.subgraphs())
+    graphs = all_graphs(ctx.model.graph)
     before = [v for g in graphs for v in g.initializers.values()]
     RemoveUnusedNodesPass()(ctx.model)
     new_nodes, new_inits = _count(ctx.model)

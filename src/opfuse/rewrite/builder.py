@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from opfuse.graphs import all_graphs
+
 
 class NameScope:
     """Fresh value and node names, unique across the whole model (subgraphs included)."""
@@ -19,7 +21,7 @@ class NameScope:
     def __init__(self, model: ir.Model) -> None:
         self.values: set[str] = set()
         self.nodes: set[str] = set()
-        for graph in (model.graph, *model.graph.subgraphs()):
+        for graph in all_graphs(model.graph):
             self.values.update(v.name for v in graph.inputs if v.name)
             self.values.update(graph.initializers)
             for node in graph:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
+from opfuse.graphs import all_graphs
 from opfuse.registry import PassInfo
 from opfuse.rewrite.stats import EffectLog, PatternStats
 
@@ -40,8 +41,7 @@ class PassContext:
 
     def graphs(self) -> Iterator[ir.Graph]:
         """The main graph and every subgraph (If/Loop/Scan bodies), outermost first."""
-        yield self.model.graph
-        yield from self.model.graph.subgraphs()
+        yield from all_graphs(self.model.graph)
 
     def entry(self, pattern: str, info: PassInfo | None = None) -> PatternStats:
         info = info or self.current

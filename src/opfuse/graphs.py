@@ -1,0 +1,38 @@
+"""Walking a model's graphs: the main graph and its If/Loop/Scan bodies.
+
+onnx-ir's ``Graph.subgraphs()`` walks every node through a recursive generator per node;
+the passes ask for the list of graphs many times per run, so a plain loop over node
+attributes (the same order: outermost first, depth first) matters on large models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import onnx_ir as ir
+
+_GRAPH = ir.AttributeType.GRAPH
+_GRAPHS = ir.AttributeType.GRAPHS
+
+
+def subgraphs(graph: ir.Graph) -> Iterator[ir.Graph]:
+    """Every graph nested in ``graph`` (not ``graph`` itself), depth first."""
+    for node in graph:
+        attributes = node.attributes
+        if not attributes:
+            continue
+        for attr in attributes.values():
+            if attr.type == _GRAPH:
+                inner = [attr.value]
+            elif attr.type == _GRAPHS:
+                inner = list(attr.value)
+            else:
+                continue
+            for sub in inner:
+                yield sub
+                yield from subgraphs(sub)
+
+
+def all_graphs(graph: ir.Graph) -> list[ir.Graph]:
+    """``graph`` and every graph nested in it, outermost first."""
+    return [graph, *subgraphs(graph)]
