@@ -186,7 +186,9 @@ def markdown(doc: dict[str, Any]) -> str:
         + ".",
         "- **nodes**: of the main graph and subgraphs. **MB**: the file and its external data.",
         "- **opt s**: wall time of the file-to-file optimization (load, optimize, save) inside "
-        "the tool's process, after its imports. **peak MB**: VmHWM of that process from "
+        "the tool's process, after its imports (the package and the modules its call imports; "
+        "a command-line user also waits for those: about 1 s for opfuse, mostly onnx and "
+        "onnx-ir, which imports sympy). **peak MB**: VmHWM of that process from "
         "/proc/<pid>/status (polled, and read by the process at exit), imports included.",
         "- **abs err / rel err**: max absolute error over all outputs vs the original, and that "
         "error divided by the output's largest magnitude; both models under onnxruntime with "

@@ -1,6 +1,6 @@
 """One optimization in a fresh process: ``python -m bench.worker TOOL SRC DST RESULT_JSON``.
 
-Imports the tool first (untimed), then times the file-to-file run, then writes the time and
+Imports the tool and what its call imports first (untimed), then times the file-to-file run, then writes the time and
 this process's VmHWM to RESULT_JSON. A crash leaves no result file; the harness reports it."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from bench.tools import TOOLS
 def main(argv: list[str]) -> int:
     name, src, dst, result = argv
     tool = TOOLS[name]
-    importlib.import_module(tool.module)
+    for module in (tool.module, *tool.imports):
+        importlib.import_module(module)
     start = time.perf_counter()
     tool.optimize(src, dst)
     seconds = time.perf_counter() - start

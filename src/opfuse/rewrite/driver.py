@@ -129,6 +129,12 @@ class Driver:
             if new is None:
                 continue
             touched.extend(user for user, _ in old.uses())
+            # an exact rewrite keeps the value's type and shape: later rules see them
+            # before the next round's shape inference
+            if new.type is None and old.type is not None:
+                new.type = old.type
+            if new.shape is None and old.shape is not None:
+                new.shape = old.shape.copy()
             if old.is_graph_output():
                 # the replacement takes the output's name; callers feed and read by name
                 old_name, old.name = old.name, None
