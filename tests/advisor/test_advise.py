@@ -116,16 +116,49 @@ def test_constraint_hints_and_pass_verdicts(tmp_path) -> None:  # type: ignore[n
     assert "(350-1)/(175-1)" in resize["message"]
     assert "input 176 and output 351" in resize["message"]  # the guide's own fix
     assert resize["duration_us"] == pytest.approx(200.0)
-    # the UB group holding the Pow that PowToMulFusionPass refused carries the engine's reason
+    # PowToMulFusionPass's refusal covers the one Pow: it says nothing about fusing the group
     (group,) = report["ub_fusion"]
     assert group["nodes"] == ["conv10", "pow_square", "pow_odd"]
     assert group["op_types"] == ["Conv", "Mul", "Pow"]  # the square already became a Mul
-    assert group["opfuse"] == {
-        "pass": "PowToMulFusionPass",
-        "available": True,
-        "fires": False,
-        "reason": odd["reason"],
+    assert group["opfuse"]["pass"] is None and group["opfuse"]["fires"] is None
+
+
+def test_group_verdict_only_from_a_refusal_about_the_group(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A Pad with a non-zero value before a Conv: PadConvFusionPass refuses at the Conv, but
+    the Pad is not in the Conv's group, so the group does not inherit it. A Mul by a
+    spatially varying constant after a Conv: ConvMulFusionPass's refused match covers the
+    Conv and the Mul, both in the group, so the group carries its reason."""
+    n = helper.make_node
+    rng = np.random.default_rng(0)
+    inits = {
+        "W1": rng.standard_normal((4, 4, 1, 1)).astype(np.float32),
+        "W2": rng.standard_normal((4, 4, 1, 1)).astype(np.float32),
+        "pads": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64),
+        "one": np.array(1.0, np.float32),
+        "rows": rng.standard_normal((1, 1, 4, 1)).astype(np.float32),
     }
+    nodes = [
+        n("Pad", ["x", "pads", "one"], ["p"], name="pad", mode="constant"),
+        n("Conv", ["p", "W1"], ["c1"], name="conv_after_pad"),
+        n("Relu", ["c1"], ["y1"], name="relu1"),
+        n("Conv", ["x", "W2"], ["c2"], name="conv_rows"),
+        n("Mul", ["c2", "rows"], ["m2"], name="mul_rows"),
+        n("Relu", ["m2"], ["y2"], name="relu2"),
+    ]
+    path = tmp_path / "refusals.onnx"
+    model = make_model(nodes, {"x": [1, 4, 4, 4]}, {"y1": [1, 4, 6, 6], "y2": [1, 4, 4, 4]}, inits)
+    onnx.save(model, path)
+    times = {name: ("X", 1.0) for name in ("pad", "conv_after_pad", "relu1", "conv_rows")}
+    times.update(mul_rows=("Mul", 1.0), relu2=("Relu", 1.0))
+    prof = write_json(tmp_path / "p.json", ort_profile(times, runs=1))
+    report = advise(path, profile_path=prof, options=AdviseOptions(warmup=0))
+    reasons = {(r["pass"], x["reason"]) for r in report["graph_fusion"] for x in r["reasons"]}
+    assert ("PadConvFusionPass", "Pad value is not zero") in reasons  # it did refuse
+    groups = {tuple(g["nodes"]): g["opfuse"] for g in report["ub_fusion"]}
+    assert groups[("conv_after_pad", "relu1")]["pass"] is None
+    rows = groups[("conv_rows", "mul_rows", "relu2")]
+    assert rows["pass"] == "ConvMulFusionPass" and rows["fires"] is False
+    assert "constants vary along axis 2" in rows["reason"]
 
 
 def test_fallback_hint_from_the_profile(swish, tmp_path) -> None:  # type: ignore[no-untyped-def]

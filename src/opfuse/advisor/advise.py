@@ -30,7 +30,7 @@ from opfuse.advisor.profile import (
     top_nodes,
 )
 from opfuse.advisor.target import load_target
-from opfuse.advisor.trial import AIPP_PASS, Trial, registered
+from opfuse.advisor.trial import AIPP_PASS, Refusal, Trial, registered
 from opfuse.errors import OpfuseError
 from opfuse.registry import all_passes
 from opfuse.shapes import infer_shapes
@@ -275,9 +275,14 @@ class Advisor:
                 "reason": "a UB fusion is the backend's: opfuse keeps the graph in standard "
                 "ONNX ops" + (f" (UBFusion passes: {', '.join(ub_passes)})" if ub_passes else ""),
             }
-            hit = next((refused[n] for n in grp.names if n in refused), None)
-            if hit is not None:  # a graph pass matched part of the group and gave up
-                opfuse = {"pass": hit[0], "available": True, "fires": False, "reason": hit[1]}
+            hit = self._refusal_about(grp.names, refused)
+            if hit is not None:  # a pass matched the group (not just one node) and gave up
+                opfuse = {
+                    "pass": hit.pass_name,
+                    "available": True,
+                    "fires": False,
+                    "reason": hit.reason,
+                }
             row: dict[str, object] = {
                 "subgraph": 0,
                 "fusion_type": grp.fusion_type,
@@ -307,16 +312,27 @@ class Advisor:
             "subgraphs": sum(1 for _ in self.original.graph.subgraphs()),
         }
 
-    def _refusals(self) -> dict[str, tuple[str, str]]:
-        """Node name -> (pass, the engine's reason) for patterns that matched and gave up."""
-        refused: dict[str, tuple[str, str]] = {}
+    def _refusals(self) -> dict[str, list[Refusal]]:
+        """Node name -> the refused matches (of opfuse's trial run) that cover it."""
+        refused: dict[str, list[Refusal]] = {}
         if self.trial is None:
             return refused
-        for s in self.trial.result.log:
-            for reason, _ in s.reasons.most_common():
-                for name in s.examples.get(reason, []):
-                    refused.setdefault(name, (s.pass_name, reason))
+        for r in self.trial.refusals():
+            for name in r.nodes:
+                refused.setdefault(name, []).append(r)
         return refused
+
+    @staticmethod
+    def _refusal_about(names: list[str], refused: dict[str, list[Refusal]]) -> Refusal | None:
+        """The first refusal whose pattern is about fusing this group: a UBFusion pass's on
+        a member, or a match that covers two or more members. A refusal on one member by
+        an unrelated pattern (a Pad before the group's Conv) says nothing about the group."""
+        members = set(names)
+        for name in names:
+            for r in refused.get(name, []):
+                if r.section == "UBFusion" or len(r.nodes & members) >= 2:
+                    return r
+        return None
 
     def _other_unit(self) -> set[int]:
         """Nodes msprof ran on the AI CPU: no UB fusion with AI Core operators."""

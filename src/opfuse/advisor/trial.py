@@ -3,14 +3,17 @@ apply, and the engine's recorded reason when it would not."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
 from opfuse.api import OptimizeResult, optimize_model
 from opfuse.registry import all_passes
-from opfuse.rewrite.context import Options
+from opfuse.rewrite.context import Options, PassContext
+from opfuse.rewrite.driver import common_check
+from opfuse.rewrite.pattern import DEFAULT_DOMAINS, Match
+from opfuse.rewrite.stats import EffectLog
 
 AIPP_PASS = "AippFusionPass"
 
@@ -24,18 +27,95 @@ def registered() -> dict[str, str]:
     return {p.name: p.section for p in all_passes()}
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A pattern that matched the final graph and gave up: the nodes it covers (its root,
+    the nodes it would replace and the layer it would fold into) and the engine's reason."""
+
+    pass_name: str
+    section: str
+    reason: str
+    root: str
+    nodes: frozenset[str]
+
+
+def _match_nodes(m: Match) -> Iterator[ir.Node]:
+    """Every node a match binds: its own, named ones, and those of helper objects it holds
+    (the layer an affine chain would fold into)."""
+    yield m.root
+    yield from m.nodes
+    yield from m.node_names.values()
+    for value in vars(m).values():
+        if isinstance(value, ir.Node):
+            yield value
+        for attr in ("node", "nodes"):
+            inner = getattr(value, attr, None) if not isinstance(value, ir.Node) else None
+            if isinstance(inner, ir.Node):
+                yield inner
+            elif isinstance(inner, (list, tuple)):
+                yield from (n for n in inner if isinstance(n, ir.Node))
+
+
 @dataclass
 class Trial:
     result: OptimizeResult
     node_types: dict[str, str]  # node name -> op type after the run
+    options: Options = field(default_factory=Options)
 
     @classmethod
     def run(cls, model: ir.Model, enable: Iterable[str] = (), target: str | None = None) -> Trial:
-        result = optimize_model(
-            copy_model(model), enable=list(enable), options=Options(target=target)
-        )
+        options = Options(target=target)
+        result = optimize_model(copy_model(model), enable=list(enable), options=options)
         types = {n.name: n.op_type for n in result.model.graph if n.name}
-        return cls(result, types)
+        return cls(result, types, options)
+
+    def refusals(self) -> list[Refusal]:
+        """The refused matches still standing in the optimized main graph, with the nodes
+        each covers. At the fixpoint every rule that still matches was refused, so matching
+        the rules of the passes that recorded a reason once more gives them all (the effect
+        log keeps only the root of a few). Passes that are graph functions record only a
+        node: their refusals cover that node alone."""
+        known = {p.name: p for p in all_passes()}
+        refusing: set[str] = set()
+        out: list[Refusal] = []
+        for s in self.result.log:
+            if not s.reasons:
+                continue
+            refusing.add(s.pass_name)
+            info = known.get(s.pass_name)
+            if info is not None and info.rules:
+                continue
+            for reason, names in s.examples.items():
+                out.extend(
+                    Refusal(s.pass_name, s.section, reason, n, frozenset([n]))
+                    for n in dict.fromkeys(names)
+                )
+        rules = [
+            (known[name], rule)
+            for name in self.result.passes
+            if name in refusing and name in known
+            for rule in known[name].rules
+        ]
+        if not rules:
+            return out
+        model = self.result.model
+        ctx = PassContext(model, self.options, EffectLog())
+        for node in list(model.graph):
+            if node.domain not in DEFAULT_DOMAINS:
+                continue
+            for info, rule in rules:
+                if node.op_type not in rule.root_types():
+                    continue
+                ctx.current = info
+                m = rule.match(node, ctx)
+                if m is None:
+                    continue
+                reason = common_check(rule, m) or rule.check(m, ctx)
+                if not reason:
+                    continue
+                names = frozenset(n.name for n in _match_nodes(m) if n.name)
+                out.append(Refusal(info.name, info.section, reason, node.name or "", names))
+        return out
 
     def pass_summary(self) -> list[dict[str, object]]:
         """Per pass that matched anything: matched/effected and why it did not fire."""
