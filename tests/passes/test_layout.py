@@ -332,3 +332,53 @@ def chains(draw):
 def test_random_chains_stay_equal_and_never_gain_transposes(model):
     optimized, _ = check_rule(model, PASS)
     assert op_types(optimized)["Transpose"] <= op_types(model)["Transpose"]
+
+
+def test_layout_nhwc_redeclares_an_nchw_input_read_as_nhwc(tmp_path):
+    """The mirror case: an NCHW input whose first use transposes it to NHWC."""
+    import onnx_ir as ir
+
+    text = f"""{HEAD}
+    g (float[1,4,5,6] x) => (float[1,5,6,4] y) {{
+      t = Transpose<perm=[0,2,3,1]>(x)
+      y = Relu(t)
+    }}"""
+    src = tmp_path / "nchw.onnx"
+    ir.save(model_from_text(text), src)
+    kept = optimize_file(src, tmp_path / "keep.onnx")
+    assert kept.after["Transpose"] == 1 and not kept.notes
+    result = optimize_file(src, tmp_path / "out.onnx", options=Options(layout="nhwc"))
+    assert result.verify is not None and result.verify.ok
+    assert result.after["Transpose"] == 0
+    assert list(result.model.graph.inputs[0].shape) == [1, 5, 6, 4]
+    assert any("NHWC" in note for note in result.notes)
+
+
+def test_layout_nchw_absorbs_a_transpose_right_at_the_input(tmp_path):
+    """No preprocessing: the NHWC input goes straight into the Transpose before the Conv."""
+    import onnx_ir as ir
+
+    text = f"""{HEAD}
+    g (float[1,5,6,4] x) => (float[1,4,5,6] y) {{
+      t = Transpose<perm=[0,3,1,2]>(x)
+      y = Conv<pads=[1,1,1,1]>(t, w)
+    }}"""
+    src = tmp_path / "nhwc.onnx"
+    ir.save(model_from_text(text, {"w": rng.standard_normal((4, 4, 3, 3)).astype(np.float32)}), src)
+    result = optimize_file(src, tmp_path / "out.onnx", options=Options(layout="nchw"))
+    assert result.verify is not None and result.verify.ok
+    assert result.after["Transpose"] == 0
+    assert list(result.model.graph.inputs[0].shape) == [1, 4, 5, 6]
+    assert effected(result, PASS, "input_transpose") == 1
+
+
+def test_input_with_another_reader_keeps_its_transpose(tmp_path):
+    text = f"""{HEAD}
+    g (float[1,5,6,4] x) => (float[1,4,5,6] y, float[1,5,6,4] z) {{
+      t = Transpose<perm=[0,3,1,2]>(x)
+      y = Relu(t)
+      z = Sigmoid(x)
+    }}"""
+    optimized, result = check_rule(model_from_text(text), PASS, options=Options(layout="nchw"))
+    assert op_types(optimized)["Transpose"] == 1
+    assert list(optimized.graph.inputs[0].shape) == [1, 5, 6, 4]

@@ -75,6 +75,7 @@ class _Sweep:
         self.regions = 0
         self.pairs = 0
         self.units = 0
+        self.inputs = 0
 
     # ---- helpers -------------------------------------------------------------------
     def _value(self, base: str | None, like: ir.Value | None = None) -> ir.Value:
@@ -135,6 +136,29 @@ class _Sweep:
             if not inner.outputs[0].uses() and not inner.outputs[0].is_graph_output():
                 self.graph.remove(inner, safe=True)
             self.pairs += 1
+
+    def absorb_input_transposes(self) -> None:
+        """With ``--layout``, a graph input read only through Transposes into that layout
+        is re-declared in it: ``Transpose(x, p)`` ==> ``x'`` with ``x' = x`` transposed by p."""
+        if self.layout_perm is None or self.graph is not self.ctx.model.graph:
+            return
+        for v in list(self.graph.inputs):
+            if v.is_graph_output() or v.is_initializer() or rank_of(v) != len(self.layout_perm):
+                continue
+            users = [u for u, _ in v.uses()]
+            if not users or not all(
+                u.op_type == "Transpose"
+                and perm_of(u) == self.layout_perm
+                and u.graph is self.graph
+                and not u.outputs[0].is_graph_output()
+                for u in users
+            ):
+                continue
+            for user in dict.fromkeys(users):
+                self._replace(user.outputs[0], v)
+                self.graph.remove(user, safe=True)
+            self._relayout_input(v, self.layout_perm)
+            self.inputs += 1
 
     def drop_unit_transposes(self) -> None:
         """Reshape(Transpose(x, p), shape) ==> Reshape(x, shape) when the Transpose only
@@ -546,6 +570,9 @@ def optimize_layout(ctx: PassContext) -> None:
         for _ in range(MAX_SWEEPS):
             sweep = _Sweep(ctx, graph)
             sweep.compose_pairs()
+            sweep.absorb_input_transposes()
+            if sweep.inputs:
+                ctx.record("input_transpose", matched=sweep.inputs, effected=sweep.inputs)
             sweep.drop_unit_transposes()
             if sweep.units:
                 ctx.record("unit_transpose", matched=sweep.units, effected=sweep.units)
@@ -553,7 +580,7 @@ def optimize_layout(ctx: PassContext) -> None:
                 ctx.record("transpose_pair", matched=sweep.pairs, effected=sweep.pairs)
             sweep.order = {id(n): i for i, n in enumerate(graph)}
             sweep.regions_from_transposes()
-            if not (sweep.pairs or sweep.units or sweep.regions):
+            if not (sweep.pairs or sweep.units or sweep.inputs or sweep.regions):
                 break
 
 
