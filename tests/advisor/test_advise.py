@@ -356,3 +356,33 @@ def test_profile_of_onnxruntimes_fused_graph_maps_back(swish, tmp_path) -> None:
     grouped = sum(g["duration_us"] for g in report["ub_fusion"])
     assert grouped == pytest.approx(prof["total_us"], abs=0.01)  # every node is in a group
     assert any(n not in SWISH_TIMES for n in (r["name"] for r in report["top_nodes"]))
+
+
+def test_a_pass_applies_it_only_where_it_changed_the_nodes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """PowToMulFusionPass fires on one Pow; another Pow has only constant inputs and is
+    folded away by constant folding. Only the first is the pass's doing."""
+    n = helper.make_node
+    rng = np.random.default_rng(0)
+    inits = {
+        "W": rng.standard_normal((8, 3, 1, 1)).astype(np.float32),
+        "two": np.array(2.0, np.float32),
+        "base": np.full((1, 8, 1, 1), 4.0, np.float32),
+        "half": np.array(0.5, np.float32),
+    }
+    nodes = [
+        n("Conv", ["x", "W"], ["c"], name="conv"),
+        n("Pow", ["c", "two"], ["p"], name="pow_square"),
+        n("Pow", ["base", "half"], ["k"], name="pow_const"),
+        n("Add", ["p", "k"], ["y"], name="add"),
+    ]
+    path = tmp_path / "pows.onnx"
+    onnx.save(make_model(nodes, {"x": [1, 3, 4, 4]}, {"y": [1, 8, 4, 4]}, inits), path)
+    times = {"conv": ("Conv", 3.0), "pow_square": ("Pow", 2.0), "add": ("Add", 1.0)}
+    prof = write_json(tmp_path / "p.json", ort_profile(times, runs=1))
+    report = advise(path, profile_path=prof, options=AdviseOptions(warmup=0))
+    verdicts = {h["node"]: h["opfuse"] for h in report["hints"] if h["kind"] == "replace"}
+    assert verdicts["pow_square"]["pass"] == "PowToMulFusionPass"
+    assert verdicts["pow_square"]["fires"] is True
+    folded = verdicts["pow_const"]
+    assert folded["pass"] == "PowToMulFusionPass" and folded["fires"] is False
+    assert "other passes rewrite these nodes (pow_const)" in folded["reason"]

@@ -56,18 +56,38 @@ def _match_nodes(m: Match) -> Iterator[ir.Node]:
                 yield from (n for n in inner if isinstance(n, ir.Node))
 
 
+def _node_types(model: ir.Model) -> dict[str, str]:
+    return {n.name: n.op_type for n in model.graph if n.name}
+
+
 @dataclass
 class Trial:
     result: OptimizeResult
     node_types: dict[str, str]  # node name -> op type after the run
     options: Options = field(default_factory=Options)
+    source: ir.Model | None = None  # a copy of the model the trial started from
+    enable: list[str] = field(default_factory=list)
+    _without: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @classmethod
     def run(cls, model: ir.Model, enable: Iterable[str] = (), target: str | None = None) -> Trial:
         options = Options(target=target)
-        result = optimize_model(copy_model(model), enable=list(enable), options=options)
-        types = {n.name: n.op_type for n in result.model.graph if n.name}
-        return cls(result, types, options)
+        enable = list(enable)
+        result = optimize_model(copy_model(model), enable=enable, options=options)
+        return cls(result, _node_types(result.model), options, copy_model(model), enable)
+
+    def without(self, pass_name: str) -> dict[str, str]:
+        """Node name -> op type after the same run with ``pass_name`` turned off (cached)."""
+        if pass_name not in self._without:
+            assert self.source is not None
+            result = optimize_model(
+                copy_model(self.source),
+                enable=[p for p in self.enable if p != pass_name],
+                disable=[pass_name],
+                options=self.options,
+            )
+            self._without[pass_name] = _node_types(result.model)
+        return self._without[pass_name]
 
     def refusals(self) -> list[Refusal]:
         """The refused matches still standing in the optimized main graph, with the nodes
@@ -166,10 +186,13 @@ class Trial:
             )
             return verdict
         changed = [n for n in nodes if self.node_types.get(n) != original_types.get(n)]
-        effected = self.result.log.effected(pass_name)
-        if changed and effected:
-            verdict.update(fires=True, reason=None)
-            return verdict
+        if changed and self.result.log.effected(pass_name):
+            # the pass applies it when turning it off changes what becomes of these nodes
+            # (another pass may have changed them, and this one fired somewhere else)
+            without = self.without(pass_name)
+            if any(self.node_types.get(n) != without.get(n) for n in nodes):
+                verdict.update(fires=True, reason=None)
+                return verdict
         wanted = set(nodes)
         for s in self.result.log:
             if s.pass_name != pass_name:
@@ -178,6 +201,13 @@ class Trial:
                 if wanted & set(s.examples.get(reason, [])):
                     verdict.update(fires=False, reason=reason)
                     return verdict
+        if changed:
+            verdict.update(
+                fires=False,
+                reason=f"other passes rewrite these nodes ({', '.join(changed[:3])}); "
+                f"the result is the same without {pass_name}",
+            )
+            return verdict
         first_reason = next(
             (r for s in self.result.log if s.pass_name == pass_name for r in s.reasons), None
         )
