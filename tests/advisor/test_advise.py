@@ -194,6 +194,32 @@ SCHEMA_KEYS = {
     "hints",
     "graph_fusion",
 }
+TARGET_KEYS = {
+    "name",
+    "source",
+    "alignment",
+    "l2_bytes",
+    "peak_flops",
+    "vector_flops",
+    "bandwidth_bytes_per_s",
+    "ub_limits",
+}
+GRAPH_KEYS = {"analysed", "nodes_original", "nodes_analysed", "subgraphs"}
+PROFILE_KEYS = {
+    "source",
+    "path",
+    "runs",
+    "warmup",
+    "provider",
+    "graph_opt",
+    "total_us",
+    "unmapped_us",
+    "unmapped_nodes",
+    "missing_columns",
+    "notes",
+}
+STAT_KEYS = {"op_type", "count", "total_us", "mean_us", "share"}
+TOP_KEYS = {"name", "op_type", "duration_us", "share", "provider"}
 UB_KEYS = {
     "subgraph",
     "fusion_type",
@@ -205,6 +231,8 @@ UB_KEYS = {
     "opfuse",
     "onnxruntime",
 }
+ORT_KEYS = {"fuses", "kernels", "absorbed"}
+AIPP_KEYS = {"nodes", "op_types", "normalization", "first_conv", "duration_us", "opfuse"}
 L2_KEYS = {
     "nodes",
     "duration_us",
@@ -225,31 +253,116 @@ OP_KEYS = {
     "mte3_ratio",
     "duration_us",
 }
+HINT_KEYS = {"kind", "node", "op_type", "message", "duration_us", "opfuse"}
+HINT_KINDS = {"alignment", "replace", "resize_align_corners", "fallback"}
+VERDICT_KEYS = {"pass", "available", "fires", "reason"}
+GRAPH_FUSION_KEYS = {"pass", "section", "matched", "effected", "reasons"}
+REASON_KEYS = {"pattern", "reason", "count", "nodes"}
 
 
-def test_json_schema_is_stable_and_documented(swish, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def check_verdict(verdict: object) -> None:
+    assert isinstance(verdict, dict) and set(verdict) == VERDICT_KEYS, verdict
+    assert verdict["pass"] is None or isinstance(verdict["pass"], str)
+    assert isinstance(verdict["available"], bool)
+    assert verdict["fires"] in (None, True, False)
+    if verdict["pass"] is None:  # no opfuse pass: the reason says why
+        assert verdict["fires"] is None and verdict["reason"]
+    if verdict["fires"] is False:
+        assert verdict["reason"]
+
+
+def schema_reports(tmp_path) -> list[dict]:  # type: ignore[no-untyped-def]
+    """Reports that fill every section: the swish net; a net with every hint kind (and the
+    onnxruntime comparison); a first-layer chain; a fallback from CUDA to CPU."""
+    swish = tmp_path / "swish.onnx"
+    onnx.save(swish_net(), swish)
     prof = write_json(tmp_path / "p.json", ort_profile(TIMES, runs=2))
-    report = json.loads(json.dumps(advise(swish, profile_path=prof, options=OPTS)))
+    reports = [advise(swish, profile_path=prof, options=OPTS)]
+    hints = hint_model()
+    hints.graph.node.append(helper.make_node("ReduceL2", ["x"], ["n2"], name="norm", axes=[1]))
+    hints.graph.output.append(
+        helper.make_tensor_value_info("n2", onnx.TensorProto.FLOAT, [1, 1, 175, 175])
+    )
+    path = tmp_path / "hints.onnx"
+    onnx.save(hints, path)
+    times = {"conv10": ("Conv", 3.0), "pow_odd": ("Pow", 1.0), "resize": ("Resize", 9.0)}
+    prof = write_json(tmp_path / "ph.json", ort_profile(dict(times, norm=("ReduceL2", 1)), 2))
+    reports.append(advise(path, profile_path=prof, options=AdviseOptions(warmup=1)))
+    path = tmp_path / "aipp.onnx"
+    onnx.save(aipp_model([0, 0, 0, 0]), path)
+    times = {k: ("X", 1.0) for k in ("norm_mul", "norm_add", "to_nchw", "first_conv")}
+    prof = write_json(tmp_path / "pa.json", ort_profile(times, runs=1))
+    reports.append(advise(path, profile_path=prof, options=AdviseOptions(warmup=0)))
+    events = ort_profile(TIMES, runs=1)
+    for e in events:
+        if e.get("cat") == "Node" and e["name"] == "gap_kernel_time":
+            e["args"]["provider"] = "CPUExecutionProvider"
+        elif e.get("cat") == "Node":
+            e["args"]["provider"] = "CUDAExecutionProvider"
+    prof = write_json(tmp_path / "pf.json", events)
+    cuda = AdviseOptions(provider="CUDAExecutionProvider", warmup=0, compare_onnxruntime=False)
+    reports.append(advise(swish, profile_path=prof, options=cuda))
+    return [json.loads(json.dumps(r)) for r in reports]
+
+
+def test_json_schema_is_stable_and_documented(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    reports = schema_reports(tmp_path)
+    report = reports[0]
     assert report["schema"] == SCHEMA == "opfuse.advise/1"
-    assert set(report) == SCHEMA_KEYS
     assert report["graph"] == {
         "analysed": "the model after opfuse's default passes",
         "nodes_original": 8,
         "nodes_analysed": 8,
         "subgraphs": 0,
     }
-    assert all(set(g) == UB_KEYS for g in report["ub_fusion"])
     assert report["l2_fusion"], "the small net has an L2 chain"
-    assert all(set(c) == L2_KEYS for c in report["l2_fusion"])
-    assert all(set(op) == OP_KEYS for c in report["l2_fusion"] for op in c["ops"])
     assert report["l2_fusion"][0]["ratios_source"] == "estimate"
+    kinds = {h["kind"] for r in reports for h in r["hints"]}
+    assert kinds == HINT_KINDS, "every hint kind is checked"
+    assert any(r["aipp_fusion"] for r in reports)
+    assert any(g["onnxruntime"] for r in reports for g in r["ub_fusion"])
+    assert any(r["graph_fusion"] for r in reports)
+    for r in reports:
+        assert set(r) == SCHEMA_KEYS
+        assert set(r["target"]) == TARGET_KEYS and set(r["graph"]) == GRAPH_KEYS
+        assert set(r["profile"]) == PROFILE_KEYS
+        assert all(set(s) == STAT_KEYS for s in r["op_statistic"])
+        assert all(set(n) == TOP_KEYS for n in r["top_nodes"])
+        for g in r["ub_fusion"]:
+            assert set(g) == UB_KEYS
+            assert g["onnxruntime"] is None or set(g["onnxruntime"]) == ORT_KEYS
+            check_verdict(g["opfuse"])
+        for a in r["aipp_fusion"]:
+            assert set(a) == AIPP_KEYS
+            check_verdict(a["opfuse"])
+        for c in r["l2_fusion"]:
+            assert set(c) == L2_KEYS and all(set(op) == OP_KEYS for op in c["ops"])
+            check_verdict(c["opfuse"])
+        for h in r["hints"]:
+            assert set(h) == HINT_KEYS and h["kind"] in HINT_KINDS
+            check_verdict(h["opfuse"])
+        for row in r["graph_fusion"]:
+            assert set(row) == GRAPH_FUSION_KEYS
+            assert all(set(x) == REASON_KEYS for x in row["reasons"])
+    no_pass = {
+        h["kind"]: h["opfuse"]["reason"]
+        for r in reports
+        for h in r["hints"]
+        if h["opfuse"]["pass"] is None
+    }
+    assert no_pass["alignment"].startswith("no opfuse pass pads channels")
+    assert no_pass["replace"] == "no opfuse pass replaces ReduceL2"
     doc = (FIXTURES.parents[2] / "docs" / "ADVISOR.md").read_text()
-    for key in SCHEMA_KEYS | UB_KEYS | L2_KEYS | OP_KEYS:
+    documented = (
+        SCHEMA_KEYS | TARGET_KEYS | GRAPH_KEYS | PROFILE_KEYS | STAT_KEYS | TOP_KEYS | UB_KEYS
+    )
+    documented |= ORT_KEYS | AIPP_KEYS | L2_KEYS | OP_KEYS | HINT_KEYS | HINT_KINDS
+    documented |= VERDICT_KEYS | GRAPH_FUSION_KEYS | REASON_KEYS
+    for key in documented:
         assert f"`{key}`" in doc, f"docs/ADVISOR.md does not document {key}"
 
 
-@pytest.mark.parametrize("pads", [[0, 0, 0, 0], [1, 1, 1, 1]])
-def test_aipp_section_names_the_normalization_chain(pads, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def aipp_model(pads: list[int]) -> onnx.ModelProto:
     n = helper.make_node
     inits = {
         "scale": np.full((1, 1, 1, 3), 1 / 127.5, np.float32),
@@ -263,8 +376,13 @@ def test_aipp_section_names_the_normalization_chain(pads, tmp_path) -> None:  # 
         n("Conv", ["t", "W"], ["y"], name="first_conv", pads=pads),
     ]
     side = 6 + 2 * pads[0]
+    return make_model(nodes, {"x": [1, 8, 8, 3]}, {"y": [1, 16, side, side]}, inits)
+
+
+@pytest.mark.parametrize("pads", [[0, 0, 0, 0], [1, 1, 1, 1]])
+def test_aipp_section_names_the_normalization_chain(pads, tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "aipp.onnx"
-    onnx.save(make_model(nodes, {"x": [1, 8, 8, 3]}, {"y": [1, 16, side, side]}, inits), path)
+    onnx.save(aipp_model(pads), path)
     times = {k: ("X", 1.0) for k in ("norm_mul", "norm_add", "to_nchw", "first_conv")}
     prof = write_json(tmp_path / "p.json", ort_profile(times, runs=1))
     report = advise(path, profile_path=prof, options=AdviseOptions(warmup=0))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from opfuse.advisor.graph import OpGraph
 from opfuse.advisor.profile import OpRecord
+from opfuse.advisor.trial import registered
 
 # op type -> (what to use instead, the opfuse pass that does it or None)
 REPLACEABLE: dict[str, tuple[str, str | None]] = {
@@ -18,6 +19,15 @@ REPLACEABLE: dict[str, tuple[str, str | None]] = {
     "Einsum": ("MatMul with Transpose/Reshape", None),
     "Upsample": ("Resize (Upsample is deprecated since opset 10)", None),
     "ReduceL2": ("Mul + ReduceSum + Sqrt", None),
+}
+
+
+# why a hint of this kind names no opfuse pass (the verdict's reason)
+NO_PASS = {
+    "alignment": "no opfuse pass pads channels (it would change the weights: pad or retrain "
+    "the model)",
+    "resize_align_corners": "no opfuse pass changes tensor sizes (they are the model's own)",
+    "fallback": "no opfuse pass moves operators between execution units",
 }
 
 
@@ -38,8 +48,20 @@ class Hint:
             "op_type": self.op_type,
             "message": self.message,
             "duration_us": round(self.duration_us, 3),
-            "opfuse": self.verdict or {"pass": self.opfuse_pass},
+            "opfuse": self.verdict or self.no_verdict(),
         }
+
+    def no_verdict(self) -> dict[str, object]:
+        """The verdict's full shape where no trial was run for this hint."""
+        if self.opfuse_pass is not None:
+            return {
+                "pass": self.opfuse_pass,
+                "available": self.opfuse_pass in registered(),
+                "fires": None,
+                "reason": "not tried",
+            }
+        reason = NO_PASS.get(self.kind, f"no opfuse pass replaces {self.op_type}")
+        return {"pass": None, "available": False, "fires": None, "reason": reason}
 
 
 def alignment_hints(g: OpGraph, times: dict[int, float], alignment: int) -> list[Hint]:
