@@ -10,9 +10,11 @@ import shutil
 import struct
 import subprocess
 
+import numpy as np
 import onnx
 import pytest
-from advisor_models import FIXTURES, SWISH_TIMES, ort_profile, swish_net, write_json
+from advisor_models import FIXTURES, SWISH_TIMES, make_model, ort_profile, swish_net, write_json
+from onnx import helper
 
 from opfuse.advisor.advise import AdviseOptions, advise
 from opfuse.advisor.html import render_html
@@ -80,3 +82,84 @@ def test_html_report_renders_in_chromium(source, tmp_path) -> None:  # type: ign
     png = shot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", png[16:24]) == (1200, 900)
+
+
+def many_groups(tmp_path):  # type: ignore[no-untyped-def]
+    """Eleven Conv+Relu groups of 10 us (110 us of that type) and one Conv+Tanh of 100 us:
+    the report lists the Conv+Relu type first, but the largest group is the Conv+Tanh."""
+    n = helper.make_node
+    w = {"W": np.ones((4, 4, 1, 1), np.float32)}
+    nodes, times, x = [], {}, "x"
+    for i in range(11):
+        nodes += [
+            n("Conv", [x, "W"], [f"c{i}"], name=f"conv{i}"),
+            n("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}"),
+        ]
+        times.update({f"conv{i}": ("Conv", 8.0), f"relu{i}": ("Relu", 2.0)})
+        x = f"r{i}"
+    nodes += [n("Conv", [x, "W"], ["ct"], name="conv_t"), n("Tanh", ["ct"], ["y"], name="tanh")]
+    times.update(conv_t=("Conv", 90.0), tanh=("Tanh", 10.0))
+    path = tmp_path / "many.onnx"
+    onnx.save(make_model(nodes, {"x": [1, 4, 2, 2]}, {"y": [1, 4, 2, 2]}, w), path)
+    prof = write_json(tmp_path / "p.json", ort_profile(times, runs=1, warmup_factor=1.0))
+    return advise(
+        path, profile_path=prof, options=AdviseOptions(warmup=0, compare_onnxruntime=False)
+    )
+
+
+def svg(page: str, start: str) -> str:
+    chart = page[page.index(start) :]
+    return chart[: chart.index("</svg>")]
+
+
+def test_chart_and_drawings_show_the_largest_groups(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    report = many_groups(tmp_path)
+    ub = report["ub_fusion"]
+    assert ub[0]["fusion_type"] == "Conv+Relu" and ub[-1]["fusion_type"] == "Conv+Tanh"
+    page = render_html(report, top=10)
+    chart = svg(page, 'id="group-chart"')
+    values = [float(v) for v in re.findall(r"<title>[^<]*: ([\d.]+) us</title>", chart)]
+    wanted = sorted((g["duration_us"] for g in ub), reverse=True)[:10]
+    assert values == pytest.approx(wanted) and values[0] == pytest.approx(100.0)
+    assert "Top 10 UB fusion groups by duration" in chart and "Conv+Tanh: conv_t" in chart
+    drawn = re.findall(r'<div class="group"><div><b>([^<]+)</b> ([\d.]+) us', page)
+    assert drawn[0] == ("Conv+Tanh", "100.0") and len(drawn) == 10
+
+
+def test_svg_ids_are_unique_and_markers_resolve(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    page = render_html(many_groups(tmp_path))
+    ids = re.findall(r'\sid="([^"]+)"', page)
+    assert len(ids) == len(set(ids))
+    for drawing in re.findall(r'<svg class="group-graph".*?</svg>', page):
+        (own,) = re.findall(r'<marker id="([^"]+)"', drawing)
+        assert set(re.findall(r"url\(#([^)]+)\)", drawing)) == {own}
+
+
+def test_empty_sections_say_so_as_the_text_report_does(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from io import StringIO
+
+    from rich.console import Console
+
+    from opfuse.advisor.report import render_text
+
+    n = helper.make_node
+    path = tmp_path / "lone.onnx"
+    onnx.save(
+        make_model([n("Softmax", ["x"], ["y"], name="soft")], {"x": [1, 4]}, {"y": [1, 4]}), path
+    )
+    prof = write_json(tmp_path / "p.json", ort_profile({"soft": ("Softmax", 1.0)}, runs=1))
+    report = advise(path, profile_path=prof, options=AdviseOptions(warmup=0))
+    assert not any(report[k] for k in ("ub_fusion", "aipp_fusion", "l2_fusion", "hints"))
+    page = render_html(report)
+    buf = StringIO()
+    render_text(report, Console(file=buf, width=200, color_system=None))
+    text = buf.getvalue()
+    for message in (
+        "No UB fusion group found.",
+        "No preprocessing chain in front of the first Conv.",
+        "No L2 fusion chain found.",
+        "No operator constraint hints.",
+    ):
+        assert message in text and f'<p class="empty">{message}</p>' in page
+    assert "Fusion Operator Detail" not in page  # no bare table header
+    assert page.count("<table>") == 2  # the op statistic and the slow nodes only

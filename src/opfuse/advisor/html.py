@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from opfuse.advisor.report import HINT_TITLES, ort_text, verdict_text
+from opfuse.advisor.report import EMPTY, HINT_TITLES, ort_text, verdict_text
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222}
@@ -68,16 +68,19 @@ def bar_chart(title: str, rows: Sequence[tuple[str, float, str]], chart_id: str)
     return "".join(parts)
 
 
-def group_graph(group: Mapping[str, Any]) -> str:
-    """The group's nodes left to right with the edges between them."""
+def group_graph(group: Mapping[str, Any], uid: int = 0) -> str:
+    """The group's nodes left to right with the edges between them; ``uid`` keeps the
+    arrow marker's id unique in the page."""
     types, names = group["op_types"], group["nodes"]
     box_w, box_h, gap = 110, 34, 40
     width = len(types) * (box_w + gap) - gap + 20
     height = box_h + 70
+    arrow = f"arrow-{uid}"
     parts = [
         f'<svg class="group-graph" xmlns="http://www.w3.org/2000/svg" width="{width}" '
-        f'height="{height}"><defs><marker id="arrow" markerWidth="8" markerHeight="8" refX="7" '
-        f'refY="4" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#555"/></marker></defs>'
+        f'height="{height}"><defs><marker id="{arrow}" markerWidth="8" markerHeight="8" '
+        f'refX="7" refY="4" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#555"/></marker>'
+        "</defs>"
     ]
     xs = [10 + i * (box_w + gap) for i in range(len(types))]
     y = 20
@@ -86,14 +89,14 @@ def group_graph(group: Mapping[str, Any]) -> str:
         if dst == src + 1:
             parts.append(
                 f'<line x1="{x1}" y1="{y + box_h / 2}" x2="{x2 - 2}" y2="{y + box_h / 2}" '
-                f'stroke="#555" marker-end="url(#arrow)"/>'
+                f'stroke="#555" marker-end="url(#{arrow})"/>'
             )
         else:  # skip edge drawn as an arc below the boxes
             mid = (xs[src] + xs[dst] + box_w) / 2
             parts.append(
                 f'<path d="M{xs[src] + box_w / 2},{y + box_h} Q{mid},{y + box_h + 40} '
                 f'{xs[dst] + box_w / 2},{y + box_h + 2}" fill="none" stroke="#555" '
-                f'marker-end="url(#arrow)"/>'
+                f'marker-end="url(#{arrow})"/>'
             )
     for x, op, name in zip(xs, types, names, strict=True):
         parts.append(
@@ -106,7 +109,12 @@ def group_graph(group: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+def _table(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], empty: str | None = None
+) -> str:
+    """A table, or the ``empty`` message (as the text report prints it) when no rows."""
+    if not rows and empty is not None:
+        return f'<p class="empty">{escape(empty)}</p>'
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = "".join(
         "<tr>"
@@ -137,12 +145,14 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
     for note in prof["notes"]:
         out.append(f'<p class="dim">note: {escape(note)}</p>')
     out.append("<h2>Op time</h2>")
+    # the report lists groups of one type together; the chart and drawings show the largest
+    largest = sorted(ub, key=lambda g: -g["duration_us"])[:top]
     out.append(
         bar_chart(
-            f"Top {min(top, len(ub))} UB fusion groups by duration",
+            f"Top {len(largest)} UB fusion groups by duration",
             [
                 (f"{g['fusion_type']}: {g['nodes'][0]}", g["duration_us"], _color(g["op_types"][0]))
-                for g in ub[:top]
+                for g in largest
             ],
             "group-chart",
         )
@@ -177,10 +187,10 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
         )
     )
     out.append("<h2>====UBModel====</h2>")
-    for g in ub[:top]:
+    for i, g in enumerate(largest):
         out.append(
             f'<div class="group"><div><b>{escape(g["fusion_type"])}</b> '
-            f"{g['duration_us']:.1f} us</div>{group_graph(g)}"
+            f"{g['duration_us']:.1f} us</div>{group_graph(g, i)}"
             f'<div class="dim">{escape(g["nodes"][0])}</div></div>'
         )
     out.append(
@@ -202,6 +212,7 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
                 )
                 for g in ub
             ],
+            EMPTY["ub_fusion"],
         )
     )
     out.append("<h2>====AippFusionModel====</h2>")
@@ -219,9 +230,12 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
                 )
                 for i, a in enumerate(report["aipp_fusion"], 1)
             ],
+            EMPTY["aipp_fusion"],
         )
     )
     out.append("<h2>====L2Model====</h2>")
+    if not report["l2_fusion"]:
+        out.append(f'<p class="empty">{escape(EMPTY["l2_fusion"])}</p>')
     for i, c in enumerate(report["l2_fusion"], 1):
         split = c["batch_split"]
         note = (
@@ -274,6 +288,7 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
                 )
                 for h in report["hints"]
             ],
+            EMPTY["hints"],
         )
     )
     if report["graph_fusion"]:

@@ -10,6 +10,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+# what a section says when it has nothing (text and HTML)
+EMPTY = {
+    "ub_fusion": "No UB fusion group found.",
+    "aipp_fusion": "No preprocessing chain in front of the first Conv.",
+    "l2_fusion": "No L2 fusion chain found.",
+    "hints": "No operator constraint hints.",
+    "graph_fusion": "No opfuse pass matched anything.",
+}
 HINT_TITLES = {
     "alignment": "Channels not aligned",
     "replace": "Replaceable operators",
@@ -125,7 +133,7 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
             "when the group is within its limits)."
         )
     else:
-        p("No UB fusion group found.")
+        p(EMPTY["ub_fusion"])
 
     p("")
     p("====AippFusionModel====")
@@ -150,7 +158,7 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
             "preprocessing (AIPP) or fold it into the first Conv."
         )
     else:
-        p("No preprocessing chain in front of the first Conv.")
+        p(EMPTY["aipp_fusion"])
 
     p("")
     p("====L2Model====")
@@ -189,11 +197,13 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
                 )
         p("Recommadation: 1. Open AOE (or let the runtime keep these intermediates in L2).")
     else:
-        p("No L2 fusion chain found.")
+        p(EMPTY["l2_fusion"])
 
-    if report["hints"]:
-        p("")
-        p("====Operator constraints====")
+    p("")
+    p("====Operator constraints====")
+    if not report["hints"]:
+        p(EMPTY["hints"])
+    else:
         by_kind: dict[str, list[Mapping[str, Any]]] = {}
         for h in report["hints"]:
             by_kind.setdefault(h["kind"], []).append(h)
