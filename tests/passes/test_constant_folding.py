@@ -82,8 +82,18 @@ def test_if_reading_a_non_constant_value_stays():
 def test_random_is_never_folded():
     m = model("r = RandomUniform<shape=[2,3], seed=1.0>()\n y = Add(x, r)")
     result = run_passes(m, PASS)
-    assert "Random ops are nondeterministic" in reasons(result, PASS)
+    assert "RandomUniform is nondeterministic" in reasons(result, PASS)
     assert op_types(m) == {"RandomUniform": 1, "Add": 1}
+
+
+def test_dropout_in_training_mode_on_a_constant_is_never_folded():
+    m = model(
+        "c = Constant<value=float[2,3] {1,2,3,4,5,6}>()\n r = Constant<value=float {0.5}>()\n"
+        " t = Constant<value=bool {1}>()\n d = Dropout(c, r, t)\n y = Add(x, d)"
+    )
+    result = run_passes(m, PASS)
+    assert "Dropout may be in training mode" in reasons(result, PASS)
+    assert op_types(m) == {"Dropout": 1, "Add": 1}
 
 
 def test_dequantize_linear_of_weights_is_never_folded():

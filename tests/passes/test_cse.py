@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
+import pytest
 
-from helpers import check_rule, effected, model_from_text, op_types
+from helpers import check_rule, effected, model_from_text, op_types, random_feeds, run_passes
 from opfuse.passes.cse import dedupe_initializers
 
 PASS = "CommonSubexpressionFusionPass"
@@ -31,13 +32,127 @@ def test_different_attributes_stay_apart():
     assert effected(result, PASS) == 0
 
 
-def test_random_ops_stay_apart():
-    m = model("a = RandomUniformLike(x)\n b = RandomUniformLike(x)\n y = Add(a, b)")
-    from helpers import run_passes
-
+@pytest.mark.parametrize("op", ["RandomUniformLike", "RandomNormalLike", "Bernoulli"])
+def test_random_ops_stay_apart(op):
+    m = model(f"p = Sigmoid(x)\n a = {op}(p)\n b = {op}(p)\n y = Add(a, b)")
     result = run_passes(m, PASS)
-    assert op_types(m)["RandomUniformLike"] == 2
+    assert op_types(m)[op] == 2
     assert effected(result, PASS) == 0
+
+
+def test_random_ops_without_inputs_stay_apart():
+    m = model(
+        "a = RandomUniform<shape=[2,3]>()\n b = RandomUniform<shape=[2,3]>()\n"
+        " c = Multinomial<sample_size=2>(x)\n d = Multinomial<sample_size=2>(x)\n"
+        " e = Add(a, b)\n y = Add(e, x)",
+        outputs="float[2,3] y, int32[2,2] c, int32[2,2] d",
+    )
+    result = run_passes(m, PASS)
+    assert op_types(m)["RandomUniform"] == 2 and op_types(m)["Multinomial"] == 2
+    assert effected(result, PASS) == 0
+
+
+def test_dropout_in_training_mode_stays_apart_in_inference_mode_merges():
+    training = model(
+        "r = Constant<value=float {0.5}>()\n t = Constant<value=bool {1}>()\n"
+        " a = Dropout(x, r, t)\n b = Dropout(x, r, t)\n y = Add(a, b)"
+    )
+    result = run_passes(training, PASS)
+    assert op_types(training)["Dropout"] == 2
+    assert effected(result, PASS, "common_subexpression") == 0
+    runtime_flag = model(
+        "r = Constant<value=float {0.5}>()\n a = Dropout(x, r, t)\n b = Dropout(x, r, t)\n"
+        " y = Add(a, b)",
+        inputs="float[2,3] x, bool t",
+    )
+    run_passes(runtime_flag, PASS)
+    assert op_types(runtime_flag)["Dropout"] == 2
+    inference = model("a = Dropout(x)\n b = Dropout(x)\n y = Add(a, b)")
+    optimized, _ = check_rule(inference, PASS)
+    assert op_types(optimized)["Dropout"] == 1
+
+
+def test_custom_domain_dropout_stays_apart():
+    m = model_from_text(
+        '<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>\n'
+        "g (float[2,3] x) => (float[2,3] y) {\n"
+        " a = com.microsoft.BitmaskDropout(x)\n b = com.microsoft.BitmaskDropout(x)\n"
+        " y = Add(a, b)\n}"
+    )
+    result = run_passes(m, PASS)
+    assert effected(result, PASS, "common_subexpression") == 0
+
+
+def test_float_attributes_of_opposite_zero_stay_apart():
+    m = model(
+        "a = Constant<value_float=0.0>()\n b = Constant<value_float=-0.0>()\n"
+        " p = Div(x, a)\n q = Div(x, b)\n y = Add(p, q)"
+    )
+    optimized, result = check_rule(m, PASS)
+    assert effected(result, PASS, "common_subexpression") == 0
+    assert op_types(optimized)["Constant"] == 2
+
+
+def test_duplicate_graph_outputs_keep_their_names():
+    m = model("a = Relu(x)\n b = Relu(x)", outputs="float[2,3] a, float[2,3] b")
+    optimized, result = check_rule(m, PASS)
+    assert effected(result, PASS, "common_subexpression") == 1
+    assert [v.name for v in optimized.graph.outputs] == ["a", "b"]
+    assert op_types(optimized) == {"Relu": 1, "Identity": 1}
+
+
+def if_model(branch_body: str) -> ir.Model:
+    return model_from_text(
+        f"{HEAD}\ng (float[2,3] x, bool c) => (float[2,3] y) {{\n"
+        " a = Relu(x)\n"
+        " t = If(c) <then_branch = g1 () => (float[2,3] o1) {\n"
+        f"{branch_body}\n"
+        " }, else_branch = g2 () => (float[2,3] o2) { o2 = Relu(x) }>\n"
+        " y = Add(a, t)\n}"
+    )
+
+
+def test_subgraph_duplicates_merge_reading_outer_values():
+    m = if_model(
+        " b1 = Relu(x)\n b2 = Relu(x)\n n1 = Neg(a)\n n2 = Neg(a)\n"
+        " s = Add(b1, b2)\n u = Add(n1, n2)\n o1 = Add(s, u)"
+    )
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)}
+    for c in (True, False):
+        optimized, result = check_rule(m, PASS, feeds={**feeds, "c": np.array(c)})
+    assert effected(result, PASS, "common_subexpression") == 2
+    # the main graph's Relu(x) and each branch's stay apart: different scopes
+    assert op_types(optimized) == {"Relu": 3, "Neg": 1, "Add": 4, "If": 1}
+
+
+def test_subgraph_merges_after_the_outer_graph_merged():
+    m = model_from_text(
+        f"{HEAD}\ng (float[2,3] x, bool c) => (float[2,3] y) {{\n"
+        " a1 = Relu(x)\n a2 = Relu(x)\n"
+        " t = If(c) <then_branch = g1 () => (float[2,3] o1) {\n"
+        "  n1 = Neg(a1)\n n2 = Neg(a2)\n o1 = Add(n1, n2)\n"
+        " }, else_branch = g2 () => (float[2,3] o2) { o2 = Abs(a2) }>\n"
+        " y = Add(a1, t)\n}"
+    )
+    optimized, result = check_rule(m, PASS, feeds={**random_feeds(m), "c": np.array(True)})
+    assert effected(result, PASS, "common_subexpression") == 2
+    assert op_types(optimized) == {"Relu": 1, "Neg": 1, "Add": 2, "Abs": 1, "If": 1}
+
+
+def test_loop_body_values_stay_apart_from_outer_ones():
+    m = model_from_text(
+        f"{HEAD}\ng (float[2,3] x, int64 n) => (float[2,3] y) {{\n"
+        " a = Neg(x)\n cond = Constant<value=bool {1}>()\n"
+        " y = Loop(n, cond, x) <body = body (int64 i, bool ci, float[2,3] v) =>"
+        " (bool co, float[2,3] vo) {\n"
+        "  co = Identity(ci)\n p = Neg(v)\n q = Neg(v)\n r = Neg(x)\n"
+        "  s = Add(p, q)\n w = Add(s, r)\n vo = Add(w, a)\n"
+        " }>\n}"
+    )
+    feeds = {**random_feeds(m), "n": np.array(3, np.int64)}
+    optimized, result = check_rule(m, PASS, feeds=feeds)
+    assert effected(result, PASS, "common_subexpression") == 1
+    assert op_types(optimized)["Neg"] == 3  # a, p (q merged into it), r
 
 
 def test_duplicate_initializers_are_deduplicated():

@@ -15,6 +15,8 @@ import onnx
 import onnx_ir as ir
 from onnx.reference import ReferenceEvaluator
 
+from opfuse.rewrite.pattern import const_array
+
 ORT_MAX_IR_VERSION = 10
 CACHE_LIMIT = 512
 
@@ -24,6 +26,42 @@ _cache: dict[tuple, tuple[Runner | None, Runner | None]] = {}
 
 class EvaluationError(Exception):
     pass
+
+
+# ops whose every run draws new random values: never folded, never merged by CSE
+NONDETERMINISTIC = frozenset(
+    {
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+    }
+)
+
+
+def nondeterministic(node: ir.Node, opset: int) -> str | None:
+    """Why two runs of ``node`` on the same inputs may differ, or None when they cannot:
+    a random op (a custom op whose name says random or dropout), or Dropout that may be in training mode (a training_mode input that is
+    not a constant false; before opset 7, is_test=0, the default)."""
+    if node.domain not in ("", "ai.onnx"):  # a custom op: judged by its name
+        random = ("Random", "Dropout", "Multinomial", "Bernoulli")
+        if any(word in node.op_type for word in random):
+            return f"{node.domain}.{node.op_type} may be nondeterministic"
+        return None
+    if node.op_type in NONDETERMINISTIC:
+        return f"{node.op_type} is nondeterministic"
+    if node.op_type != "Dropout":
+        return None
+    if opset < 7:
+        is_test = node.attributes.get("is_test")
+        return None if is_test is not None and is_test.value else "Dropout is in training mode"
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        training = const_array(node.inputs[2])
+        if training is None or training.size == 0 or bool(training.reshape(-1)[0]):
+            return "Dropout may be in training mode"
+    return None
 
 
 def _elem_type(value: ir.Value) -> int:

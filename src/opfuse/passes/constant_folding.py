@@ -2,7 +2,8 @@
 onnx's reference evaluator (onnxruntime when that fails), and Constant nodes become
 initializers. The shape rules of shape_arith run in the same pass.
 
-Never folded: nondeterministic ops (Random*, Multinomial, Bernoulli), DequantizeLinear
+Never folded: nondeterministic ops (Random*, Multinomial, Bernoulli, Dropout that may be
+in training mode: the set CSE never merges either), DequantizeLinear
 (folding it would store quantized weights as floats, four times the size), ops with
 subgraphs that read non-constant values from the enclosing graph, and results larger than
 ``--fold-size-limit`` bytes that are not paid for by the constant inputs they free.
@@ -17,19 +18,13 @@ import onnx
 import onnx_ir as ir
 
 from opfuse.graphs import all_graphs
-from opfuse.passes._evaluate import EvaluationError, evaluate
+from opfuse.passes._evaluate import EvaluationError, evaluate, nondeterministic
 from opfuse.passes.shape_arith import SHAPE_RULES
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Match, PassContext, Rule
 from opfuse.rewrite.pattern import const_array
 
-NEVER_FOLD = {
-    "RandomNormal": "Random ops are nondeterministic",
-    "RandomUniform": "Random ops are nondeterministic",
-    "RandomNormalLike": "Random ops are nondeterministic",
-    "RandomUniformLike": "Random ops are nondeterministic",
-    "Multinomial": "Multinomial is nondeterministic",
-    "Bernoulli": "Bernoulli is nondeterministic",
+NEVER_FOLD = {  # besides the nondeterministic ops (_evaluate.NONDETERMINISTIC, Dropout)
     "DequantizeLinear": "DequantizeLinear of a constant stays (quantized weights stay small)",
 }
 
@@ -158,6 +153,9 @@ class FoldRule(Rule):
     def check(self, m: Match, ctx: PassContext) -> str | None:
         assert isinstance(m, FoldMatch)
         node = m.root
+        random = nondeterministic(node, ctx.opset)
+        if random:
+            return random
         if node.op_type in NEVER_FOLD:
             return NEVER_FOLD[node.op_type]
         if _subgraphs(node) and any(const_array(v) is None for v in _outer_values(node)):

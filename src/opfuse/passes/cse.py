@@ -1,27 +1,30 @@
 """Common subexpressions and duplicate constants.
 
 Identical initializers (same dtype and shape, then same hash, then same bytes) become one;
-then nodes with the same op, attributes and inputs become one (onnx-ir's
-CommonSubexpressionEliminationPass: one hash-keyed sweep in topological order, so chains of
-duplicates merge in the same sweep). Both are linear in the size of the graph.
+then nodes with the same op, attributes and inputs become one: one hash-keyed sweep per
+graph in topological order, so chains of duplicates merge in the same sweep. The main
+graph goes first, then the If/Loop/Scan bodies (outermost first); a body's nodes merge
+only with nodes of the same body, and a value of an enclosing scope is one input like any
+other. Random ops and Dropout that may be in training mode are never merged (two draws
+stay two draws); nodes with subgraphs are not compared. Linear in the size of the graph.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import struct
 from collections import defaultdict
+from collections.abc import Hashable
 
 import onnx_ir as ir
-from onnx_ir.passes.common import CommonSubexpressionEliminationPass
 
+from opfuse.passes._evaluate import nondeterministic
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import PassContext
 from opfuse.rewrite.pattern import const_array
 
 CSE_CONSTANT_NODE_LIMIT = 64  # elements: Constant nodes up to this size are merged too
-
-
 CHUNK = 1 << 24  # bytes hashed or compared at a time: large weights are never copied whole
 
 
@@ -93,13 +96,94 @@ def dedupe_initializers(graph: ir.Graph) -> int:
     return dropped
 
 
+def _float_key(value: float) -> bytes:
+    return struct.pack("<d", value)  # -0.0 and 0.0 differ; NaN equals the same NaN
+
+
+def _attribute_key(a: ir.Attr) -> Hashable | None:
+    """A hashable stand-in for the attribute's value; None: do not compare the node."""
+    if a.is_ref():
+        return ("ref", a.ref_attr_name)
+    value = a.value
+    t = a.type
+    if t == ir.AttributeType.FLOAT:
+        return _float_key(value)
+    if t == ir.AttributeType.FLOATS:
+        return tuple(map(_float_key, value))
+    if t in (ir.AttributeType.INT, ir.AttributeType.STRING):
+        return value
+    if t in (ir.AttributeType.INTS, ir.AttributeType.STRINGS):
+        return tuple(value)
+    if t in (ir.AttributeType.TENSOR, ir.AttributeType.TENSORS):
+        tensors = [value] if t == ir.AttributeType.TENSOR else list(value)
+        if sum(x.size for x in tensors) > CSE_CONSTANT_NODE_LIMIT:
+            return None  # weights: dedupe_initializers compares them once they are initializers
+        arrays = [x.numpy() for x in tensors]
+        return tuple((x.shape, x.dtype.str, x.tobytes()) for x in arrays)
+    if t in (ir.AttributeType.TYPE_PROTO, ir.AttributeType.TYPE_PROTOS):
+        return repr(value)
+    return None  # graphs, sparse tensors: not compared
+
+
+def _node_key(node: ir.Node, opset: int) -> Hashable | None:
+    if nondeterministic(node, opset):
+        return None
+    attributes = []
+    for name, a in node.attributes.items():
+        key = _attribute_key(a)
+        if key is None:
+            return None
+        attributes.append((name, int(a.type), key))
+    return (
+        node.op_identifier(),
+        len(node.outputs),
+        tuple(id(v) if v is not None else None for v in node.inputs),
+        tuple(sorted(attributes)),
+    )
+
+
+def _merge(graph: ir.Graph, node: ir.Node, kept: ir.Node) -> None:
+    """Make ``node``'s readers read ``kept``'s outputs, then remove ``node``."""
+    for old, new in zip(node.outputs, kept.outputs, strict=True):
+        if old.is_graph_output():
+            if new.is_graph_output() or new.is_graph_input():
+                # one value cannot be two graph outputs: an Identity keeps the name
+                identity = ir.node("Identity", [new])
+                out = identity.outputs[0]
+                out.type, out.shape = old.type, old.shape
+                name, old.name = old.name, None
+                graph.insert_before(node, identity)
+                old.replace_all_uses_with(out, replace_graph_outputs=True)
+                out.name = name
+                continue
+            name, old.name = old.name, None
+            new.name = name  # the graph output keeps its name; callers read it by name
+        old.replace_all_uses_with(new, replace_graph_outputs=True)
+    graph.remove(node, safe=True)
+
+
+def merge_common_subexpressions(graph: ir.Graph, opset: int) -> int:
+    """Merge the duplicate nodes of one graph (not its subgraphs); return how many went."""
+    seen: dict[Hashable, ir.Node] = {}
+    merged = 0
+    for node in list(graph):
+        key = _node_key(node, opset)
+        if key is None:
+            continue
+        kept = seen.get(key)
+        if kept is None:
+            seen[key] = node
+            continue
+        _merge(graph, node, kept)
+        merged += 1
+    return merged
+
+
 def eliminate_common_subexpressions(ctx: PassContext) -> None:
     dropped = sum(dedupe_initializers(g) for g in ctx.graphs())
     if dropped:
         ctx.record("duplicate_initializers", dropped, dropped)
-    before = len(ctx.model.graph)  # onnx-ir's pass works on the main graph only
-    CommonSubexpressionEliminationPass(size_limit=CSE_CONSTANT_NODE_LIMIT)(ctx.model)
-    merged = before - len(ctx.model.graph)
+    merged = sum(merge_common_subexpressions(g, ctx.opset) for g in list(ctx.graphs()))
     if merged:
         ctx.record("common_subexpression", merged, merged)
 
