@@ -106,18 +106,22 @@ def optimize_model(
     enable: Iterable[str] = (),
     disable: Iterable[str] = (),
     options: Options | None = None,
+    shapes_inferred: bool = False,
 ) -> OptimizeResult:
     """Run the enabled passes on ``model`` in place until nothing changes.
 
     With ``options.target_opset`` the model is first converted with onnx's version
     converter (never otherwise: a model's opset is the user's choice).
+    ``shapes_inferred``: the loader already ran shape inference (``io.load_model(infer=True)``).
     """
     start = time.perf_counter()
     options = options or Options()
     passes, warnings = select_passes(switch_table, enable, disable)
     log = EffectLog()
     if options.target_opset is not None:
-        model = convert_opset(model, options.target_opset)
+        converted = convert_opset(model, options.target_opset)
+        shapes_inferred = shapes_inferred and converted is model
+        model = converted
     ctx = PassContext(model, options, log)
     asked = set(enable) | {
         name for entries in (switch_table or {}).values() for name, on in entries.items() if on
@@ -137,7 +141,8 @@ def optimize_model(
         model, log, [p.name for p in runnable], warnings=warnings, skipped=skipped, notes=ctx.notes
     )
     result.before = op_counts(model)
-    infer_shapes(model)
+    if not shapes_inferred:
+        infer_shapes(model)
     for round_no in range(1, MAX_ROUNDS + 1):
         result.rounds = round_no
         before = log.effected()
@@ -185,7 +190,7 @@ def optimize_file(
         switch_table = parse_switch_file(fusion_switch_file)
     # validate the switches before the (possibly long) load
     select_passes(switch_table, enable, disable, where=str(fusion_switch_file or "switch file"))
-    model = io.load_model(input_path)
+    model = io.load_model(input_path, infer=True)
     external = io.has_external_data(model) or None  # keep external data external
     try:
         result = optimize_model(
@@ -194,6 +199,7 @@ def optimize_file(
             enable=enable,
             disable=disable,
             options=options,
+            shapes_inferred=True,
         )
     except OpfuseError as exc:  # e.g. --inputs/--outputs naming no tensor: name the file
         if str(input_path) in str(exc):

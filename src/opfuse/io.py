@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 
 from opfuse.errors import OpfuseError
 from opfuse.graphs import all_graphs
+from opfuse.shapes import infer_proto
 
 MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -122,9 +123,14 @@ def default_opset(proto: onnx.ModelProto) -> int | None:
     return None
 
 
-def load_model(path: str | os.PathLike[str]) -> ir.Model:
-    """Load a checked model into onnx-ir; external tensors stay lazy (memory-mapped)."""
+def load_model(path: str | os.PathLike[str], *, infer: bool = False) -> ir.Model:
+    """Load a checked model into onnx-ir; external tensors stay lazy (memory-mapped).
+
+    ``infer``: run shape inference on the parsed protobuf first, so the values arrive
+    typed and shaped without serializing the model back for it."""
     proto, _ = read_proto(path)
+    if infer:
+        proto = infer_proto(proto)
     model = ir.serde.deserialize_model(proto)
     ir.external_data.set_base_dir(model.graph, os.path.dirname(os.path.abspath(path)))
     return model

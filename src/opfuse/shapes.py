@@ -22,6 +22,16 @@ except ImportError:  # pragma: no cover - older or newer onnx-ir
 logger = logging.getLogger(__name__)
 
 
+def infer_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` with inferred value_info (the loader's first inference: no IR round
+    trip); on failure, ``proto`` as it was."""
+    try:
+        return onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    except Exception as exc:  # onnx raises InferenceError, RuntimeError, ValueError
+        logger.info("shape inference failed, shapes left as they are: %s", exc)
+        return proto
+
+
 def infer_shapes(model: ir.Model) -> None:
     """Fill missing or partial shapes and dtypes of the graph's values (subgraphs too)
     in place.
