@@ -437,3 +437,43 @@ def test_layer_norm_scale_not_folded(body, outputs, reason):
     optimized, result = check_rule(model, LN)
     assert op_types(optimized)["Mul"] == 1
     assert reason in reasons(result, LN)
+
+
+@pytest.mark.parametrize(
+    "pass_name,tail,op,root",
+    [
+        (LN, "y = Mul(n, g3)", "LayerNormalization", "Mul"),
+        (LN, "gm = Mul(n, gamma)\n y = Add(gm, g3)", "LayerNormalization", "Add"),
+        (RMS, "y = Mul(n, g3)", "RMSNormalization", "Mul"),
+    ],
+)
+def test_norm_affine_constant_that_raises_the_rank_is_kept(pass_name, tail, op, root):
+    # x is [4, H]; a [1, 1, H] constant broadcasts the output up to [1, 4, H]: folded
+    # into the norm (whose output has x's shape) it would drop that leading dim
+    num = "d" if pass_name == LN else "x"
+    centered = "mean = ReduceMean(x, ax)\n d = Sub(x, mean)" if pass_name == LN else ""
+    inits = {"g3": rng.standard_normal((1, 1, H)).astype(np.float32)}
+    if "gamma" in tail:
+        inits["gamma"] = affine()["gamma"]
+    model = model_from_text(
+        f"""
+        <ir_version: 10, opset_import: ["" : 23]>
+        g (float[4,{H}] x) => (float[1,4,{H}] y) {{
+          ax = Constant<value = int64[1] {{-1}}>()
+          eps = Constant<value = float {{1e-5}}>()
+          {centered}
+          q = Mul({num}, {num})
+          var = ReduceMean(q, ax)
+          ve = Add(var, eps)
+          s = Sqrt(ve)
+          n = Div({num}, s)
+          {tail}
+        }}""",
+        inits,
+    )
+    optimized, result = check_rule(model, pass_name)
+    ops = op_types(optimized)
+    assert ops[op] == 1 and ops[root] == 1
+    assert f"the {root} constant has a higher rank than the {op} input" in " ".join(
+        reasons(result, pass_name)
+    )

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from opfuse.passes._util import attr, scalar_value
+from opfuse.passes._util import attr, rank, scalar_value
 from opfuse.passes.softmax import producer, reduce_axes
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Match, Op, Optional, PassContext, Rule, Var
@@ -228,14 +228,13 @@ class RMSNormRule(NormRule):
     centered = False
 
 
-def broadcast_param(
-    array: np.ndarray, shape: tuple[int, ...], out_rank: int | None
-) -> np.ndarray | None:
+def broadcast_param(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
     """``array`` as a tensor of ``shape`` (the normalized dims) when, multiplied into or
-    added to the normalized output, it only varies along those dims; else None."""
+    added to the normalized output, it only varies along those dims; else None. (Its
+    rank against the norm's input is checked apart.)"""
     k = len(shape)
     lead = array.shape[: max(0, array.ndim - k)]
-    if any(d != 1 for d in lead) or (lead and (out_rank is None or array.ndim > out_rank)):
+    if any(d != 1 for d in lead):
         return None
     tail = array.reshape(array.shape[len(lead) :])
     try:
@@ -265,15 +264,21 @@ class NormAffineRule(Rule):
             return f"{self.op_type} already has a bias"
         if m.root.op_type == "Mul" and not np.all(m["scale"] == 1):
             return f"{self.op_type} scale is not all ones"
-        shape = m.root.outputs[0].shape
-        if broadcast_param(m["p"], m["scale"].shape, None if shape is None else len(shape)) is None:
+        # the norm's output has x's shape: a constant of higher rank broadcasts the
+        # Mul/Add output up, which the fused norm would not
+        p, x_rank = m["p"], rank(m.value("x"))
+        if p.ndim > m["scale"].ndim and (x_rank is None or p.ndim > x_rank):
+            return (
+                f"the {m.root.op_type} constant has a higher rank than the {self.op_type} "
+                "input (it broadcasts the output up)"
+            )
+        if broadcast_param(p, m["scale"].shape) is None:
             return f"the {m.root.op_type} constant varies outside the normalized dims"
         return None
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
         norm = m.node("norm")
-        shape = m.root.outputs[0].shape
-        p = broadcast_param(m["p"], m["scale"].shape, None if shape is None else len(shape))
+        p = broadcast_param(m["p"], m["scale"].shape)
         assert p is not None
         base = norm.name or self.op_type
         if m.root.op_type == "Mul":
