@@ -132,6 +132,94 @@ def test_large_result_folds_when_it_frees_as_much():
     assert effected(result, PASS, "fold") == 1
 
 
+def expand_model(shape: str = "c") -> ir.Model:
+    """Add(x, Expand(0.5, [256, 512])): a 177-byte model whose fold would store 512 KiB."""
+    return model(
+        "h = Constant<value=float {0.5}>()\n c = Constant<value=int64[2] {256,512}>()\n"
+        f"{'' if shape == 'c' else ' s = Abs(c)'}\n e = Expand(h, {shape})\n y = Add(x, e)",
+        inputs="float[256,512] x",
+        outputs="float[256,512] y",
+    )
+
+
+@pytest.mark.parametrize("shape", ["c", "s"])  # s: the Expand's shape is known only once Abs folds
+def test_expand_that_would_grow_the_model_is_not_folded(shape, tmp_path):
+    src, out = tmp_path / "expand.onnx", tmp_path / "expand.opt.onnx"
+    ir.save(expand_model(shape), src)
+    result = optimize_file(src, out)
+    assert result.verify is not None and result.verify.ok
+    assert out.stat().st_size <= src.stat().st_size
+    assert any("would grow the model by 524268 bytes" in r for r in reasons(result, PASS))
+    assert "Expand" in {n.op_type for n in onnx.load(str(out)).graph.node}
+
+
+def test_a_result_refused_for_its_size_is_never_evaluated(monkeypatch):
+    from opfuse.passes import constant_folding
+
+    evaluated = []
+    real = constant_folding.evaluate
+
+    def spy(node, *args, **kwargs):
+        evaluated.append(node.op_type)
+        return real(node, *args, **kwargs)
+
+    monkeypatch.setattr(constant_folding, "evaluate", spy)
+    m = expand_model("s")
+    run_passes(m, PASS)
+    assert evaluated == ["Abs"]  # the Expand's output shape was unknown before Abs folded
+    assert op_types(m) == {"Expand": 1, "Add": 1}
+
+
+def test_an_op_sized_by_its_input_values_is_not_evaluated_unsized(monkeypatch):
+    from opfuse.passes import constant_folding
+
+    monkeypatch.setattr(constant_folding, "output_bytes", lambda *a: None)
+    m = model(
+        "c = Constant<value=int64[2] {2,3}>()\n s = Abs(c)\n"
+        " z = ConstantOfShape<value=float[1] {2}>(s)\n y = Add(x, z)"
+    )
+    optimized, result = check_rule(m, PASS)
+    assert "result size unknown before evaluation" in reasons(result, PASS)
+    # the round's shape inference then sized it (2x3 floats): folded in the next round
+    assert op_types(optimized) == {"Add": 1}
+
+
+def test_small_growth_folds_and_the_allowance_is_per_result():
+    # 2x3 floats from an 8-byte shape: 16 bytes of growth, within the allowance
+    m = model(
+        "c = Constant<value=int64[2] {2,3}>()\n z = ConstantOfShape<value=float[1] {2}>(c)"
+        "\n y = Add(x, z)"
+    )
+    optimized, _ = check_rule(m, PASS)
+    assert op_types(optimized) == {"Add": 1}
+    # 2048 floats (8 KiB) from a 16-byte shape: over the 4 KiB allowance though under the limit
+    m = model(
+        "c = Constant<value=int64[2] {2,1024}>()\n z = ConstantOfShape<value=float[1] {2}>(c)\n"
+        " y = Add(x, z)",
+        inputs="float[2,1] x",
+        outputs="float[2,1024] y",
+    )
+    optimized, result = check_rule(m, PASS)
+    assert any(
+        "would grow the model by 8176 bytes (more than 4096)" in r for r in reasons(result, PASS)
+    )
+    assert op_types(optimized) == {"ConstantOfShape": 1, "Add": 1}
+
+
+def test_large_result_of_a_shared_weight_is_not_folded():
+    # the Transpose frees nothing: w stays for its other reader, so the fold would add 8 KiB
+    w = np.arange(2048, dtype=np.float32).reshape(32, 64)
+    m = model(
+        "t = Transpose<perm=[1,0]>(w)\n a = MatMul(x, t)\n b = MatMul(a, w)\n y = Relu(b)",
+        inputs="float[2,64] x",
+        outputs="float[2,64] y",
+        inits={"w": w},
+    )
+    optimized, result = check_rule(m, PASS)
+    assert any("would grow the model" in r for r in reasons(result, PASS))
+    assert op_types(optimized)["Transpose"] == 1
+
+
 def test_evaluation_failure_is_a_reason():
     m = ir.from_onnx_text(
         f"{HEAD}\ng (float[2,3] x) => (float[2,3] y) {{\n"

@@ -19,6 +19,7 @@ from opfuse.rewrite.pattern import const_array
 
 ORT_MAX_IR_VERSION = 10
 CACHE_LIMIT = 512
+SHAPE_DATA_LIMIT = 1024  # elements: integer inputs up to this size reach shape inference
 
 Runner = Callable[[dict[str, np.ndarray]], list[object]]
 _cache: dict[tuple, tuple[Runner | None, Runner | None]] = {}
@@ -213,3 +214,49 @@ def evaluate(
             return results
         errors.append(f"{make.__name__.lstrip('_')}: result type or shape differs")
     raise EvaluationError("; ".join(errors))
+
+
+def output_bytes(node: ir.Node, arrays: Sequence[np.ndarray | None], model: ir.Model) -> int | None:
+    """The node's output bytes on ``arrays`` by onnx's shape inference, before any
+    evaluation (small integer inputs are given as values, so Expand, Tile, Range and
+    ConstantOfShape are sized by them); None when a dim stays unknown."""
+    try:
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        opset = model.opset_imports.get(domain, model.opset_imports.get("ai.onnx", 1))
+        schema = onnx.defs.get_schema(node.op_type, opset, domain)
+        proto = ir.serde.serialize_node(node)
+        types, data = {}, {}
+        for i, array in enumerate(arrays):
+            if array is None or not proto.input[i]:
+                proto.input[i] = ""
+                continue
+            proto.input[i] = name = f"i{i}"
+            elem = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
+            types[name] = onnx.helper.make_tensor_type_proto(elem, array.shape)
+            if array.dtype.kind in "iu" and array.size <= SHAPE_DATA_LIMIT:
+                data[name] = onnx.numpy_helper.from_array(array, name)
+        for j, out in enumerate(proto.output):
+            if out:
+                proto.output[j] = f"o{j}"
+        opsets = [onnx.helper.make_opsetid(d, v) for d, v in model.opset_imports.items()]
+        inferred = onnx.shape_inference.infer_node_outputs(
+            schema, proto, types, input_data=data, opset_imports=opsets
+        )
+    except Exception:  # no schema, an inference error, a dtype onnx cannot name
+        return None
+    total = 0.0
+    for out in proto.output:
+        if not out:
+            continue
+        t = inferred.get(out)
+        if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+            return None
+        dims = t.tensor_type.shape.dim
+        if not all(d.HasField("dim_value") for d in dims):
+            return None
+        try:
+            itemsize = ir.DataType(t.tensor_type.elem_type).itemsize
+        except ValueError:
+            return None
+        total += int(np.prod([d.dim_value for d in dims], dtype=np.int64)) * itemsize
+    return int(np.ceil(total))

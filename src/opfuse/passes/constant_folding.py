@@ -2,11 +2,18 @@
 onnx's reference evaluator (onnxruntime when that fails), and Constant nodes become
 initializers. The shape rules of shape_arith run in the same pass.
 
+Size rule: a fold whose result is no larger than the constant inputs only it reads (which
+go with it) always happens (a transposed weight); otherwise the result must fit
+``--fold-size-limit`` and grow the model by at most FOLD_GROWTH_ALLOWANCE (4 KiB) bytes.
+The result is sized before it is evaluated (inferred shapes, else onnx's shape inference
+on the constant inputs), so a result refused for its size is never built; an op whose
+output size is set by input values (Expand, Tile, Range, ConstantOfShape, Pad, ...) is
+not evaluated at all when its size cannot be inferred.
+
 Never folded: nondeterministic ops (Random*, Multinomial, Bernoulli, Dropout that may be
 in training mode: the set CSE never merges either), DequantizeLinear
 (folding it would store quantized weights as floats, four times the size), ops with
-subgraphs that read non-constant values from the enclosing graph, and results larger than
-``--fold-size-limit`` bytes that are not paid for by the constant inputs they free.
+subgraphs that read non-constant values from the enclosing graph.
 """
 
 from __future__ import annotations
@@ -18,11 +25,37 @@ import onnx
 import onnx_ir as ir
 
 from opfuse.graphs import all_graphs
-from opfuse.passes._evaluate import EvaluationError, evaluate, nondeterministic
+from opfuse.passes._evaluate import EvaluationError, evaluate, nondeterministic, output_bytes
 from opfuse.passes.shape_arith import SHAPE_RULES
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Match, PassContext, Rule
 from opfuse.rewrite.pattern import const_array
+
+FOLD_GROWTH_ALLOWANCE = 4096  # bytes one fold may add to the model (shape-sized results)
+
+# ops whose output size is set by input values, not input shapes: never evaluated before
+# shape inference has sized their result
+SIZED_BY_VALUES = frozenset(
+    {
+        "BlackmanWindow",
+        "CenterCropPad",
+        "Col2Im",
+        "ConstantOfShape",
+        "DFT",
+        "Expand",
+        "HammingWindow",
+        "HannWindow",
+        "MaxUnpool",
+        "MelWeightMatrix",
+        "OneHot",
+        "Pad",
+        "Range",
+        "Resize",
+        "STFT",
+        "Tile",
+        "Upsample",
+    }
+)
 
 NEVER_FOLD = {  # besides the nondeterministic ops (_evaluate.NONDETERMINISTIC, Dropout)
     "DequantizeLinear": "DequantizeLinear of a constant stays (quantized weights stay small)",
@@ -66,14 +99,17 @@ def _outer_values(node: ir.Node) -> list[ir.Value]:
     return outer
 
 
-def _freed_bytes(node: ir.Node) -> int:
+def _freed_bytes(node: ir.Node, arrays: list[np.ndarray | None]) -> int:
     """Bytes of the constant inputs that only this node reads (folding drops them)."""
     total = 0
-    for v in {id(v): v for v in node.inputs if v is not None}.values():
+    seen: set[int] = set()
+    for v, array in zip(node.inputs, arrays, strict=True):
+        if v is None or array is None or id(v) in seen:
+            continue
+        seen.add(id(v))
         users = {id(u) for u, _ in v.uses()}
         if users == {id(node)} and not v.is_graph_output():
-            array = const_array(v)
-            total += 0 if array is None else array.nbytes
+            total += array.nbytes
     return total
 
 
@@ -161,12 +197,18 @@ class FoldRule(Rule):
         if _subgraphs(node) and any(const_array(v) is None for v in _outer_values(node)):
             return "a subgraph reads non-constant values"
         limit = ctx.options.fold_size_limit
-        freed = _freed_bytes(node)
+        freed = _freed_bytes(node, m.arrays)
         sizes = [_static_bytes(out) for out in node.outputs]
         if all(s is not None for s in sizes):
-            reason = _size_reason(sum(s or 0 for s in sizes), freed, limit)
+            size: int | None = sum(s or 0 for s in sizes)
+        else:  # sized before evaluating: a huge result is refused before it is built
+            size = output_bytes(node, m.arrays, ctx.model)
+        if size is not None:
+            reason = _size_reason(size, freed, limit)
             if reason:
                 return reason
+        elif node.op_type in SIZED_BY_VALUES:
+            return "result size unknown before evaluation"
         try:
             m.results = evaluate(node, m.arrays, ctx.model, _outer_arrays(node))
         except EvaluationError as exc:
@@ -191,10 +233,18 @@ def _outer_arrays(node: ir.Node) -> dict[str, np.ndarray]:
 
 
 def _size_reason(out_bytes: int, freed: int, limit: int) -> str | None:
-    """Fold when the result fits the limit or frees at least its own size."""
-    if out_bytes <= limit or out_bytes <= freed:
+    """Fold when the result is no larger than the constant inputs it frees, or when it
+    fits --fold-size-limit and grows the model by at most FOLD_GROWTH_ALLOWANCE bytes."""
+    if out_bytes <= freed:
         return None
-    return f"result of {out_bytes} bytes exceeds --fold-size-limit {limit}"
+    if out_bytes > limit:
+        return f"result of {out_bytes} bytes exceeds --fold-size-limit {limit}"
+    if out_bytes - freed > FOLD_GROWTH_ALLOWANCE:
+        return (
+            f"result of {out_bytes} bytes would grow the model by {out_bytes - freed} bytes "
+            f"(more than {FOLD_GROWTH_ALLOWANCE})"
+        )
+    return None
 
 
 register(
@@ -204,10 +254,12 @@ register(
         "evaluator); Constant nodes become initializers; Shape arithmetic on static dims "
         "folds and Shape->Gather->Unsqueeze->Concat->Reshape chains become a constant shape",
         rules=(ConstantNodeRule(), FoldRule(), *SHAPE_RULES),
-        note="A folded node's result may be at most --fold-size-limit bytes (default 1 MiB) "
-        "unless it is no larger than the constant inputs it frees. Never folded: Random*, "
-        "Multinomial, Bernoulli, DequantizeLinear (keeps quantized weights small), ops whose "
-        "subgraphs read non-constant values. A Reshape shape rebuilt with -1 differs from the "
-        "original only on empty tensors.",
+        note="Size rule (a fold never makes the model meaningfully bigger): a result no larger "
+        "than the constant inputs only its node reads always folds; any other result must fit "
+        "--fold-size-limit (default 1 MiB) and grow the model by at most 4 KiB per node; "
+        "results are sized before they are evaluated. Never folded: Random*, Multinomial, "
+        "Bernoulli, Dropout that may be in training mode, DequantizeLinear (keeps quantized "
+        "weights small), ops whose subgraphs read non-constant values. A Reshape shape "
+        "rebuilt with -1 differs from the original only on empty tensors.",
     )
 )
