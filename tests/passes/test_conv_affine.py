@@ -63,6 +63,9 @@ MM_OUT = f"float[3,{C}] y"
         (f"{CONV}\ny = Mul(c_chw, h)", None, None, {"Conv": 1}),
         ("h = Conv(x, w)\ny = Mul(h, two)", None, None, {"Conv": 1}),
         (f"{CONV}\ny = Div(h, c_nchw)", None, None, {"Conv": 1}),
+        (f"{CONV}\ny = Sub(c_nchw, h)", None, None, {"Conv": 1}),  # c - L(x): s = -1
+        ("h = Conv(x, w)\ny = Sub(two, h)", None, None, {"Conv": 1}),
+        ("h = Gemm<transB=1>(x, wn, bm)\ny = Sub(c_vec, h)", MM_IN, MM_OUT, {"Gemm": 1}),
         (
             "h = ConvTranspose<group=1>(x, wt)\ny = Mul(h, c_vec2)",
             None,
@@ -255,8 +258,21 @@ def test_mul_before_layer_refused(body, inputs, reason):
     assert reason in reasons(result, MUL)
 
 
-def test_add_before_a_padded_conv_is_not_folded():
-    # conv(pad(x + c)) != conv(pad(x)) + conv(c): the border holds 0, not c
-    model = build("s = Add(x, c_in)\ny = Conv<pads=[1,1,1,1]>(s, w, b)")
-    optimized, result = check_rule(model, MUL, ADD, GEMM)
-    assert op_types(optimized) == {"Add": 1, "Conv": 1}
+AIPP = "AippFusionPass"
+
+
+@pytest.mark.parametrize("pads,folded", [("[1,1,1,1]", False), ("[0,0,0,0]", True)])
+def test_add_before_a_padded_conv_is_not_folded(pads, folded):
+    # conv(pad(x + c)) != conv(pad(x)) + conv(c): the border holds 0, not c. The pass that
+    # matches an Add before a Conv is AippFusionPass (from a graph input); without
+    # padding it folds the Add into the bias, so the padded case is a real refusal
+    model = build(f"s = Add(x, c_in)\ny = Conv<pads={pads}>(s, w, b)")
+    optimized, result = check_rule(model, MUL, ADD, GEMM, AIPP)
+    assert effected(result, MUL) == effected(result, ADD) == effected(result, GEMM) == 0
+    if folded:
+        assert op_types(optimized) == {"Conv": 1}
+        assert effected(result, AIPP, "aipp_conv") == 1
+    else:
+        assert op_types(optimized) == {"Add": 1, "Conv": 1}
+        assert effected(result, AIPP) == 0
+        assert any(r.startswith("Conv pads with zeros") for r in reasons(result, AIPP))
