@@ -144,3 +144,29 @@ def test_non_constant_bias_stays_apart():
     result = run_passes(model, PASS)
     assert effected(result, PASS) == 0
     assert "Conv bias is not constant" in reasons(result, PASS)
+
+
+def test_each_sibling_left_out_gets_a_reason_when_others_merge():
+    # c1 and c2 merge; c3 (3x3) and c4 (stride 2) match no sibling: a reason for each
+    inits = weights(w1=(4, 3, 1, 1), w2=(2, 3, 1, 1), w3=(3, 3, 3, 3), w4=(2, 3, 1, 1))
+    model = model_from_text(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1,3,6,6] x) => (float[1,4,6,6] c1, float[1,2,6,6] c2,
+                                 float[1,3,6,6] c3, float[1,2,3,3] c4) {
+          c1 = Conv(x, w1)
+          c2 = Conv(x, w2)
+          c3 = Conv<pads=[1,1,1,1]>(x, w3)
+          c4 = Conv<strides=[2,2]>(x, w4)
+        }""",
+        inits,
+    )
+    for node in model.graph:
+        node.name = node.outputs[0].name
+    optimized, result = check_rule(model, PASS)
+    assert op_types(optimized) == {"Conv": 3, "Split": 1}
+    assert effected(result, PASS) == 1
+    (stats,) = [s for s in result.log if s.pass_name == PASS]
+    assert {"c3", "c4"} <= set(
+        stats.examples["sibling Convs differ in kernel, strides, pads or dilations"]
+    )

@@ -29,6 +29,7 @@ from opfuse.rewrite.builder import NameScope
 from opfuse.rewrite.pattern import DEFAULT_DOMAINS, const_array
 
 PATTERN = "conv_concat"
+DIFFER = "sibling Convs differ in kernel, strides, pads or dilations"
 
 
 def conv_key(conv: ir.Node, w: np.ndarray) -> tuple:
@@ -182,10 +183,9 @@ def fuse_sibling_convs(ctx: PassContext) -> None:
                 weights[id(conv)] = (w, b)
                 by_key[conv_key(conv, w)].append(conv)
             groups = [g for g in by_key.values() if len(g) > 1]
-            if not groups and len(weights) > 1:
-                ctx.reason(
-                    PATTERN, "sibling Convs differ in kernel, strides, pads or dilations", convs[0]
-                )
+            if len(weights) > 1:  # each mergeable Conv that no sibling matches
+                for alone in (g[0] for g in by_key.values() if len(g) == 1):
+                    ctx.reason(PATTERN, DIFFER, alone)
             for group in groups:
                 merger.merge(graph, group, weights)
                 ctx.record(PATTERN, effected=1)
