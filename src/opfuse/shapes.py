@@ -63,7 +63,7 @@ def infer_shapes(model: ir.Model) -> None:
         tensor_type = info.type.tensor_type
         if tensor_type.elem_type and value.dtype is None:
             value.dtype = ir.DataType(tensor_type.elem_type)
-        if tensor_type.HasField("shape") and not _fully_static(value.shape):
+        if tensor_type.HasField("shape") and _may_know_more(tensor_type.shape, value.shape):
             shape = ir.serde.deserialize_type_proto_for_shape(info.type)
             if shape is not None and (value.shape is None or _more_known(shape, value.shape)):
                 value.shape = shape
@@ -82,9 +82,16 @@ def _value_infos(graph: onnx.GraphProto):
                 yield from _value_infos(sub)
 
 
-def _fully_static(shape: ir.Shape | None) -> bool:
-    """A shape inference cannot improve (every dim a known integer)."""
-    return shape is not None and all(isinstance(d, int) for d in shape)
+def _may_know_more(inferred: onnx.TensorShapeProto, shape: ir.Shape | None) -> bool:
+    """Whether the inferred shape knows more integer dims than ``shape``, counted on the
+    protobuf without building an ir.Shape (most values are already as known)."""
+    if shape is None:
+        return True
+    dims = inferred.dim
+    if len(dims) != len(shape):
+        return False
+    known = sum(1 for d in dims if d.HasField("dim_value"))
+    return known > sum(1 for d in shape if isinstance(d, int))
 
 
 def _more_known(new: ir.Shape, old: ir.Shape) -> bool:
