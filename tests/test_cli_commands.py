@@ -125,3 +125,31 @@ def test_errors_are_one_line_with_exit_status_2(tmp_path, args, message):
     assert message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_fold_size_limit_blocks_or_allows_a_constant_of_shape_fold(tmp_path):
+    import onnx
+    import onnx_ir as ir
+
+    src = tmp_path / "cos.onnx"
+    ir.save(
+        ir.from_onnx_text(
+            '<ir_version: 8, opset_import: ["" : 17]>\n'
+            "g (float[20,30] x) => (float[20,30] y) {\n"
+            " s = Constant<value=int64[2] {20,30}>()\n"
+            " z = ConstantOfShape<value=float[1] {2}>(s)\n y = Add(x, z)\n}"
+        ),
+        src,
+    )
+    ops = {}
+    for limit in ("1000", "4096"):  # the result is 20*30 floats: 2400 bytes
+        out = tmp_path / f"o{limit}.onnx"
+        proc = opfuse(
+            "optimize", src, "-o", out, "--fold-size-limit", limit, "--log-level", "debug"
+        )
+        assert proc.returncode == 0, proc.stderr
+        ops[limit] = [n.op_type for n in onnx.load(str(out)).graph.node]
+        if limit == "1000":
+            assert "result of 2400 bytes exceeds --fold-size-limit 1000" in proc.stdout
+    assert ops["1000"] == ["ConstantOfShape", "Add"]
+    assert ops["4096"] == ["Add"]
