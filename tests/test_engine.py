@@ -191,3 +191,21 @@ def test_builder_constants_are_registered_only_on_commit():
     log = run(model, MakesConstThenRefuses())
     assert "never" not in model.graph.initializers
     assert next(iter(log)).effected == 0
+
+
+def test_replacement_value_takes_the_replaced_type_and_shape():
+    """A new node's output carries the type and shape of the value it replaces, so the
+    rules after it see them before the next shape inference."""
+    model = model_from_text(
+        f"""{HEAD}
+        g (float[2,3] x) => (float[2,3] y) {{
+          r = Relu(x)
+          y = Sigmoid(r)
+        }}"""
+    )
+    relu_out = next(iter(model.graph)).outputs[0]
+    relu_out.type, relu_out.shape = ir.TensorType(ir.DataType.FLOAT), ir.Shape([2, 3])
+    run(model, ReluToNeg())
+    (abs_node,) = [n for n in model.graph if n.op_type == "Abs"]
+    assert abs_node.outputs[0].dtype == ir.DataType.FLOAT
+    assert list(abs_node.outputs[0].shape) == [2, 3]
