@@ -123,3 +123,16 @@ def test_save_is_atomic_when_verification_fails(tmp_path, monkeypatch):
         optimize_file(src, out)
     assert out.read_bytes() == b"old output"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "o.onnx"]
+
+
+def test_load_with_inference_types_the_intermediate_values(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_model(), path)
+    plain = io.load_model(path)
+    inferred = io.load_model(path, infer=True)
+    conv_out = {
+        m: next(n for n in m.graph if n.op_type == "Conv").outputs[0] for m in (plain, inferred)
+    }
+    assert conv_out[plain].shape is None
+    assert conv_out[inferred].dtype == ir.DataType.FLOAT
+    assert list(conv_out[inferred].shape) == [1, 8, 8, 8]
