@@ -44,6 +44,8 @@ CI = {"a": np.array([3, -2, 7], np.int64), "b": np.array(5, np.int64)}
         ("t = Div(a, x)\n y = Div(b, t)", "Mul"),
         ("t = Sub(a, x)\n y = Sub(t, b)", "Sub"),
         ("t = Div(a, x)\n y = Div(t, b)", "Div"),
+        ("t = Div(x, a)\n y = Div(b, t)", "Div"),
+        ("t = Mul(x, a)\n y = Div(t, b)", "Mul"),
     ],
 )
 def test_push_down_float(body, op):
@@ -59,6 +61,12 @@ def test_push_down_float(body, op):
         ("t = Add(x, a)\n y = Add(b, t)", "Add"),
         ("t = Sub(a, x)\n y = Sub(t, b)", "Sub"),
         ("t = Mul(x, a)\n y = Mul(t, b)", "Mul"),
+        ("t = Sub(x, a)\n y = Add(t, b)", "Add"),
+        ("t = Add(x, a)\n y = Sub(t, b)", "Add"),
+        ("t = Sub(x, a)\n y = Sub(b, t)", "Sub"),
+        ("t = Sub(a, x)\n y = Sub(b, t)", "Add"),
+        ("t = Add(x, a)\n y = Sub(b, t)", "Sub"),
+        ("t = Mul(a, x)\n y = Mul(b, t)", "Mul"),
     ],
 )
 def test_push_down_integer_is_exact(body, op):
@@ -71,16 +79,16 @@ def test_push_down_integer_is_exact(body, op):
     "body,reason,dtype",
     [
         ("t = Div(x, a)\n y = Div(t, b)", "integer division does not reassociate", "int64"),
+        ("t = Mul(x, a)\n y = Div(t, b)", "integer division does not reassociate", "int64"),
+        ("t = Div(x, a)\n y = Mul(t, b)", "integer division does not reassociate", "int64"),
+        ("t = Div(a, x)\n y = Div(b, t)", "integer division does not reassociate", "int32"),
     ],
 )
 def test_push_down_refuses(body, reason, dtype):
-    m = model(
-        body,
-        inputs=f"{dtype}[2,3] x",
-        outputs=f"{dtype}[2,3] y",
-        inits=CI if dtype == "int64" else C,
-    )
-    optimized, result = check_rule(m, PUSH)
+    inits = {k: v.astype(dtype) for k, v in CI.items()} if "int" in dtype else C
+    m = model(body, inputs=f"{dtype}[2,3] x", outputs=f"{dtype}[2,3] y", inits=inits)
+    feeds = {"x": np.full((2, 3), 1, dtype)}  # no integer division by zero
+    optimized, result = check_rule(m, PUSH, feeds=feeds)
     assert reason in reasons(result, PUSH)
     assert sum(op_types(optimized).values()) == 2
 
@@ -108,6 +116,14 @@ def test_sum_merges_its_constants():
     m = model("y = Sum(a, x, b, x)", inits=C)
     optimized, result = check_rule(m, PUSH)
     assert effected(result, PUSH, "sum_constants") == 1
+    (node,) = optimized.graph
+    assert len(node.inputs) == 3
+
+
+def test_sum_with_one_constant_stays():
+    m = model("y = Sum(a, x, x)", inits=C)
+    optimized, result = check_rule(m, PUSH)
+    assert effected(result, PUSH) == 0
     (node,) = optimized.graph
     assert len(node.inputs) == 3
 

@@ -46,6 +46,9 @@ POSITIVE = [
     ("NoOpRemovalFusionPass", "t = Concat<axis=0>(x)\n y = Relu(t)"),
     ("NoOpRemovalFusionPass", "t = Split<axis=1, num_outputs=1>(x)\n y = Relu(t)"),
     ("NoOpRemovalFusionPass", "t = Sum(x)\n y = Relu(t)"),
+    ("NoOpRemovalFusionPass", "t = Max(x)\n y = Relu(t)"),
+    ("NoOpRemovalFusionPass", "t = Min(x)\n y = Relu(t)"),
+    ("NoOpRemovalFusionPass", "t = Mean(x)\n y = Relu(t)"),
 ]
 
 
@@ -59,57 +62,107 @@ def test_removes(pass_name, body):
     assert op_types(optimized) == {"Relu": 1}
 
 
+X = "float[2,3,4] x"
 NEGATIVE = [
     (
         "DropoutRemovalFusionPass",
         "r = Constant<value=float {0.0}>()\n tm = Constant<value=bool {1}>()\n"
         " t = Dropout(x, r, tm)\n y = Relu(t)",
         "Dropout is in training mode",
+        X,
+    ),
+    (
+        "DropoutRemovalFusionPass",
+        "t = Dropout(x, r, tm)\n y = Relu(t)",
+        "training_mode is not a constant",
+        X + ", float r, bool tm",
     ),
     (
         "DropoutRemovalFusionPass",
         "t, mask = Dropout(x)\n y = Where(mask, t, x)",
         "the Dropout mask is used",
+        X,
     ),
     (
         "NoOpRemovalFusionPass",
         "t = Cast<to=11>(x)\n u = Cast<to=1>(t)\n y = Relu(u)",
         "Cast changes the dtype",
+        X,
     ),
     (
         "NoOpRemovalFusionPass",
         "s = Constant<value=int64[3] {3,2,4}>()\n r = Constant<value=int64[3] {2,3,4}>()\n"
         " t = Reshape(x, s)\n u = Reshape(t, r)\n y = Relu(u)",
         "Reshape changes the shape",
+        X,
     ),
     (
         "NoOpRemovalFusionPass",
         "t = Transpose<perm=[1,0,2]>(x)\n u = Transpose<perm=[1,0,2]>(t)\n y = Relu(u)",
         "permutation is not the identity",
+        X,
     ),
     (
         "NoOpRemovalFusionPass",
         "a = Constant<value=int64[1] {1}>()\n b = Constant<value=int64[1] {3}>()\n"
-        " t = Slice(x, a, b)\n y = Pad(t, p)",
+        " t = Slice(x, a, b)\n p = Constant<value=int64[6] {1,0,0,0,0,0}>()\n y = Pad(t, p)",
         "Slice drops elements",
+        X,
+    ),
+    (
+        "NoOpRemovalFusionPass",
+        "s = Constant<value=int64[4] {2,2,3,4}>()\n t = Expand(x, s)\n"
+        " a = Constant<value=int64[1] {0}>()\n u = ReduceSum<keepdims=0>(t, a)\n y = Relu(u)",
+        "Expand grows the tensor",
+        X,
+    ),
+    (
+        "NoOpRemovalFusionPass",
+        "p = Constant<value=int64[6] {0,0,1,0,0,0}>()\n t = Pad(x, p)\n"
+        " s1 = Constant<value=int64[1] {1}>()\n s2 = Constant<value=int64[1] {5}>()\n"
+        " ax = Constant<value=int64[1] {2}>()\n y = Slice(t, s1, s2, ax)",
+        "pads are not zero",
+        X,
     ),
 ]
 
 
-@pytest.mark.parametrize("pass_name,body,reason", NEGATIVE)
-def test_does_not_remove(pass_name, body, reason):
-    if "Pad(t, p)" in body:
-        body = body.replace(
-            "y = Pad(t, p)", "p = Constant<value=int64[6] {1,0,0,0,0,0}>()\n y = Pad(t, p)"
-        )
-    m = model(body)
-    before = op_types(m)
-    optimized, result = check_rule(m, pass_name)
+def without_constants(model: ir.Model) -> dict[str, int]:
+    return {op: n for op, n in op_types(model).items() if op != "Constant"}
+
+
+@pytest.mark.parametrize("pass_name,body,reason,inputs", NEGATIVE)
+def test_does_not_remove(pass_name, body, reason, inputs):
+    m = model(body, inputs=inputs)
+    feeds = {"x": np.ones((2, 3, 4), np.float32)}
+    if "tm" in inputs:
+        feeds.update(r=np.array(0.0, np.float32), tm=np.array(False))
+    optimized, result = check_rule(m, pass_name, feeds=feeds)
     assert reason in reasons(result, pass_name)
-    assert (
-        sum(op_types(optimized).values())
-        >= sum(n for op, n in before.items() if op != "Constant") - 0
-    )
+    assert without_constants(optimized) == without_constants(m)
+
+
+@pytest.mark.parametrize("op", ["Concat<axis=0>", "Sum", "Max", "Min", "Mean"])
+def test_two_input_variadic_ops_stay(op):
+    out = "float[4,3,4] y" if op.startswith("Concat") else "float[2,3,4] y"
+    m = model(f"t = {op}(x, x)\n y = Relu(t)", outputs=out)
+    optimized, result = check_rule(m, "NoOpRemovalFusionPass")
+    assert effected(result, "NoOpRemovalFusionPass") == 0
+    assert without_constants(optimized) == without_constants(m)
+
+
+def test_rank1_transpose_with_default_perm_goes():
+    m = model("t = Transpose(x)\n y = Relu(t)", inputs="float[4] x", outputs="float[4] y")
+    optimized, result = check_rule(m, "NoOpRemovalFusionPass")
+    assert effected(result, "NoOpRemovalFusionPass", "transpose_noop") == 1
+    assert op_types(optimized) == {"Relu": 1}
+
+
+def test_rank2_transpose_with_default_perm_stays():
+    m = model("t = Transpose(x)\n y = Relu(t)", inputs="float[4,3] x", outputs="float[3,4] y")
+    optimized, result = check_rule(m, "NoOpRemovalFusionPass")
+    assert "default permutation reverses the axes" in reasons(result, "NoOpRemovalFusionPass")
+    assert op_types(optimized) == {"Transpose": 1, "Relu": 1}
 
 
 def test_identity_between_graph_input_and_output_stays():

@@ -177,3 +177,18 @@ def test_same_bytes_different_dtype_or_shape_stay_apart():
         graph.register_initializer(ir.Value(name=name, const_value=ir.tensor(array)))
     assert dedupe_initializers(graph) == 0
     assert len(graph.initializers) == 3
+
+
+def test_hash_collision_with_different_bytes_keeps_both(monkeypatch):
+    from opfuse.passes import cse
+
+    monkeypatch.setattr(cse, "_digest", lambda value: "collision")
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    inits = {"w1": w, "w2": w + 1, "w3": w.copy()}
+    m = model(
+        "a = Add(x, w1)\n b = Mul(x, w2)\n c = Sub(x, w3)\n d = Add(a, b)\n y = Add(d, c)",
+        inits=inits,
+    )
+    optimized, result = check_rule(m, PASS)
+    assert effected(result, PASS, "duplicate_initializers") == 1  # w3 is w1; w2 stays
+    assert set(optimized.graph.initializers) == {"w1", "w2"}
