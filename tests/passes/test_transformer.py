@@ -5,11 +5,21 @@ forms they leave alone, with reasons; --target-opset converts first."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 import pytest
 from click.testing import CliRunner
 
-from helpers import check_rule, effected, model_from_text, op_types, reasons, run_passes
+from helpers import (
+    check_rule,
+    effected,
+    model_from_text,
+    op_types,
+    random_feeds,
+    reasons,
+    run_model,
+    run_passes,
+)
 from opfuse.cli import app
 from opfuse.errors import OpfuseError
 from opfuse.rewrite.context import Options
@@ -76,7 +86,6 @@ def layer_norm(
         {"square": "q = Mul(d, d)"},
         {"axes": "2", "mean_axes": "-1"},
         {"tail": "y = Identity(gm)"},
-        {"dtype": "double"},
     ],
 )
 def test_layer_norm_fuses(kwargs):
@@ -107,6 +116,13 @@ def test_layer_norm_over_two_axes():
         ({"axes": "-1", "mean_axes": "-2, -1"}, "the two ReduceMeans reduce different axes"),
         ({"axes": "1", "mean_axes": "1"}, "ReduceMean does not reduce the trailing axes"),
         ({"dtype": "float16"}, "input is FLOAT16, not float32/float64"),
+        (
+            # a double stash_type has no function body in onnx: a runtime following the
+            # spec would compute the statistics in float32, the chain computed them in double
+            {"dtype": "double"},
+            "input is DOUBLE: LayerNormalization would compute its statistics in float32 "
+            "(its stash_type cannot be double)",
+        ),
     ],
 )
 def test_layer_norm_not_fused(kwargs, reason):
@@ -178,7 +194,7 @@ def rms_norm(opset=23, inverse="s = Sqrt(ve)\n n = Div(x, s)", dtype="float"):
           {inverse}
           y = Mul(gamma, n)
         }}""",
-        {"gamma": affine()["gamma"]},
+        {"gamma": affine()["gamma"].astype(NP_DTYPES[dtype])},
     )
 
 
@@ -477,3 +493,65 @@ def test_norm_affine_constant_that_raises_the_rank_is_kept(pass_name, tail, op, 
     assert f"the {root} constant has a higher rank than the {op} input" in " ".join(
         reasons(result, pass_name)
     )
+
+
+def spec_expanded(model: ir.Model) -> ir.Model:
+    """The model with each LayerNormalization/RMSNormalization replaced by the function
+    body the ONNX spec defines it by, where stash_type sets the statistics' precision
+    (onnxruntime's CPU kernels compute a double input in double whatever it says)."""
+    proto = ir.to_proto(model)
+    opset = model.opset_imports[""]
+    values = {v.name: v for n in model.graph for v in n.inputs if v is not None}
+    nodes = []
+    for k, node in enumerate(proto.graph.node):
+        if node.op_type not in ("LayerNormalization", "RMSNormalization"):
+            nodes.append(node)
+            continue
+        types = [
+            onnx.helper.make_tensor_type_proto(int(values[n].dtype), None).SerializeToString()
+            for n in node.input
+        ]
+        schema = onnx.defs.get_schema(node.op_type, opset)
+        body = onnx.FunctionProto()
+        body.ParseFromString(
+            schema.get_context_dependent_function_with_opset_version(
+                opset, node.SerializeToString(), types
+            )
+        )
+        rename = {
+            f: (node.input[i] if i < len(node.input) else "") for i, f in enumerate(body.input)
+        }
+        rename |= {
+            f: (node.output[i] if i < len(node.output) else f"{k}_{f}")
+            for i, f in enumerate(body.output)
+        }
+        for inner in body.node:
+            inner.input[:] = [rename.get(n, f"{k}_{n}") if n else "" for n in inner.input]
+            inner.output[:] = [rename.get(n, f"{k}_{n}") for n in inner.output]
+            nodes.append(inner)
+    del proto.graph.node[:]
+    proto.graph.node.extend(nodes)
+    return ir.from_proto(proto)
+
+
+def test_float64_rms_norm_computes_its_statistics_in_float64():
+    # stash_type 1 (the default) would make a runtime that follows the spec compute the
+    # statistics of a double input in float32 (~1e-7 off); the double chain is ~1e-16
+    model = rms_norm(dtype="double")
+    feeds = random_feeds(model)
+    optimized, result = check_rule(model, RMS, feeds=feeds)
+    (norm,) = list(optimized.graph)
+    assert norm.attributes["stash_type"].value == ir.DataType.DOUBLE
+    ref, got = run_model(model, feeds)["y"], run_model(spec_expanded(optimized), feeds)["y"]
+    np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_float32_norm_keeps_the_default_stash_type():
+    # also checks spec_expanded: the spec's body of the fused op computes the chain
+    model = layer_norm()
+    optimized, _ = check_rule(model, LN)
+    (norm,) = list(optimized.graph)
+    assert norm.attributes.get("stash_type") is None
+    feeds = random_feeds(model)
+    ref, got = run_model(model, feeds)["y"], run_model(spec_expanded(optimized), feeds)["y"]
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)

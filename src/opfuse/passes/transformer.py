@@ -15,9 +15,14 @@ opfuse never raises the opset unless ``--target-opset`` asks.
 The fused ops compute the same formulas, but the runtime rounds in its own order (and
 may compute the variance as E[x^2] - E[x]^2): results differ in the last ulps, more when
 a row's mean is far larger than its spread (mean 1000, std 1: both forms are ~1e-4 off a
-float64 reference in float32, the fused one measured closer, and they differ by that). The
-statistics are computed in float32 (stash_type 1), so only float32 and float64 inputs
-are fused: a float16 chain would become more precise, not the same.
+float64 reference in float32, the fused one measured closer, and they differ by that).
+stash_type sets the type the statistics are computed in: float32 (the default) for a
+float32 chain, double (stash_type 11) for a float64 RMSNorm chain, which computed them in
+double. LayerNormalization's stash_type can only be float32 or bfloat16 (onnx builds no
+function body for double, and its Mean/InvStdDev type excludes it), so a float64 LayerNorm
+chain is left alone: fused, a runtime following the spec would compute it in float32.
+Only float32 (and for RMSNorm float64) inputs are fused: a float16 chain would become
+more precise, not the same.
 """
 
 from __future__ import annotations
@@ -142,6 +147,7 @@ class NormRule(Rule):
     constants = ("eps",)
     op_type: str
     centered: bool
+    stash_double: bool  # whether the op's stash_type may be double
 
     def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
         found = inverse_root(node)
@@ -194,6 +200,11 @@ class NormRule(Rule):
         x = m.value("x")
         if x.dtype not in FUSED_DTYPES:
             return f"input is {x.dtype}, not float32/float64"
+        if x.dtype == ir.DataType.DOUBLE and not self.stash_double:
+            return (
+                f"input is DOUBLE: {self.op_type} would compute its statistics in float32 "
+                "(its stash_type cannot be double)"
+            )
         if m["eps"].size != 1:
             return "epsilon is not a scalar"
         reason = broadcast_reason(m, x)
@@ -213,19 +224,25 @@ class NormRule(Rule):
         norm_shape = tuple(int(d) for d in list(x.shape)[axis:])  # type: ignore[arg-type]
         eps = float(m["eps"].reshape(-1)[0])
         ones = b.const(np.ones(norm_shape, x.dtype.numpy()), f"{m.root.name or self.name}.scale")
-        return [b.op(self.op_type, [x, ones], {"axis": axis, "epsilon": eps}, like=m.root)]
+        attrs: dict[str, object] = {"axis": axis, "epsilon": eps}
+        if x.dtype != ir.DataType.FLOAT:
+            # the chain computed its statistics in double: stash_type defaults to float32
+            attrs["stash_type"] = int(x.dtype)
+        return [b.op(self.op_type, [x, ones], attrs, like=m.root)]
 
 
 class LayerNormRule(NormRule):
     name = "layer_norm"
     op_type = "LayerNormalization"
     centered = True
+    stash_double = False
 
 
 class RMSNormRule(NormRule):
     name = "rms_norm"
     op_type = "RMSNormalization"
     centered = False
+    stash_double = True
 
 
 def broadcast_param(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
