@@ -219,7 +219,7 @@ PROFILE_KEYS = {
     "notes",
 }
 STAT_KEYS = {"op_type", "count", "total_us", "mean_us", "share"}
-TOP_KEYS = {"name", "op_type", "duration_us", "share", "provider"}
+TOP_KEYS = {"name", "op_type", "duration_us", "share", "provider", "nodes"}
 UB_KEYS = {
     "subgraph",
     "fusion_type",
@@ -419,9 +419,11 @@ def test_inlined_function_kernels_go_to_their_node(tmp_path) -> None:  # type: i
     assert report["profile"]["unmapped_us"] == 0
     groups = {tuple(g["nodes"]): g for g in report["ub_fusion"]}
     assert set(groups) == {("conv1", "hswish1"), ("conv2", "hswish2")}
-    kernels = [r["name"] for r in report["top_nodes"] if r["name"] not in ("conv1", "conv2")]
+    kernels = [r for r in report["top_nodes"] if r["name"] not in ("conv1", "conv2")]
     if kernels:  # this onnxruntime inlines HardSwish: its kernels were placed by order
         assert any("inlined function bodies" in note for note in report["profile"]["notes"])
+    for r in kernels:  # and they name the HardSwish node they run
+        assert r["nodes"] in (["hswish1"], ["hswish2"]), r
     total = sum(g["duration_us"] for g in report["ub_fusion"])
     assert total == pytest.approx(report["profile"]["total_us"], abs=1e-2)
 
@@ -474,6 +476,13 @@ def test_profile_of_onnxruntimes_fused_graph_maps_back(swish, tmp_path) -> None:
     grouped = sum(g["duration_us"] for g in report["ub_fusion"])
     assert grouped == pytest.approx(prof["total_us"], abs=0.01)  # every node is in a group
     assert any(n not in SWISH_TIMES for n in (r["name"] for r in report["top_nodes"]))
+    # the fused kernels' names map back to the model's nodes, each node once (a layout
+    # reorder names the node it converts)
+    kernels = [r for r in report["top_nodes"] if "Reorder" not in r["op_type"]]
+    covered = sorted(n for r in kernels for n in r["nodes"])
+    assert covered == sorted(SWISH_TIMES)
+    fused = [r["nodes"] for r in report["top_nodes"] if r["name"] not in SWISH_TIMES]
+    assert any(len(nodes) > 1 for nodes in fused)
 
 
 def test_a_pass_applies_it_only_where_it_changed_the_nodes(tmp_path) -> None:  # type: ignore[no-untyped-def]

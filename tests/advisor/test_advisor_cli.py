@@ -98,3 +98,28 @@ def test_profile_rejects_a_missing_provider(tmp_path) -> None:  # type: ignore[n
         standalone_mode=False,
     )
     assert "--provider NoSuchExecutionProvider: not available here" in str(result.exception)
+
+
+def test_profile_maps_fused_kernel_names_to_the_models_nodes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """At ORT_ENABLE_ALL onnxruntime names kernels after tensors (``c1_nchwc``) or fusions
+    (``mul1/QuickGeluFusion/``); the original node(s) column names the model's nodes."""
+    model = tmp_path / "swish.onnx"
+    proto = swish_net()
+    onnx.save(proto, model)
+    names = [n.name for n in proto.graph.node]
+    args = ["profile", str(model), "--runs", "2", "--warmup", "1", "--graph-opt", "all"]
+    result = CliRunner().invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    kernels = {r["name"]: r for r in json.loads(result.output)["top_nodes"]}
+    assert set(kernels) - set(names), "onnxruntime fused something"
+    # every node once, nothing invented (a layout reorder names the node it converts)
+    covered = [n for r in kernels.values() if "Reorder" not in r["op_type"] for n in r["nodes"]]
+    assert sorted(covered) == sorted(names)
+    assert all(len(r["nodes"]) == 1 for r in kernels.values() if "Reorder" in r["op_type"])
+    for r in kernels.values():
+        if r["op_type"] == "QuickGelu":
+            assert r["nodes"] == ["sig1", "mul1"]
+        if "relu2" in r["nodes"]:  # Conv + Relu run as one kernel
+            assert r["nodes"] == ["conv2", "relu2"]
+    result = CliRunner().invoke(app, args)
+    assert "Original Node(s)" in result.output and "conv2, relu2" in result.output

@@ -15,7 +15,7 @@ import onnx_ir as ir
 
 from opfuse import io
 from opfuse.advisor import constraints
-from opfuse.advisor.attribution import Resolver, attribute, runtime_kernels
+from opfuse.advisor.attribution import Resolver, attribute, original_nodes, runtime_kernels
 from opfuse.advisor.graph import OpGraph, from_chain, from_model
 from opfuse.advisor.groups import Group, grow_groups, rank_groups
 from opfuse.advisor.l2 import estimate_ratios, l2_chains
@@ -588,6 +588,7 @@ class Advisor:
                     "duration_us": round(r.duration_us, 3),
                     "share": round(r.duration_us / total, 6),
                     "provider": r.provider or None,
+                    "nodes": original_nodes(r.name, self.resolver, self.times),
                 }
                 for r in top_nodes(p.records, self.opts.top)
             ],

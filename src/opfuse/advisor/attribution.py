@@ -12,10 +12,13 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from opfuse.advisor.graph import OpGraph
+from opfuse.advisor.graph import GNode, OpGraph
+from opfuse.advisor.opkinds import Kind, classify
 from opfuse.advisor.profile import OpRecord
 
 LAYOUT_OPS = frozenset({"ReorderInput", "ReorderOutput"})
+# ops onnxruntime removes or folds into a kernel next to them
+PASS_THROUGH = frozenset({"Transpose", "Identity", "Reshape", "Flatten"})
 MAX_WALK = 64
 
 
@@ -31,11 +34,34 @@ def _base_names(name: str) -> list[str]:
     return out
 
 
+def _known(g: OpGraph, tensor: str) -> str | None:
+    """A runtime tensor's name in ``g``: itself or without onnxruntime's decorations, else
+    the output of the node it is named after (onnxruntime renames some tensors so)."""
+    bases = _base_names(tensor)
+    found = next((b for b in bases if b in g.producer or b in g.consumers), None)
+    if found is None:
+        node = next((g.nodes[g.by_name[b]] for b in bases if b in g.by_name), None)
+        if node is not None and len(node.outputs) == 1:
+            found = node.outputs[0]
+    return found
+
+
+def _node_in(g: OpGraph, name: str) -> int | None:
+    """The node of ``g`` a kernel is named after (its name, or its output tensor's)."""
+    for base in _base_names(name):
+        if base in g.by_name:
+            return g.by_name[base]
+        if base in g.producer:
+            return g.producer[base]
+    return None
+
+
 @dataclass
 class Resolver:
     analysed: OpGraph
     original: OpGraph | None = None
     runtime: OpGraph | None = None  # the graph onnxruntime ran, if saved
+    _owners: dict[str, str] | None = field(default=None, init=False, repr=False)
 
     def _from_original(self, index: int) -> int | None:
         """An original node that opfuse removed: the nearest surviving producer upstream,
@@ -87,6 +113,145 @@ class Resolver:
                     return found
         return None
 
+    def kernel_nodes(self, name: str) -> list[str] | None:
+        """The model's nodes one onnxruntime kernel runs, in the graph the kernel came from
+        (the original model's when given, else the analysed one). Where the tensors it
+        reads map back (names, ``..._nchwc`` suffixes, layout reorders): the nodes on a path
+        from them to the node it is named after or a tensor it makes, so shape arithmetic
+        onnxruntime folded into a constant is left out. Where they do not (it reads another
+        fused kernel's renamed tensor): the node it is named after and the nodes folded into
+        it above, up to one Conv-like node (a kernel runs at most one). A layout reorder
+        runs the node whose output it reorders; an inlined function body's kernels, named
+        after nothing, are taken with the kernels after them up to a known tensor. None when
+        the kernel is unknown or nothing maps."""
+        rt = self.runtime
+        if rt is None or name not in rt.by_name:
+            return None
+        g = self.original if self.original is not None else self.analysed
+        rnode = rt.nodes[rt.by_name[name]]
+        if rnode.op_type in LAYOUT_OPS:
+            return self._reordered(g, rnode)
+        named = _node_in(g, name)
+        region = [rnode]
+        while named is None and not any(_known(g, t) for r in region for t in r.outputs):
+            nxt = [
+                c
+                for r in region
+                for t in r.outputs
+                for c in (rt.nodes[i] for i in rt.consumers.get(t, ()))
+                if c not in region and c.op_type not in LAYOUT_OPS and _node_in(g, c.name) is None
+            ]
+            if not nxt or len(region) + len(nxt) > MAX_WALK:
+                return None
+            region += nxt
+        made = {t for r in region for t in r.outputs}
+        stops = {self._graph_tensor(g, t) for r in region for t in r.inputs if t not in made}
+        if None not in stops:
+            made_here = (_known(g, t) for r in region for t in r.outputs)
+            starts = [g.producer[t] for t in made_here if t is not None and t in g.producer]
+            if named is not None:
+                starts.append(named)
+            kept = self._between(g, {r.name for r in region}, stops, starts)
+            if (
+                kept is not None
+                and sum(classify(g.nodes[i].op_type) is Kind.CONV for i in kept) <= 1
+            ):
+                return [g.nodes[i].name for i in kept]
+        return [g.nodes[i].name for i in self._folded_into(g, named)] if named is not None else None
+
+    def _between(
+        self, g: OpGraph, kernels: set[str], stops: set[str | None], starts: list[int]
+    ) -> list[int] | None:
+        """Nodes above ``starts`` down to the ``stops`` tensors that are computed from them;
+        None if the walk reaches a graph input it does not read or another kernel's node."""
+        others = self._kernel_owners()
+        seen: set[int] = set()
+        todo = list(starts)
+        while todo:
+            i = todo.pop()
+            if i in seen:
+                continue
+            seen.add(i)
+            if len(seen) > MAX_WALK or self._owner(g.nodes[i], others) not in (None, *kernels):
+                return None
+            for t in g.nodes[i].inputs:
+                if t in stops:
+                    continue
+                if t not in g.producer:
+                    return None
+                todo.append(g.producer[t])
+        between: set[str] = set()  # tensors computed from the kernel's inputs
+        kept = []
+        for i in sorted(seen):  # topological order
+            if any(t in stops or t in between for t in g.nodes[i].inputs):
+                between.update(g.nodes[i].outputs)
+                kept.append(i)
+        return kept or None
+
+    def _folded_into(self, g: OpGraph, start: int) -> list[int]:
+        """``start`` and the nodes above it that no kernel is named after (elementwise,
+        Conv-like, or layout ops), up to and including one Conv-like node."""
+        others = self._kernel_owners()
+        kept, todo = {start}, [start]
+        while todo:
+            node = g.nodes[todo.pop()]
+            if classify(node.op_type) is Kind.CONV:
+                continue
+            for t in node.inputs:
+                p = g.producer.get(t)
+                if p is None or p in kept or len(kept) >= MAX_WALK:
+                    continue
+                above = g.nodes[p]
+                kind = classify(above.op_type)
+                if self._owner(above, others) is not None or (
+                    kind not in (Kind.CONV, Kind.ELEMENTWISE) and above.op_type not in PASS_THROUGH
+                ):
+                    continue
+                kept.add(p)
+                todo.append(p)
+        return sorted(kept)
+
+    @staticmethod
+    def _owner(node: GNode, owners: dict[str, str]) -> str | None:
+        return owners.get(node.name) or next((owners[t] for t in node.outputs if t in owners), None)
+
+    def _reordered(self, g: OpGraph, rnode: GNode) -> list[str] | None:
+        """The node whose output a layout reorder converts."""
+        for t in (*rnode.inputs, *rnode.outputs):
+            src = self._graph_tensor(g, t)
+            if src in g.producer:
+                return [g.nodes[g.producer[src]].name]
+        for t in (*rnode.inputs, *rnode.outputs):  # a tensor named after its node
+            index = _node_in(g, t)
+            if index is not None:
+                return [g.nodes[index].name]
+        return None
+
+    def _graph_tensor(self, g: OpGraph, tensor: str) -> str | None:
+        """A runtime tensor's name in ``g``: itself or without ``_nchwc``, or the input of
+        the layout reorder(s) that made it."""
+        for _ in range(MAX_WALK):
+            known = _known(g, tensor)
+            made_by = self.runtime.producer.get(tensor) if self.runtime is not None else None
+            if known is not None or made_by is None:
+                return known
+            rnode = self.runtime.nodes[made_by]  # type: ignore[union-attr]
+            if rnode.op_type not in LAYOUT_OPS or not rnode.inputs:
+                return None
+            tensor = rnode.inputs[0]
+        return None
+
+    def _kernel_owners(self) -> dict[str, str]:
+        """Node or tensor name -> the runtime kernel named after it (layout ops left out)."""
+        if self._owners is None:
+            assert self.runtime is not None
+            self._owners = {}
+            for rnode in self.runtime.nodes:
+                if rnode.op_type not in LAYOUT_OPS:
+                    for base in _base_names(rnode.name):
+                        self._owners.setdefault(base, rnode.name)
+        return self._owners
+
 
 @dataclass
 class Attribution:
@@ -94,6 +259,7 @@ class Attribution:
     record: dict[int, OpRecord] = field(default_factory=dict)  # first record mapped to it
     unmapped: list[OpRecord] = field(default_factory=list)
     aligned: list[str] = field(default_factory=list)  # kernels placed by execution order
+    placed: dict[str, str] = field(default_factory=dict)  # record name -> node name
 
     @property
     def unmapped_us(self) -> float:
@@ -108,6 +274,7 @@ def attribute(records: Iterable[OpRecord], resolver: Resolver) -> Attribution:
         if index is None:
             continue
         result.time_us[index] = result.time_us.get(index, 0.0) + rec.duration_us
+        result.placed[rec.name] = resolver.analysed.nodes[index].name
         direct = resolver.analysed.nodes[index].name == rec.name
         if direct or index not in result.record:
             result.record[index] = rec
@@ -155,6 +322,7 @@ def _align_unnamed(
         else:
             result.time_us[target] = sum(r.duration_us for r in run)
             result.record[target] = run[-1]
+            result.placed.update((r.name, g.nodes[target].name) for r in run)
             result.aligned.extend(r.name for r in run)
             last = target
         i = j + 1
@@ -172,3 +340,19 @@ def runtime_kernels(resolver: Resolver) -> dict[int, list[str]]:
         if index is not None:
             kernels.setdefault(index, []).append(rnode.op_type)
     return kernels
+
+
+def original_nodes(name: str, resolver: Resolver, attribution: Attribution) -> list[str]:
+    """The model's node(s) behind a profiled name: the nodes the onnxruntime kernel runs
+    (``.../BatchNormalization_output_0_nchwc``: the Conv and its BatchNorm), else the node
+    its time was attributed to (an inlined function body's kernel: the function's node),
+    else none. ``attribution`` was made on ``resolver.runtime`` or ``resolver.analysed``."""
+    placed = attribution.placed.get(name)
+    for kernel in dict.fromkeys((name, placed)):
+        nodes = resolver.kernel_nodes(kernel) if kernel is not None else None
+        if nodes is not None:
+            return nodes
+    if placed is None:
+        return []
+    index = resolver.node(placed)
+    return [resolver.analysed.nodes[index].name] if index is not None else []

@@ -15,6 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from opfuse.advisor.profile import GRAPH_OPT_LEVELS, op_statistic, top_nodes
+from opfuse.advisor.report import CAPTION, ORIGINAL, nodes_text
 from opfuse.errors import OpfuseError
 
 PathArg = click.Path(path_type=Path)
@@ -92,11 +93,17 @@ def profile(
     fmt: str,
 ) -> None:
     """Profile MODEL with onnxruntime: op statistics per op type and the slowest nodes."""
+    import tempfile
+
+    import onnx_ir as ir
+
+    from opfuse.advisor.attribution import Resolver, attribute, original_nodes
+    from opfuse.advisor.graph import from_model
     from opfuse.advisor.profile import run_onnxruntime
-    from opfuse.io import read_proto
+    from opfuse.io import load_model, read_proto
 
     read_proto(model)
-    with _progress() as step:
+    with _progress() as step, tempfile.TemporaryDirectory(prefix="opfuse-profile-") as tmp:
         prof = run_onnxruntime(
             model,
             runs=runs,
@@ -106,10 +113,21 @@ def profile(
             graph_opt=graph_opt,
             input_shapes=_shapes(input_shape),
             profile_out=output,
+            optimized_out=Path(tmp) / "ort_optimized.onnx",
             progress=lambda done, total: step("profiling", done, total),
         )
+        # map onnxruntime's fused kernel names back to the model's nodes
+        graph = from_model(load_model(model))
+        if prof.ort_optimized_model:  # kernels are placed on the graph onnxruntime ran
+            runtime = from_model(ir.load(prof.ort_optimized_model))
+            resolver = Resolver(graph, runtime=runtime)
+            placed = attribute(prof.records, Resolver(runtime))
+        else:
+            resolver = Resolver(graph)
+            placed = attribute(prof.records, resolver)
     stats = op_statistic(prof.records)
     slow = top_nodes(prof.records, top)
+    originals = {r.name: original_nodes(r.name, resolver, placed) for r in slow}
     total = prof.total_us or 1.0
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 240)
     if fmt == "json":
@@ -138,6 +156,7 @@ def profile(
                             "mean_us": r.duration_us / r.calls,
                             "share": r.duration_us / total,
                             "provider": r.provider,
+                            "nodes": originals[r.name],
                         }
                         for r in slow
                     ],
@@ -163,7 +182,11 @@ def profile(
             f"{100 * s.share:.2f}",
         )
     out.print(table)
-    table = Table(title=f"Top {len(slow)} slow nodes ({prof.runs} runs)", title_justify="left")
+    table = Table(
+        title=f"Top {len(slow)} slow nodes ({prof.runs} runs)",
+        title_justify="left",
+        caption=CAPTION,
+    )
     for col in (
         "Op Name",
         "OP Type",
@@ -172,6 +195,7 @@ def profile(
         "Avg Time(us)",
         "Ratio(%)",
         "Provider",
+        ORIGINAL,
     ):
         table.add_column(col, justify="right" if col in NUMERIC else "left")
     for r in slow:
@@ -183,6 +207,7 @@ def profile(
             f"{r.duration_us / r.calls:.3f}",
             f"{100 * r.duration_us / total:.2f}",
             r.provider,
+            nodes_text(r.name, originals[r.name]),
         )
     out.print(table)
     if output is not None:

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from opfuse.advisor.report import EMPTY, HINT_TITLES, ort_text, verdict_text
+from opfuse.advisor.report import EMPTY, HINT_TITLES, ORIGINAL, nodes_text, ort_text, verdict_text
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222}
@@ -179,9 +179,15 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
     )
     out.append(
         _table(
-            ["Op Name", "OP Type", "Duration(us)", "Ratio(%)"],
+            ["Op Name", "OP Type", "Duration(us)", "Ratio(%)", ORIGINAL],
             [
-                (n["name"], n["op_type"], n["duration_us"], 100 * n["share"])
+                (
+                    n["name"],
+                    n["op_type"],
+                    n["duration_us"],
+                    100 * n["share"],
+                    nodes_text(n["name"], n["nodes"]),
+                )
                 for n in report["top_nodes"]
             ],
         )

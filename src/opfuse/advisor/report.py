@@ -26,6 +26,17 @@ HINT_TITLES = {
 }
 
 
+ORIGINAL = "Original Node(s)"
+CAPTION = "Original Node(s): the model's nodes behind a fused kernel's name; = the node itself"
+
+
+def nodes_text(name: str, nodes: list[str]) -> str:
+    """The model's node(s) behind a profiled name ('=' where it is the node's own name)."""
+    if nodes == [name]:
+        return "="
+    return ", ".join(nodes) if nodes else "(not mapped)"
+
+
 def _us(value: object) -> str:
     return f"{float(value):.6f}" if isinstance(value, (int, float)) else "n/a"  # type: ignore[arg-type]
 
@@ -104,11 +115,19 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
             f"{100 * s['share']:.2f}",
         )
     p(table)
-    table = Table(title=f"Top {len(report['top_nodes'])} slow nodes", title_justify="left")
-    for col in ("Op Name", "OP Type", "Duration(us)", "Ratio(%)"):
-        table.add_column(col, justify="right" if "(" in col else "left")
+    table = Table(
+        title=f"Top {len(report['top_nodes'])} slow nodes", title_justify="left", caption=CAPTION
+    )
+    for col in ("Op Name", "OP Type", "Duration(us)", "Ratio(%)", ORIGINAL):
+        table.add_column(col, justify="right" if col in ("Duration(us)", "Ratio(%)") else "left")
     for n in report["top_nodes"]:
-        table.add_row(n["name"], n["op_type"], f"{n['duration_us']:.3f}", f"{100 * n['share']:.2f}")
+        table.add_row(
+            n["name"],
+            n["op_type"],
+            f"{n['duration_us']:.3f}",
+            f"{100 * n['share']:.2f}",
+            nodes_text(n["name"], n["nodes"]),
+        )
     p(table)
 
     p("")
