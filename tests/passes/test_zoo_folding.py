@@ -5,17 +5,16 @@ onnxslim's and onnxsim's."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
 
 from opfuse.api import optimize_file
+from zoo import ZOO_MODELS
 
-ZOO = Path(__file__).resolve().parents[3] / "shared" / "zoo"
-MODELS = sorted(p.stem for p in (ZOO / "models").glob("*.onnx")) if ZOO.exists() else []
+MODELS = ZOO_MODELS
 TRANSFORMERS = ["transformer_tiny", "tx100", "bert_small"]
+SHAPE_OPS = ("Shape", "Gather", "Slice", "Unsqueeze", "Squeeze", "Concat", "Cast", "Identity")
 
 
 def node_count(model: onnx.ModelProto) -> int:
@@ -30,8 +29,44 @@ def node_count(model: onnx.ModelProto) -> int:
     return walk(model.graph)
 
 
+Elements = list  # a shape vector's elements: an int where static, None where run-time
+
+
+def _shape_vector(
+    node: onnx.NodeProto, known: dict[str, tuple[Elements, bool]], dims, consts
+) -> tuple[Elements, bool] | None:
+    """The elements a shape-arithmetic node computes (and whether it is a scalar), from
+    the static dims of the tensors it measures; None when not shape arithmetic."""
+    op = node.op_type
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    if op == "Shape":
+        x = dims.get(node.input[0])
+        if x is None:
+            return None
+        return list(x)[slice(attrs.get("start", 0), attrs.get("end"))], False
+    if not node.input or node.input[0] not in known:
+        return None
+    data, _ = known[node.input[0]]
+    if op in ("Cast", "Identity", "Squeeze"):
+        return known[node.input[0]] if op != "Squeeze" else (data, len(data) == 1)
+    if op == "Unsqueeze":
+        return data, False
+    if op == "Gather" and attrs.get("axis", 0) == 0 and node.input[1] in consts:
+        idx = consts[node.input[1]]
+        return [data[int(i)] for i in np.atleast_1d(idx)], idx.ndim == 0
+    if op == "Slice" and all(i in consts for i in node.input[1:] if i):
+        starts, ends, *rest = (consts[i].reshape(-1) for i in node.input[1:] if i)
+        step = int(rest[1][0]) if len(rest) > 1 else 1
+        return data[slice(int(starts[0]), int(ends[0]), step)], False
+    if op == "Concat" and all(i in known for i in node.input):
+        return [e for i in node.input for e in known[i][0]], False
+    return None
+
+
 def static_shape_arithmetic(model: onnx.ModelProto) -> list[str]:
-    """Shape nodes (and Gather/Slice of them) whose dims are all static: folding's misses."""
+    """Shape arithmetic whose result is fully static, folding's misses: Shape, and
+    Gather/Slice/Unsqueeze/Squeeze/Concat/Cast of shape vectors and small integer
+    constants, where every element is a static dim or a constant."""
     inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     dims = {
         v.name: [
@@ -41,20 +76,62 @@ def static_shape_arithmetic(model: onnx.ModelProto) -> list[str]:
         if v.type.tensor_type.HasField("shape")
     }
     consts = {t.name: onnx.numpy_helper.to_array(t) for t in inferred.graph.initializer}
-    shapes = {n.output[0]: n for n in inferred.graph.node if n.op_type == "Shape"}
+    known: dict[str, tuple[Elements, bool]] = {
+        name: ([int(v) for v in a.reshape(-1)], a.ndim == 0)
+        for name, a in consts.items()
+        if a.dtype.kind == "i" and a.ndim <= 1 and a.size <= 16
+    }
     missed = []
     for node in inferred.graph.node:
-        if node.op_type == "Shape":
-            x = dims.get(node.input[0])
-            if x is not None and all(d is not None for d in x):
-                missed.append(node.name)
-        elif node.op_type == "Gather" and node.input[0] in shapes:
-            x = dims.get(shapes[node.input[0]].input[0])
-            idx = consts.get(node.input[1])
-            static = x is not None and idx is not None
-            if static and all(x[int(i)] is not None for i in np.atleast_1d(idx)):
-                missed.append(node.name)
+        if node.op_type == "Constant" and node.attribute[0].name == "value":
+            a = onnx.numpy_helper.to_array(node.attribute[0].t)
+            consts[node.output[0]] = a
+            if a.dtype.kind == "i" and a.ndim <= 1 and a.size <= 16:
+                known[node.output[0]] = ([int(v) for v in a.reshape(-1)], a.ndim == 0)
+        if node.op_type not in SHAPE_OPS:
+            continue
+        result = _shape_vector(node, known, dims, consts)
+        if result is None:
+            continue
+        known[node.output[0]] = result
+        if all(e is not None for e in result[0]):
+            missed.append(f"{node.op_type} {node.name}")
     return missed
+
+
+def test_static_shape_arithmetic_finds_every_kind_of_miss():
+    helper = onnx.helper
+    k = onnx.numpy_helper.from_array
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], name="shape"),
+        helper.make_node("Gather", ["s", "i1"], ["g"], name="gather_static"),
+        helper.make_node("Gather", ["s", "i0"], ["g0"], name="gather_dynamic"),
+        helper.make_node("Slice", ["s", "one", "three"], ["sl"], name="slice_static"),
+        helper.make_node("Unsqueeze", ["g", "zero"], ["u"], name="unsqueeze_static"),
+        helper.make_node("Unsqueeze", ["g0", "zero"], ["u0"], name="unsqueeze_dynamic"),
+        helper.make_node("Concat", ["u", "sl"], ["c"], axis=0, name="concat_static"),
+        helper.make_node("Concat", ["u0", "sl"], ["c0"], axis=0, name="concat_dynamic"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 4])],
+        [helper.make_tensor_value_info(n, onnx.TensorProto.INT64, None) for n in ("c", "c0")],
+        [
+            k(np.array(1, np.int64), "i1"),
+            k(np.array(0, np.int64), "i0"),
+            k(np.array([1], np.int64), "one"),
+            k(np.array([3], np.int64), "three"),
+            k(np.array([0], np.int64), "zero"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert static_shape_arithmetic(model) == [
+        "Gather gather_static",
+        "Slice slice_static",
+        "Unsqueeze unsqueeze_static",
+        "Concat concat_static",
+    ]
 
 
 @pytest.fixture(scope="module")
