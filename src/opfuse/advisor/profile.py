@@ -1,6 +1,7 @@
 """Op times in: run onnxruntime with profiling, read its profile JSON, or read an Ascend
 msprof ``op_summary_*.csv``. All three give per-node records in execution order with the
-mean time per inference run (warm-up runs dropped)."""
+median time per inference run over the kept runs (warm-up runs dropped): one run slowed
+down by another process on a shared machine does not move a node's figure."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import csv
 import json
 import os
 import re
+import statistics
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -25,7 +27,7 @@ GRAPH_OPT_LEVELS = ("disable", "basic", "extended", "all")
 class OpRecord:
     name: str
     op_type: str
-    duration_us: float  # mean per inference run
+    duration_us: float  # median over the kept inference runs of the node's time per run
     calls: int = 1  # calls per run
     input_shapes: list[list[int]] = field(default_factory=list)
     output_shapes: list[list[int]] = field(default_factory=list)
@@ -78,6 +80,7 @@ def parse_ort_events(events: list[dict], warmup: int, source: str = "onnxruntime
     kept = max(1, len(runs) - warmup) if runs else 1
     records: dict[str, OpRecord] = {}
     calls: Counter[str] = Counter()
+    per_run: dict[str, list[float]] = {}  # node -> its time in each kept run
     for e in events:
         if not isinstance(e, dict) or e.get("cat") != "Node":
             continue
@@ -100,10 +103,11 @@ def parse_ort_events(events: list[dict], warmup: int, source: str = "onnxruntime
                 _shapes(args.get("output_type_shape")),
                 provider=str(args.get("provider", "")),
             )
-        rec.duration_us += float(e.get("dur", 0))
+        times = per_run.setdefault(name, [0.0] * kept)
+        times[max(0, run - warmup) if runs else 0] += float(e.get("dur", 0))
         calls[name] += 1
     for name, rec in records.items():
-        rec.duration_us /= kept
+        rec.duration_us = statistics.median(per_run[name])
         rec.calls = max(1, round(calls[name] / kept))
     if not records:
         raise OpfuseError("the onnxruntime profile has no node events (was it a profile JSON?)")
@@ -201,7 +205,9 @@ CSV_COLUMNS: dict[str, tuple[str, ...]] = {
     "mte2_ratio": ("aicmte2ratio", "mte2ratio", "aivmte2ratio"),
     "mte3_ratio": ("aicmte3ratio", "aivmte3ratio", "mte3ratio"),
     "start": ("taskstarttime", "taskstarttimeus", "starttime"),
+    "infer_id": ("inferid", "iterationid"),
 }
+UNREPORTED = ("start", "infer_id")  # used when present, never reported missing
 REQUIRED = ("op_name", "op_type", "duration")
 RATIO_FIELDS = ("mac_ratio", "vec_ratio", "mte2_ratio", "mte3_ratio")
 
@@ -224,6 +230,16 @@ def _csv_shapes(text: str) -> list[list[int]]:
         dims = [int(d) for d in re.findall(r"-?\d+", part)]
         shapes.append(dims)
     return shapes
+
+
+def _median_per_run(rows: list[float], runs: int) -> float:
+    """Median over ``runs`` of a node's time per run, its rows taken in execution order as
+    equal consecutive shares (a node called k times per run has k * runs rows); the mean
+    where its rows do not split evenly into the runs."""
+    if len(rows) % runs:
+        return sum(rows) / runs
+    k = len(rows) // runs
+    return statistics.median(sum(rows[i : i + k]) for i in range(0, len(rows), k))
 
 
 def read_op_summary(path: str | os.PathLike[str]) -> Profile:
@@ -249,7 +265,7 @@ def read_op_summary(path: str | os.PathLike[str]) -> Profile:
             f"{path}: op summary lacks the column(s) {', '.join(missing_required)} "
             f"(header: {', '.join(rows[0])})"
         )
-    missing = [k for k in CSV_COLUMNS if k not in column and k not in ("start",)]
+    missing = [k for k in CSV_COLUMNS if k not in column and k not in UNREPORTED]
     data = [r for r in rows[1:] if len(r) > column["duration"] and any(c.strip() for c in r)]
     if "start" in column:
         data.sort(key=lambda r: _float(r[column["start"]]) or 0.0)
@@ -261,6 +277,8 @@ def read_op_summary(path: str | os.PathLike[str]) -> Profile:
     records: dict[str, OpRecord] = {}
     sums: dict[str, dict[str, list[float]]] = {}
     calls: Counter[str] = Counter()
+    durations: dict[str, list[float]] = {}  # node -> its rows' durations, in order
+    by_run: dict[str, dict[str, float]] = {}  # node -> its time per Infer ID
     for row in data:
         name = cell(row, "op_name")
         dur = _float(cell(row, "duration"))
@@ -277,7 +295,9 @@ def read_op_summary(path: str | os.PathLike[str]) -> Profile:
                 provider=cell(row, "task_type"),
                 shapes_text=shapes_text.strip('"'),
             )
-        rec.duration_us += dur
+        durations.setdefault(name, []).append(dur)
+        per_id = by_run.setdefault(name, {})
+        per_id[cell(row, "infer_id")] = per_id.get(cell(row, "infer_id"), 0.0) + dur
         calls[name] += 1
         for key in RATIO_FIELDS:
             value = _float(cell(row, key))
@@ -285,10 +305,17 @@ def read_op_summary(path: str | os.PathLike[str]) -> Profile:
                 sums.setdefault(name, {}).setdefault(key, []).append(value)
     if not records:
         raise OpfuseError(f"{path}: no operator rows with a duration")
-    runs = Counter(calls.values()).most_common(1)[0][0]
+    run_ids = sorted({i for times in by_run.values() for i in times})
+    if "infer_id" in column and "" not in run_ids:  # msprof numbers the inference runs
+        runs = len(run_ids)
+    else:  # the number of times most operators ran
+        runs = Counter(calls.values()).most_common(1)[0][0]
     for name, rec in records.items():
         rec.calls = max(1, round(calls[name] / runs))
-        rec.duration_us /= runs
+        if "infer_id" in column and "" not in run_ids:
+            rec.duration_us = statistics.median(by_run[name].get(i, 0.0) for i in run_ids)
+        else:
+            rec.duration_us = _median_per_run(durations[name], runs)
         rec.ratios = {k: sum(v) / len(v) for k, v in sums.get(name, {}).items()}
     notes = []
     if missing:
