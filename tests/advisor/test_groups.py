@@ -116,11 +116,49 @@ def test_intermediate_with_outside_consumer_stops_growth() -> None:
     assert all("conv" not in grp.names for grp in groups)  # c has a consumer outside any group
 
 
-def test_follower_with_an_outside_input_stops_a_conv_group() -> None:
+def test_follower_may_read_a_tensor_made_before_the_group() -> None:
     n = helper.make_node
     nodes = [
         n("Conv", ["x", "W"], ["c"], name="conv"),
         n("Mul", ["c", "x"], ["y"], name="mul_outside_input"),
+    ]
+    model = make_model(
+        nodes, {"x": [1, 4, 2, 2]}, {"y": [1, 4, 2, 2]}, {"W": np.ones((4, 4, 1, 1), np.float32)}
+    )
+    groups = grow_groups(graph_of(model), LIMITS)
+    assert [grp.names for grp in groups] == [["conv", "mul_outside_input"]]
+
+
+def residual_block() -> object:
+    """ResNet's basic block: conv1 -> relu1 -> conv2 -> Add(., block input) -> relu_out."""
+    n = helper.make_node
+    w = {"W1": np.ones((4, 4, 3, 3), np.float32), "W2": np.ones((4, 4, 3, 3), np.float32)}
+    nodes = [
+        n("Relu", ["x"], ["r0"], name="relu_in"),
+        n("Conv", ["r0", "W1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        n("Relu", ["c1"], ["r1"], name="relu1"),
+        n("Conv", ["r1", "W2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        n("Add", ["c2", "r0"], ["a"], name="add"),
+        n("Relu", ["a"], ["y"], name="relu_out"),
+    ]
+    return make_model(nodes, {"x": [1, 4, 4, 4]}, {"y": [1, 4, 4, 4]}, w)
+
+
+def test_residual_add_joins_the_conv_before_it() -> None:
+    groups = grow_groups(graph_of(residual_block()), LIMITS)
+    assert [grp.fusion_type for grp in groups] == ["Conv+Relu", "Conv+Add+Relu"]
+    assert groups[1].names == ["conv2", "add", "relu_out"]
+    assert groups[1].output == "y"
+
+
+def test_follower_never_reads_a_tensor_that_depends_on_its_group() -> None:
+    """Mul(c, Softmax(c)): the Softmax is made from the group's own output outside the
+    group; taking the Mul would make the group wait on itself."""
+    n = helper.make_node
+    nodes = [
+        n("Conv", ["x", "W"], ["c"], name="conv"),
+        n("Softmax", ["c"], ["s"], name="softmax"),
+        n("Mul", ["c", "s"], ["y"], name="mul"),
     ]
     model = make_model(
         nodes, {"x": [1, 4, 2, 2]}, {"y": [1, 4, 2, 2]}, {"W": np.ones((4, 4, 1, 1), np.float32)}
@@ -171,8 +209,8 @@ def test_deeper_diamond_fits_and_too_deep_rolls_back() -> None:
     groups = grow_groups(graph_of(make_model(nodes, shape, {"y": [1, 4, 2, 2]}, w)), LIMITS)
     assert [grp.names for grp in groups] == [["conv", "sig", "scale", "gate"]]
     # one more follower: the Conv cannot close its group within 3, so it stays alone and the
-    # elementwise chain after it groups what reads only its own tensors
+    # elementwise chain after it takes the gate too (it reads the Conv's output, made before)
     nodes.insert(3, n("Relu", ["m"], ["m2"], name="relu"))
     nodes[-1] = n("Mul", ["c", "m2"], ["y"], name="gate")
     groups = grow_groups(graph_of(make_model(nodes, shape, {"y": [1, 4, 2, 2]}, w)), LIMITS)
-    assert [grp.names for grp in groups] == [["sig", "scale", "relu"]]
+    assert [grp.names for grp in groups] == [["sig", "scale", "relu", "gate"]]

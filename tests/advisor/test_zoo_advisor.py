@@ -51,3 +51,13 @@ def test_keras_mobilenetv3_first_layer_names_the_normalization(zoo, capsys) -> N
     text = capsys.readouterr().out
     section = text[text.index("====AippFusionModel====") : text.index("====L2Model====")]
     assert "/Cast+/Cast_1+/Mul+/Add" in section and "input normalization: /Mul, /Add" in section
+
+
+def test_resnet_residual_add_joins_its_conv(zoo) -> None:  # type: ignore[no-untyped-def]
+    report = Advisor(AdviseOptions(runs=2, warmup=1)).run(zoo / "resnet18.onnx")
+    types = [g["fusion_type"] for g in report["ub_fusion"]]
+    assert types.count("Conv+Add+Relu") == 8  # every basic block's second Conv
+    assert "Add+Relu" not in types
+    for g in report["ub_fusion"]:
+        if g["fusion_type"] == "Conv+Add+Relu":  # onnxruntime runs each as one kernel
+            assert g["onnxruntime"]["fuses"] == "yes"

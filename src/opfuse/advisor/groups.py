@@ -1,11 +1,13 @@
 """Grow UB fusion groups along single-consumer edges, with the target's limits.
 
 A group starts at a Conv-like, Reduce, Segment or (unassigned) elementwise node and takes
-elementwise consumers whose data inputs are all made inside the group (``Mul(x, Sigmoid(x))``
-is fine; only an elementwise chain's head may read outside tensors). It ends where exactly one
-tensor leaves it: every intermediate has all its consumers in the group and is not a graph
-output. A group holds at most limit + 1 nodes and each step reads the consumers of its few
-escaping tensors, so the cost is linear in the graph size.
+elementwise consumers of its tensors (``Mul(x, Sigmoid(x))``; ``Add(Conv(x), residual)``:
+a follower may also read tensors made outside the group, as UB fusion of Conv + Add(+Relu)
+and Ascend's ``se_excite/mul`` do, if they are made before the group's first node, so the
+group never waits on itself). It ends where exactly one tensor leaves it: every
+intermediate has all its consumers in the group and is not a graph output. A group holds at
+most limit + 1 nodes and each step reads the consumers of its few escaping tensors, so the
+cost is linear in the graph size.
 """
 
 from __future__ import annotations
@@ -76,9 +78,11 @@ def grow_groups(
 
 
 def _grow(g: OpGraph, anchor: int, kind: Kind, limit: int, assigned: set[int]) -> list[int]:
-    """Add ready elementwise consumers one at a time (a consumer is ready when all its data
-    inputs are made inside the group) and keep the longest prefix that leaves exactly one
-    tensor escaping, so ``Mul(x, f(x))`` shapes of any depth fit within the limit."""
+    """Add ready elementwise consumers one at a time (a consumer is ready when each data
+    input is made inside the group or before its anchor: a tensor made after the anchor
+    outside the group may depend on the group) and keep the longest prefix that leaves
+    exactly one tensor escaping, so ``Mul(x, f(x))`` shapes of any depth fit within the
+    limit."""
     members = [anchor]
     inside = {anchor}
     produced = list(g.nodes[anchor].outputs)
@@ -97,7 +101,7 @@ def _grow(g: OpGraph, anchor: int, kind: Kind, limit: int, assigned: set[int]) -
                     or c in assigned
                     or classify(cand.op_type) is not Kind.ELEMENTWISE
                     or len(cand.outputs) != 1
-                    or any(g.producer.get(x) not in inside for x in cand.inputs)
+                    or not all(_ready(g, x, inside, anchor) for x in cand.inputs)
                 ):
                     continue
                 ready = c if ready is None else min(ready, c)
@@ -109,6 +113,12 @@ def _grow(g: OpGraph, anchor: int, kind: Kind, limit: int, assigned: set[int]) -
         if len(_escaping(g, inside, produced)) == 1:
             best = len(members)
     return members[:best]
+
+
+def _ready(g: OpGraph, tensor: str, inside: set[int], anchor: int) -> bool:
+    """Made inside the group, or a graph input, or made before the group's first node."""
+    made_by = g.producer.get(tensor)
+    return made_by is None or made_by in inside or made_by < anchor
 
 
 def rank_groups(groups: list[Group]) -> list[Group]:
