@@ -513,3 +513,34 @@ def test_a_pass_applies_it_only_where_it_changed_the_nodes(tmp_path) -> None:  #
     folded = verdicts["pow_const"]
     assert folded["pass"] == "PowToMulFusionPass" and folded["fires"] is False
     assert "other passes rewrite these nodes (pow_const)" in folded["reason"]
+
+
+def test_l2_estimates_above_the_targets_peak_are_kept_and_flagged(swish, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A target file whose peaks are far below what was measured: the ratios are not capped
+    at 1, and the text, HTML and notes say the target's peak is too low."""
+    import html
+    from io import StringIO
+
+    from rich.console import Console
+
+    from opfuse.advisor.html import render_html
+    from opfuse.advisor.report import render_text
+
+    target = json.loads((FIXTURES.parents[2] / "src/opfuse/targets/cpu.json").read_text())
+    target.update(name="slow", peak_flops=1e3, vector_flops=1e3, bandwidth_bytes_per_s=1e3)
+    target_path = write_json(tmp_path / "slow.json", target)
+    prof = write_json(tmp_path / "p.json", ort_profile(TIMES, runs=2))
+    options = AdviseOptions(target=str(target_path), warmup=1, compare_onnxruntime=False)
+    report = advise(swish, profile_path=prof, options=options)
+    ops = [op for c in report["l2_fusion"] for op in c["ops"]]
+    conv1 = next(op for op in ops if op["name"] == "conv1")
+    # 2 * 16*8*8 outputs * 27 MACs = 55296 FLOPs in 100 us at 1e3 FLOP/s
+    assert conv1["mac_ratio"] == pytest.approx(55296 / 1e3 / 100e-6, rel=1e-6)
+    flag = "above the target's peak: the target file's peak is too low for this machine"
+    assert any(flag in note and "target slow" in note for note in report["profile"]["notes"])
+    buf = StringIO()
+    render_text(report, Console(file=buf, width=400, color_system=None))
+    text = buf.getvalue()
+    assert f"mac_ratio: {conv1['mac_ratio']:.6f}*;" in text and f"* {flag}" in text
+    page = html.unescape(render_html(report))
+    assert f"{conv1['mac_ratio']:.6f}*" in page and flag in page

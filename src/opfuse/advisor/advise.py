@@ -18,7 +18,7 @@ from opfuse.advisor import constraints
 from opfuse.advisor.attribution import Resolver, attribute, original_nodes, runtime_kernels
 from opfuse.advisor.graph import OpGraph, from_chain, from_model
 from opfuse.advisor.groups import Group, grow_groups, rank_groups
-from opfuse.advisor.l2 import estimate_ratios, l2_chains
+from opfuse.advisor.l2 import ABOVE_PEAK, RATIO_KEYS, estimate_ratios, l2_chains
 from opfuse.advisor.opkinds import Kind, classify
 from opfuse.advisor.profile import (
     OpRecord,
@@ -481,7 +481,7 @@ class Advisor:
                         "input_shapes": shapes_text,
                         **{
                             k: (round(ratios[k], 6) if ratios and k in ratios else None)
-                            for k in ("mac_ratio", "vec_ratio", "mte2_ratio", "mte3_ratio")
+                            for k in RATIO_KEYS
                         },
                         "duration_us": round(self._time(m), 3),
                     }
@@ -509,6 +509,19 @@ class Advisor:
                         "reason": "L2 fusion and batch split are the runtime's",
                     },
                 }
+            )
+        above = [
+            (k, float(op[k]), str(op["name"]))
+            for row in rows
+            for op in row["ops"]  # type: ignore[attr-defined]
+            for k in RATIO_KEYS
+            if isinstance(op[k], float) and op[k] > 1
+        ]
+        if above:
+            key, value, name = max(above, key=lambda a: a[1])
+            self.profile.notes.append(
+                f"{len(above)} L2 ratio estimates above 1 (largest: {key} {value:.2f} of "
+                f"{name}): {ABOVE_PEAK} (target {self.target.name})"
             )
         return rows
 

@@ -7,7 +7,17 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from opfuse.advisor.report import EMPTY, HINT_TITLES, ORIGINAL, nodes_text, ort_text, verdict_text
+from opfuse.advisor.l2 import ABOVE_PEAK, RATIO_KEYS
+from opfuse.advisor.report import (
+    EMPTY,
+    HINT_TITLES,
+    ORIGINAL,
+    above_peak,
+    nodes_text,
+    ort_text,
+    ratio_text,
+    verdict_text,
+)
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222}
@@ -270,15 +280,14 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
                         op["name"],
                         op["op_type"],
                         op["input_shapes"],
-                        *(
-                            ("n/a" if op[k] is None else float(op[k]))
-                            for k in ("mac_ratio", "vec_ratio", "mte2_ratio", "mte3_ratio")
-                        ),
+                        *(ratio_text(op[k]) for k in RATIO_KEYS),
                     )
                     for op in c["ops"]
                 ],
             )
         )
+    if above_peak(report["l2_fusion"]):
+        out.append(f'<p class="dim">* {escape(ABOVE_PEAK)} (target {escape(tgt["name"])}).</p>')
     out.append("<h2>Operator constraints</h2>")
     out.append(
         _table(

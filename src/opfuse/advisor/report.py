@@ -10,6 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from opfuse.advisor.l2 import ABOVE_PEAK, RATIO_KEYS
+
 # what a section says when it has nothing (text and HTML)
 EMPTY = {
     "ub_fusion": "No UB fusion group found.",
@@ -41,8 +43,20 @@ def _us(value: object) -> str:
     return f"{float(value):.6f}" if isinstance(value, (int, float)) else "n/a"  # type: ignore[arg-type]
 
 
-def _ratio(value: object) -> str:
-    return f"{value:.6f}" if isinstance(value, (int, float)) else "n/a"
+def ratio_text(value: object) -> str:
+    """msprof's six decimals; ``*`` marks an estimate above 1 (see ABOVE_PEAK)."""
+    if not isinstance(value, (int, float)):
+        return "n/a"
+    return f"{value:.6f}" + ("*" if value > 1 else "")
+
+
+def above_peak(chains: list[Mapping[str, Any]]) -> bool:
+    return any(
+        isinstance(op[k], (int, float)) and op[k] > 1
+        for c in chains
+        for op in c["ops"]
+        for k in RATIO_KEYS
+    )
 
 
 def verdict_text(opfuse: Mapping[str, Any] | None) -> str:
@@ -200,9 +214,9 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
             for op in c["ops"]:
                 p(
                     f"Op Name: {op['name']}; OP Type: {op['op_type']}; Input Shapes: "
-                    f"{op['input_shapes']}; mac_ratio: {_ratio(op['mac_ratio'])}; vec_ratio: "
-                    f"{_ratio(op['vec_ratio'])}; mte2_ratio: {_ratio(op['mte2_ratio'])}; "
-                    f"mte3_ratio: {_ratio(op['mte3_ratio'])};",
+                    f"{op['input_shapes']}; mac_ratio: {ratio_text(op['mac_ratio'])}; vec_ratio: "
+                    f"{ratio_text(op['vec_ratio'])}; mte2_ratio: {ratio_text(op['mte2_ratio'])}; "
+                    f"mte3_ratio: {ratio_text(op['mte3_ratio'])};",
                     markup=False,
                     soft_wrap=True,
                 )
@@ -214,6 +228,8 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
                     f"({tgt['l2_bytes']} bytes).",
                     markup=False,
                 )
+        if above_peak(report["l2_fusion"]):
+            p(f"* {ABOVE_PEAK} (target {tgt['name']}).", markup=False)
         p("Recommadation: 1. Open AOE (or let the runtime keep these intermediates in L2).")
     else:
         p(EMPTY["l2_fusion"])
