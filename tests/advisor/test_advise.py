@@ -544,3 +544,60 @@ def test_l2_estimates_above_the_targets_peak_are_kept_and_flagged(swish, tmp_pat
     assert f"mac_ratio: {conv1['mac_ratio']:.6f}*;" in text and f"* {flag}" in text
     page = html.unescape(render_html(report))
     assert f"{conv1['mac_ratio']:.6f}*" in page and flag in page
+
+
+def text_of(report: dict) -> str:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from opfuse.advisor.report import render_text
+
+    buf = StringIO()
+    render_text(report, Console(file=buf, width=400, color_system=None))
+    return buf.getvalue()
+
+
+def test_text_report_says_the_shared_verdict_once(swish, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    prof = write_json(tmp_path / "p.json", ort_profile(TIMES, runs=2))
+    report = advise(swish, profile_path=prof, options=OPTS)
+    assert len(report["ub_fusion"]) == 3
+    text = text_of(report)
+    ub = text[text.index("====UBModel====") : text.index("====AippFusionModel====")]
+    assert ub.count("a UB fusion is the backend's") == 1
+    assert "For every group below unless noted, opfuse: no pass (a UB fusion" in ub
+    assert ub.count("Fusion Type: ") == 3
+
+
+def test_graph_fusion_lists_a_refused_node_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The Conv after a Pad with a non-zero value is refused again each time the BatchNorm,
+    Mul and Add after it fold into it; it is one node."""
+    n = helper.make_node
+    rng = np.random.default_rng(0)
+    c = 4
+    inits = {
+        "W": rng.standard_normal((c, c, 1, 1)).astype(np.float32),
+        "pads": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64),
+        "one": np.array(1.0, np.float32),
+        "s": rng.random(c).astype(np.float32) + 0.5,
+        "b": rng.random(c).astype(np.float32),
+        "mean": rng.random(c).astype(np.float32),
+        "var": rng.random(c).astype(np.float32) + 0.5,
+        "k": rng.random((1, c, 1, 1)).astype(np.float32) + 0.5,
+        "k2": rng.random((1, c, 1, 1)).astype(np.float32),
+    }
+    nodes = [
+        n("Pad", ["x", "pads", "one"], ["p"], name="pad", mode="constant"),
+        n("Conv", ["p", "W"], ["c1"], name="conv"),
+        n("BatchNormalization", ["c1", "s", "b", "mean", "var"], ["bn"], name="bn"),
+        n("Mul", ["bn", "k"], ["m"], name="mul"),
+        n("Add", ["m", "k2"], ["y"], name="add"),
+    ]
+    path = tmp_path / "refused_again.onnx"
+    onnx.save(make_model(nodes, {"x": [1, c, 4, 4]}, {"y": [1, c, 6, 6]}, inits), path)
+    prof = write_json(tmp_path / "p.json", ort_profile({"pad": ("Pad", 1.0)}, runs=1))
+    report = advise(path, profile_path=prof, options=AdviseOptions(warmup=0))
+    (row,) = [r for r in report["graph_fusion"] if r["pass"] == "PadConvFusionPass"]
+    (reason,) = row["reasons"]
+    assert reason["count"] == 3 and reason["nodes"] == ["conv"]  # refused 3 times, one node
+    assert "not applied 3x: Pad value is not zero (conv)\n" in text_of(report)

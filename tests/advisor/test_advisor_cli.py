@@ -34,19 +34,42 @@ def test_profile_prints_op_statistic_and_writes_the_profile(tmp_path) -> None:  
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "Op Statistic (3 runs)" in result.output
-    assert "Top 3 slow nodes (3 runs)" in result.output
+    # per run, as advise's table of the same name
+    assert "Op Statistic (per run, each node's median over the runs)" in result.output
+    assert "Top 3 slow nodes (per run)" in result.output
     for op in ("Conv", "Sigmoid", "GlobalAveragePool"):
         assert op in result.output
+    again = tmp_path / "again.json"
     result = CliRunner().invoke(
-        app, ["profile", str(model), "--runs", "2", "--warmup", "0", "--format", "json"]
+        app,
+        [
+            "profile",
+            str(model),
+            "--runs",
+            "2",
+            "--warmup",
+            "0",
+            "--format",
+            "json",
+            "-o",
+            str(again),
+        ],
     )
     stats = json.loads(result.output)
+    # advise reads the same profile into the same per-run Op Statistic
+    result = CliRunner().invoke(
+        app, ["advise", str(model), "--profile", str(again), "--warmup", "0", "--format", "json"]
+    )
+    advised = {s["op_type"]: s for s in json.loads(result.output)["op_statistic"]}
+    for s in stats["op_statistic"]:
+        assert advised[s["op_type"]]["count"] == s["count"]
+        assert advised[s["op_type"]]["total_us"] == pytest.approx(s["total_us"], abs=1e-3)
     conv = next(s for s in stats["op_statistic"] if s["op_type"] == "Conv")
-    assert conv["count"] == 4  # two Conv nodes, two runs
-    assert conv["mean_us"] == pytest.approx(conv["total_us"] / 4)
+    assert conv["count"] == 2  # two Conv nodes, per run
+    assert conv["mean_us"] == pytest.approx(conv["total_us"] / 2)
     slowest = stats["top_nodes"][0]
-    assert slowest["count"] == 2 and slowest["total_us"] == pytest.approx(2 * slowest["mean_us"])
+    assert slowest["count"] == 1 and slowest["total_us"] == pytest.approx(slowest["mean_us"])
+    assert stats["total_us"] == pytest.approx(sum(s["total_us"] for s in stats["op_statistic"]))
     events = json.loads(out.read_text())
     assert sum(e.get("name") == "model_run" for e in events) == 4  # warm-up kept in the file
     # the written profile is read back by advise, the warm-up run dropped again
@@ -57,6 +80,9 @@ def test_profile_prints_op_statistic_and_writes_the_profile(tmp_path) -> None:  
     report = json.loads(result.output)
     assert report["profile"]["runs"] == 3 and report["profile"]["unmapped_us"] == 0
     assert "Conv+Sigmoid+Mul" in {g["fusion_type"] for g in report["ub_fusion"]}
+    # the same profile gives the same per-run Op Statistic in both commands
+    result = CliRunner().invoke(app, ["advise", str(model), "--profile", str(out), "--warmup", "1"])
+    assert "Op Statistic (per run, each node's median over the runs)" in result.output
 
 
 def test_advise_writes_text_json_and_html(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from opfuse.advisor.profile import GRAPH_OPT_LEVELS, op_statistic, top_nodes
-from opfuse.advisor.report import CAPTION, ORIGINAL, nodes_text
+from opfuse.advisor.report import CAPTION, ORIGINAL, RUNS_NOTE, nodes_text
 from opfuse.errors import OpfuseError
 
 PathArg = click.Path(path_type=Path)
@@ -140,8 +140,8 @@ def profile(
                     "op_statistic": [
                         {
                             "op_type": s.op_type,
-                            "count": s.count * prof.runs,
-                            "total_us": s.total_us * prof.runs,
+                            "count": s.count,
+                            "total_us": s.total_us,
                             "mean_us": s.mean_us,
                             "share": s.share,
                         }
@@ -151,8 +151,8 @@ def profile(
                         {
                             "name": r.name,
                             "op_type": r.op_type,
-                            "count": r.calls * prof.runs,
-                            "total_us": r.duration_us * prof.runs,
+                            "count": r.calls,
+                            "total_us": r.duration_us,
                             "mean_us": r.duration_us / r.calls,
                             "share": r.duration_us / total,
                             "provider": r.provider,
@@ -169,21 +169,21 @@ def profile(
         f"{prof.total_us:.1f} us per run ({provider}, graph optimization {graph_opt})",
         markup=False,
     )
-    # counts and totals over the profiled runs, as msprof's Op Statistic gives them
-    table = Table(title=f"Op Statistic ({prof.runs} runs)", title_justify="left")
+    # per run, as advise prints it: counts per run, each node's median time over the runs
+    table = Table(title=f"Op Statistic (per run, {RUNS_NOTE})", title_justify="left")
     for col in ("OP Type", "Count", "Total Time(us)", "Avg Time(us)", "Ratio(%)"):
         table.add_column(col, justify="left" if col == "OP Type" else "right")
     for s in stats:
         table.add_row(
             s.op_type,
-            str(s.count * prof.runs),
-            f"{s.total_us * prof.runs:.3f}",
+            str(s.count),
+            f"{s.total_us:.3f}",
             f"{s.mean_us:.3f}",
             f"{100 * s.share:.2f}",
         )
     out.print(table)
     table = Table(
-        title=f"Top {len(slow)} slow nodes ({prof.runs} runs)",
+        title=f"Top {len(slow)} slow nodes (per run)",
         title_justify="left",
         caption=CAPTION,
     )
@@ -202,8 +202,8 @@ def profile(
         table.add_row(
             r.name,
             r.op_type,
-            str(r.calls * prof.runs),
-            f"{r.duration_us * prof.runs:.3f}",
+            str(r.calls),
+            f"{r.duration_us:.3f}",
             f"{r.duration_us / r.calls:.3f}",
             f"{100 * r.duration_us / total:.2f}",
             r.provider,

@@ -12,6 +12,7 @@ from opfuse.advisor.report import (
     EMPTY,
     HINT_TITLES,
     ORIGINAL,
+    RUNS_NOTE,
     above_peak,
     nodes_text,
     ort_text,
@@ -177,7 +178,7 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
             "op-chart",
         )
     )
-    out.append("<h2>Op Statistic</h2>")
+    out.append(f"<h2>Op Statistic (per run, {escape(RUNS_NOTE)})</h2>")
     out.append(
         _table(
             ["OP Type", "Count", "Total Time(us)", "Avg Time(us)", "Ratio(%)"],

@@ -208,6 +208,18 @@ CSV_COLUMNS: dict[str, tuple[str, ...]] = {
     "infer_id": ("inferid", "iterationid"),
 }
 UNREPORTED = ("start", "infer_id")  # used when present, never reported missing
+# the column each field is reported as (msprof's own spelling)
+CSV_TITLES = {
+    "op_name": "Op Name",
+    "op_type": "OP Type",
+    "duration": "Task Duration(us)",
+    "task_type": "Task Type",
+    "input_shapes": "Input Shapes",
+    "mac_ratio": "aic_mac_ratio",
+    "vec_ratio": "aic_vec_ratio",
+    "mte2_ratio": "aic_mte2_ratio",
+    "mte3_ratio": "aic_mte3_ratio",
+}
 REQUIRED = ("op_name", "op_type", "duration")
 RATIO_FIELDS = ("mac_ratio", "vec_ratio", "mte2_ratio", "mte3_ratio")
 
@@ -262,10 +274,10 @@ def read_op_summary(path: str | os.PathLike[str]) -> Profile:
     missing_required = [k for k in REQUIRED if k not in column]
     if missing_required:
         raise OpfuseError(
-            f"{path}: op summary lacks the column(s) {', '.join(missing_required)} "
-            f"(header: {', '.join(rows[0])})"
+            f"{path}: op summary lacks the column(s) "
+            f"{', '.join(CSV_TITLES[k] for k in missing_required)} (header: {', '.join(rows[0])})"
         )
-    missing = [k for k in CSV_COLUMNS if k not in column and k not in UNREPORTED]
+    missing = [CSV_TITLES[k] for k in CSV_COLUMNS if k not in column and k not in UNREPORTED]
     data = [r for r in rows[1:] if len(r) > column["duration"] and any(c.strip() for c in r)]
     if "start" in column:
         data.sort(key=lambda r: _float(r[column["start"]]) or 0.0)

@@ -4,6 +4,7 @@ op statistics."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +30,7 @@ HINT_TITLES = {
 
 
 ORIGINAL = "Original Node(s)"
+RUNS_NOTE = "each node's median over the runs"
 CAPTION = "Original Node(s): the model's nodes behind a fused kernel's name; = the node itself"
 
 
@@ -117,7 +119,7 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
     for note in prof["notes"]:
         p(f"note: {note}", markup=False)
 
-    table = Table(title="Op Statistic", title_justify="left")
+    table = Table(title=f"Op Statistic (per run, {RUNS_NOTE})", title_justify="left")
     for col in ("OP Type", "Count", "Total Time(us)", "Avg Time(us)", "Ratio(%)"):
         table.add_column(col, justify="left" if col == "OP Type" else "right")
     for s in report["op_statistic"]:
@@ -130,7 +132,9 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
         )
     p(table)
     table = Table(
-        title=f"Top {len(report['top_nodes'])} slow nodes", title_justify="left", caption=CAPTION
+        title=f"Top {len(report['top_nodes'])} slow nodes (per run)",
+        title_justify="left",
+        caption=CAPTION,
     )
     for col in ("Op Name", "OP Type", "Duration(us)", "Ratio(%)", ORIGINAL):
         table.add_column(col, justify="right" if col in ("Duration(us)", "Ratio(%)") else "left")
@@ -151,6 +155,13 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
         p(
             "Identifications of UB fusion operators: the following operators can be used for UB fusion:"
         )
+        # the verdict most groups share (no opfuse pass: a UB fusion is the backend's) is
+        # printed once; a group's own line shows only a verdict of its own
+        verdicts = Counter(verdict_text(g["opfuse"]) for g in report["ub_fusion"])
+        shared, n = verdicts.most_common(1)[0]
+        common = shared if n > 1 else None
+        if common is not None:
+            p(f"For every group below unless noted, {common}", markup=False, soft_wrap=True)
         p("List of operators that can be fused in subgraph 0")
         for g in report["ub_fusion"]:
             p(
@@ -159,8 +170,12 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
                 markup=False,
                 soft_wrap=True,
             )
-            extra = [x for x in (verdict_text(g["opfuse"]), ort_text(g["onnxruntime"])) if x]
-            p("    " + "; ".join(extra), markup=False, soft_wrap=True, style="dim")
+            verdict = verdict_text(g["opfuse"])
+            extra = [
+                x for x in (verdict if verdict != common else "", ort_text(g["onnxruntime"])) if x
+            ]
+            if extra:
+                p("    " + "; ".join(extra), markup=False, soft_wrap=True, style="dim")
         p(
             "Recommendation: fuse the operators of each group (a runtime with UB fusion does it "
             "when the group is within its limits)."
@@ -230,6 +245,8 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
                 )
         if above_peak(report["l2_fusion"]):
             p(f"* {ABOVE_PEAK} (target {tgt['name']}).", markup=False)
+        # "Recommadation" is msadvisor's own spelling in its L2 section, kept so the output
+        # matches what Ascend users grep for
         p("Recommadation: 1. Open AOE (or let the runtime keep these intermediates in L2).")
     else:
         p(EMPTY["l2_fusion"])

@@ -161,7 +161,8 @@ class Trial:
                         "pattern": s.pattern,
                         "reason": reason,
                         "count": count,
-                        "nodes": s.examples.get(reason, []),
+                        # a node refused again after a neighbour changed is listed once
+                        "nodes": list(dict.fromkeys(s.examples.get(reason, []))),
                     }
                 )
         return list(rows.values())
