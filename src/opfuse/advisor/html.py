@@ -9,6 +9,7 @@ from typing import Any
 
 from opfuse.advisor.l2 import ABOVE_PEAK, RATIO_KEYS
 from opfuse.advisor.report import (
+    CAPTION,
     EMPTY,
     HINT_TITLES,
     ORIGINAL,
@@ -203,6 +204,7 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
             ],
         )
     )
+    out.append(f'<p class="dim">{escape(CAPTION)}</p>')
     out.append("<h2>====UBModel====</h2>")
     for i, g in enumerate(largest):
         out.append(
