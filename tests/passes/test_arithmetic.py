@@ -253,3 +253,49 @@ def test_mul_by_zero_unknown_broadcast_stays():
     m = model("y = Mul(x, z)", inputs="float[N,3] x", outputs="float[4,N,3] y", inits=inits)
     _, result = check_rule(m, ZERO)
     assert "the constant broadcasts x to a shape that is not static" in reasons(result, ZERO)
+
+
+# --- constants are combined by the ONNX evaluators, never by hand -----------------------
+
+
+def test_constants_are_combined_by_the_onnx_evaluators(monkeypatch):
+    from opfuse.passes import _evaluate
+
+    def unavailable(proto):
+        raise RuntimeError("reference evaluator unavailable")
+
+    ran = []
+    real = _evaluate._onnxruntime
+
+    def onnxruntime(proto):
+        ran.append(proto.graph.node[0].op_type)
+        return real(proto)
+
+    # with the reference evaluator gone, onnxruntime computes every combined constant
+    monkeypatch.setattr(_evaluate, "_reference", unavailable)
+    monkeypatch.setattr(_evaluate, "_onnxruntime", onnxruntime)
+    monkeypatch.setattr(_evaluate, "_cache", {})
+    monkeypatch.setattr(_evaluate, "_memo", {})
+    inits = {**C, "c": np.ones((1, 3), np.float32), "d": np.zeros((1, 3), np.float32)}
+    for body, out in [
+        ("t = Sub(x, a)\n y = Add(t, b)", "float[2,3] y"),
+        ("t = Div(a, x)\n y = Mul(t, b)", "float[2,3] y"),
+        ("y = Sum(a, x, b)", "float[2,3] y"),
+        ("y = Concat<axis=0>(x, c, d)", "float[4,3] y"),
+    ]:
+        optimized, result = check_rule(model(body, outputs=out, inits=inits), PUSH)
+        assert effected(result, PUSH) == 1
+    assert ran == ["Sub", "Mul", "Sum", "Concat"]  # each built once, cached after
+
+
+def test_constants_that_would_grow_the_model_are_not_combined():
+    inits = {"a": np.ones((64, 1), np.float32), "b": np.ones((1, 64), np.float32)}
+    m = model(
+        "t = Add(x, a)\n y = Add(t, b)",
+        inputs="float[64,64] x",
+        outputs="float[64,64] y",
+        inits=inits,
+    )
+    optimized, result = check_rule(m, PUSH)
+    assert "the combined constant would be larger than its parts" in reasons(result, PUSH)
+    assert op_types(optimized) == {"Add": 2}

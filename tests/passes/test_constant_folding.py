@@ -276,6 +276,49 @@ def test_gather_or_slice_of_static_dims_folds(select):
     assert op_types(optimized) == {"Add": 1}
 
 
+@pytest.mark.parametrize(
+    "select,value",
+    [
+        (
+            "s = Shape<start=1, end=-1>(x)\n i = Constant<value=int64 {1}>()\n"
+            " g = Gather<axis=0>(s, i)",
+            4,
+        ),
+        (
+            "s = Shape<start=-3>(x)\n i = Constant<value=int64[2] {-2,0}>()\n"
+            " g = Gather<axis=0>(s, i)",
+            [4, 3],
+        ),
+        (
+            "s = Shape(x)\n a = Constant<value=int64[1] {-2}>()\n"
+            " b = Constant<value=int64[1] {-9223372036854775807}>()\n"
+            " c = Constant<value=int64[1] {0}>()\n d = Constant<value=int64[1] {-1}>()\n"
+            " g = Slice(s, a, b, c, d)",
+            None,
+        ),  # reversed: [4, 3, N]
+        (
+            "s = Shape(x)\n a = Constant<value=int32[1] {3}>()\n b = Constant<value=int32[1] {0}>()"
+            "\n c = Constant<value=int32[1] {-1}>()\n d = Constant<value=int32[1] {-1}>()\n"
+            " g = Slice(s, a, b, c, d)",
+            [5, 4, 3],
+        ),
+    ],
+)
+def test_shape_slices_follow_onnx_semantics(select, value):
+    m = model(
+        f"{select}\n f = Cast<to=1>(g)\n r = ReduceSum<keepdims=0>(f)\n y = Add(x, r)",
+        inputs="float[N,3,4,5] x",
+        outputs="float[N,3,4,5] y",
+    )
+    optimized, result = check_rule(m, PASS)
+    if value is None:
+        assert "the selected dims are dynamic" in reasons(result, PASS)
+        return
+    assert op_types(optimized) == {"Add": 1}
+    (init,) = optimized.graph.initializers.values()
+    assert init.const_value.numpy() == np.sum(value)
+
+
 def test_gather_of_dynamic_dim_stays_with_reason():
     m = model(
         "s = Shape(x)\n i = Constant<value=int64 {0}>()\n g = Gather<axis=0>(s, i)\n"

@@ -8,7 +8,9 @@ share one evaluator, cached by op type, attributes, input dtypes and opsets.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Mapping, Sequence
+from typing import cast
 
 import numpy as np
 import onnx
@@ -158,6 +160,10 @@ def _cache_key(node: ir.Node, arrays: Sequence[np.ndarray | None], model: ir.Mod
         if a.type == ir.AttributeType.TENSOR:
             array = value.numpy()
             value = (str(array.dtype), array.shape, array.tobytes())
+        elif a.type == ir.AttributeType.FLOAT:
+            value = struct.pack("<d", value)  # -0.0 is not 0.0
+        elif a.type == ir.AttributeType.FLOATS:
+            value = tuple(struct.pack("<d", v) for v in value)
         elif isinstance(value, (list, tuple)):
             value = tuple(value)
         attrs.append((name, int(a.type), value))
@@ -172,6 +178,44 @@ def _cache_key(node: ir.Node, arrays: Sequence[np.ndarray | None], model: ir.Mod
     )
 
 
+def _run(
+    key: tuple | None,
+    build: Callable[[], onnx.ModelProto],
+    feeds: dict[str, np.ndarray],
+    check: Callable[[list[object]], list[np.ndarray] | None],
+) -> list[np.ndarray]:
+    """Run the one-node model (built by ``build`` on a cache miss) with the reference
+    evaluator, else onnxruntime; ``check`` turns raw outputs into results or None."""
+    runners = _cache.get(key) if key is not None else None
+    if runners is None:
+        runners = (None, None)
+        if key is not None:
+            if len(_cache) >= CACHE_LIMIT:
+                _cache.clear()
+            _cache[key] = runners
+    proto: onnx.ModelProto | None = None
+    errors = []
+    for slot, make in enumerate((_reference, _onnxruntime)):
+        runner = runners[slot]
+        try:
+            if runner is None:
+                if proto is None:
+                    proto = build()
+                runner = make(proto)
+                runners = (runner, runners[1]) if slot == 0 else (runners[0], runner)
+                if key is not None:
+                    _cache[key] = runners
+            results = check(runner(feeds))
+        except Exception as exc:  # any evaluator failure: try the next one
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            errors.append(f"{make.__name__.lstrip('_')}: {first[:120]}")
+            continue
+        if results is not None:
+            return results
+        errors.append(f"{make.__name__.lstrip('_')}: result type or shape differs")
+    raise EvaluationError("; ".join(errors))
+
+
 def evaluate(
     node: ir.Node,
     arrays: Sequence[np.ndarray | None],
@@ -182,38 +226,81 @@ def evaluate(
     the enclosing graphs' values its subgraphs read, by name."""
     outer = outer or {}
     key = None if outer else _cache_key(node, arrays, model)
-    runners = _cache.get(key) if key is not None else None
-    proto: onnx.ModelProto | None = None
-    feed_names = [f"i{i}" for i, a in enumerate(arrays) if a is not None]
-    if runners is None:
-        proto, feed_names = _one_node_model(node, arrays, model, outer)
-        runners = (None, None)
-        if key is not None:
-            if len(_cache) >= CACHE_LIMIT:
-                _cache.clear()
-            _cache[key] = runners
+    feed_names = [f"i{i}" for i, a in enumerate(arrays) if a is not None] + list(outer)
     values = [a for a in arrays if a is not None] + list(outer.values())
     feeds = dict(zip(feed_names, values, strict=True))
-    errors = []
-    for slot, make in enumerate((_reference, _onnxruntime)):
-        runner = runners[slot]
-        try:
-            if runner is None:
-                if proto is None:
-                    proto, _ = _one_node_model(node, arrays, model, outer)
-                runner = make(proto)
-                runners = (runner, runners[1]) if slot == 0 else (runners[0], runner)
-                if key is not None:
-                    _cache[key] = runners
-            results = _results(node.outputs, runner(feeds))
-        except Exception as exc:  # any evaluator failure: try the next one
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            errors.append(f"{make.__name__.lstrip('_')}: {first[:120]}")
-            continue
-        if results is not None:
-            return results
-        errors.append(f"{make.__name__.lstrip('_')}: result type or shape differs")
-    raise EvaluationError("; ".join(errors))
+    return _run(
+        key,
+        lambda: _one_node_model(node, arrays, model, outer)[0],
+        feeds,
+        lambda raw: _results(node.outputs, raw),
+    )
+
+
+COMBINE_MIN_OPSET = 14  # numpy-style broadcasting, input-form Slice, bfloat16 arithmetic
+MEMO_BYTES = 256  # evaluate_op results on inputs this small are remembered (shape vectors)
+_memo: dict[tuple, np.ndarray] = {}
+
+
+def evaluate_op(
+    op_type: str,
+    arrays: Sequence[np.ndarray | None],
+    opset: int = COMBINE_MIN_OPSET,
+    **attributes: int | float | str | Sequence[int],
+) -> np.ndarray:
+    """``op_type`` (default domain, one output of the first input's dtype) on constant
+    ``arrays`` (None for an absent optional input): how rules combine constants and
+    slice shape vectors, with ONNX's own dtype and broadcast semantics, at the model's
+    ``opset`` (at least 14). Raises EvaluationError."""
+    opset = max(opset, COMBINE_MIN_OPSET)
+    dtype = next(a for a in arrays if a is not None).dtype
+    key = (
+        "op",
+        op_type,
+        tuple(
+            sorted(
+                (k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in attributes.items()
+            )
+        ),
+        tuple(None if a is None else a.dtype.str for a in arrays),
+        opset,
+    )
+    names = [f"i{i}" if a is not None else "" for i, a in enumerate(arrays)]
+
+    def build() -> onnx.ModelProto:
+        elem = onnx.helper.np_dtype_to_tensor_dtype(dtype)
+        inputs = [
+            onnx.helper.make_tensor_value_info(
+                n, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), None
+            )
+            for n, a in zip(names, arrays, strict=True)
+            if a is not None
+        ]
+        node = onnx.helper.make_node(op_type, names, ["o0"], **cast(dict, attributes))
+        output = onnx.helper.make_tensor_value_info("o0", elem, None)
+        graph = onnx.helper.make_graph([node], "combine", inputs, [output])
+        one = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+        one.ir_version = ORT_MAX_IR_VERSION
+        return one
+
+    def check(raw: list[object]) -> list[np.ndarray] | None:
+        if len(raw) != 1 or not isinstance(raw[0], (np.ndarray, np.generic)):
+            return None
+        array = np.asarray(raw[0])
+        return [array] if array.dtype == dtype else None
+
+    feeds = {n: a for n, a in zip(names, arrays, strict=True) if a is not None}
+    memo = None
+    if sum(a.nbytes for a in feeds.values()) <= MEMO_BYTES:
+        memo = (key, *((a.shape, a.tobytes()) for a in feeds.values()))
+        if memo in _memo:
+            return _memo[memo].copy()
+    result = _run(key, build, feeds, check)[0]
+    if memo is not None:
+        if len(_memo) >= CACHE_LIMIT:
+            _memo.clear()
+        _memo[memo] = result.copy()
+    return result
 
 
 def output_bytes(node: ir.Node, arrays: Sequence[np.ndarray | None], model: ir.Model) -> int | None:

@@ -18,7 +18,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from opfuse.passes._evaluate import EvaluationError, evaluate_op
 from opfuse.passes._util import attr, static_shape
+from opfuse.passes.constant_folding import FOLD_GROWTH_ALLOWANCE
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Match, PassContext, Rule
 from opfuse.rewrite.pattern import const_array
@@ -67,10 +69,25 @@ def _operand_grows(x: ir.Value, c: np.ndarray) -> bool | None:
     return False
 
 
+def _growth_reason(arrays: list[np.ndarray]) -> str | None:
+    """Why combining the constants would grow the model (a broadcast result larger than
+    its parts by more than folding's allowance), or None."""
+    try:
+        shape = np.broadcast_shapes(*(a.shape for a in arrays))
+    except ValueError:
+        return "the constants do not broadcast together"
+    size = int(np.prod(shape, dtype=np.int64)) * arrays[0].itemsize
+    if size - sum(a.nbytes for a in arrays) > FOLD_GROWTH_ALLOWANCE:
+        return "the combined constant would be larger than its parts"
+    return None
+
+
 class ChainMatch(Match):
     inner: ir.Node
     outer: Term
     first: Term
+    total: np.ndarray  # the combined constant, computed in the check
+    sign: int
 
 
 class _ChainRule(Rule):
@@ -99,7 +116,25 @@ class _ChainRule(Rule):
         assert isinstance(m, ChainMatch)
         if any(c.dtype != dtype.numpy() for c in (m.outer[2], m.first[2])):
             return "constants differ from the output dtype"
+        reason = self.check_constants(m, dtype) or _growth_reason([m.first[2], m.outer[2]])
+        if reason:
+            return reason
+        try:
+            with np.errstate(all="ignore"):
+                m.total, m.sign = self.combine(m, ctx)
+        except EvaluationError as exc:
+            return f"cannot combine the constants: {exc}"
+        return self.check_total(m, dtype)
+
+    def check_constants(self, m: ChainMatch, dtype: ir.DataType) -> str | None:
         return None
+
+    def check_total(self, m: ChainMatch, dtype: ir.DataType) -> str | None:
+        return None
+
+    def combine(self, m: ChainMatch, ctx: PassContext) -> tuple[np.ndarray, int]:
+        """The combined constant (by the ONNX evaluator) and its sign in the result."""
+        raise NotImplementedError
 
 
 class AddSubChainRule(_ChainRule):
@@ -109,25 +144,24 @@ class AddSubChainRule(_ChainRule):
     roots = ("Add", "Sub")
     ops = ("Add", "Sub")
 
+    def combine(self, m: ChainMatch, ctx: PassContext) -> tuple[np.ndarray, int]:
+        # sign of k in the result; k and c cannot both be negated while x is, since the
+        # outer constant is negated only in Sub(t, c), where t keeps its sign
+        _, so, c, sc = m.outer
+        _, _, k, sk = m.first
+        if so * sk > 0:
+            return evaluate_op("Add" if sc > 0 else "Sub", (k, c), ctx.opset), 1
+        if sc > 0:
+            return evaluate_op("Sub", (c, k), ctx.opset), 1
+        return evaluate_op("Add", (k, c), ctx.opset), -1
+
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
         assert isinstance(m, ChainMatch)
-        _, so, c, sc = m.outer
-        x, sx, k, sk = m.first
-        # sign of k in the result, sign of x; k and c cannot both be negated while x is,
-        # since the outer constant is negated only in Sub(t, c), where t keeps its sign
-        p, s = so * sk, so * sx
-        if p > 0:
-            total, sign = (k + c if sc > 0 else k - c), 1
-        else:
-            total, sign = (c - k, 1) if sc > 0 else (k + c, -1)
-        return [self._build(b, m, x, s, sign, total)]
-
-    @staticmethod
-    def _build(b: Builder, m: Match, x: ir.Value, s: int, sign: int, total: np.ndarray):
-        k = b.const(np.asarray(total), f"{m.root.name or 'add'}_const")
+        x, s = m.first[0], m.outer[1] * m.first[1]  # x's sign in the result
+        k = b.const(m.total, f"{m.root.name or 'add'}_const")
         if s > 0:
-            return b.op("Add" if sign > 0 else "Sub", [x, k], like=m.root)
-        return b.op("Sub", [k, x], like=m.root)
+            return [b.op("Add" if m.sign > 0 else "Sub", [x, k], like=m.root)]
+        return [b.op("Sub", [k, x], like=m.root)]
 
 
 class MulDivChainRule(_ChainRule):
@@ -137,13 +171,7 @@ class MulDivChainRule(_ChainRule):
     roots = ("Mul", "Div")
     ops = ("Mul", "Div")
 
-    def check(self, m: Match, ctx: PassContext) -> str | None:
-        reason = super().check(m, ctx)
-        if reason:
-            return reason
-        assert isinstance(m, ChainMatch)
-        dtype = m.root.outputs[0].dtype
-        assert dtype is not None
+    def check_constants(self, m: ChainMatch, dtype: ir.DataType) -> str | None:
         divides = "Div" in (m.root.op_type, m.inner.op_type)
         if not dtype.is_floating_point():
             return "integer division does not reassociate" if divides else None
@@ -152,28 +180,28 @@ class MulDivChainRule(_ChainRule):
             return "a constant is not finite"
         if divides and (np.any(k == 0) or np.any(c == 0)):
             return "a divisor constant has zeros"
-        with np.errstate(all="ignore"):
-            total, _ = self._total(m)
-        if not np.all(np.isfinite(total)):
+        return None
+
+    def check_total(self, m: ChainMatch, dtype: ir.DataType) -> str | None:
+        if dtype.is_floating_point() and not np.all(np.isfinite(m.total)):
             return "the combined constant overflows"
         return None
 
-    @staticmethod
-    def _total(m: ChainMatch) -> tuple[np.ndarray, int]:
+    def combine(self, m: ChainMatch, ctx: PassContext) -> tuple[np.ndarray, int]:
         _, so, c, sc = m.outer
         _, _, k, sk = m.first
-        p = so * sk
-        if p > 0:
-            return (k * c if sc > 0 else k / c), 1
-        return (c / k, 1) if sc > 0 else (k * c, -1)
+        if so * sk > 0:
+            return evaluate_op("Mul" if sc > 0 else "Div", (k, c), ctx.opset), 1
+        if sc > 0:
+            return evaluate_op("Div", (c, k), ctx.opset), 1
+        return evaluate_op("Mul", (k, c), ctx.opset), -1
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
         assert isinstance(m, ChainMatch)
-        total, sign = self._total(m)
         x, s = m.first[0], m.outer[1] * m.first[1]
-        k = b.const(np.asarray(total).astype(m.outer[2].dtype), f"{m.root.name or 'mul'}_const")
+        k = b.const(m.total, f"{m.root.name or 'mul'}_const")
         if s > 0:
-            return [b.op("Mul" if sign > 0 else "Div", [x, k], like=m.root)]
+            return [b.op("Mul" if m.sign > 0 else "Div", [x, k], like=m.root)]
         return [b.op("Div", [k, x], like=m.root)]
 
 
@@ -196,16 +224,23 @@ class SumConstantsRule(Rule):
         arrays = [a for a in map(const_array, m.root.inputs) if a is not None]
         if dtype is None or any(a.dtype != dtype.numpy() for a in arrays):
             return "constants differ from the output dtype"
+        reason = _growth_reason(arrays)
+        if reason:
+            return reason
+        try:
+            m.consts["_total"] = evaluate_op("Sum", arrays, ctx.opset)
+        except EvaluationError as exc:
+            return f"cannot combine the constants: {exc}"
         return None
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        arrays = [a for a in map(const_array, m.root.inputs) if a is not None]
-        total = arrays[0]
-        for a in arrays[1:]:
-            total = total + a
-        k = b.const(np.asarray(total, dtype=arrays[0].dtype), f"{m.root.name or 'sum'}_const")
+        k = b.const(m.consts["_total"], f"{m.root.name or 'sum'}_const")
         rest = [v for v in m.root.inputs if const_array(v) is None]
         return [b.op("Sum", [k, *rest], like=m.root)]
+
+
+class ConcatMatch(Match):
+    pieces: list[ir.Value | np.ndarray]  # kept inputs and merged runs of constants
 
 
 class ConcatConstantsRule(Rule):
@@ -222,36 +257,39 @@ class ConcatConstantsRule(Rule):
             a is not None and b is not None for a, b in zip(arrays, arrays[1:], strict=False)
         ):
             return None
-        m = Match(node)
+        m = ConcatMatch(node)
         m.nodes.append(node)
         return m
 
-    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+    def check(self, m: Match, ctx: PassContext) -> str | None:
+        assert isinstance(m, ConcatMatch)
         axis = attr(m.root, "axis", 0)
-        inputs: list[ir.Value | None] = []
-        run: list[np.ndarray] = []
+        m.pieces = []
+        run: list[tuple[ir.Value, np.ndarray]] = []
+        try:
+            for v in [*m.root.inputs, None]:  # None: the end, flushes the last run
+                a = const_array(v)
+                if a is not None:
+                    assert v is not None
+                    run.append((v, a))
+                    continue
+                if len(run) == 1:
+                    m.pieces.append(run[0][0])
+                elif run:
+                    arrays = [r[1] for r in run]
+                    m.pieces.append(evaluate_op("Concat", arrays, ctx.opset, axis=axis))
+                run = []
+                if v is not None:
+                    m.pieces.append(v)
+        except EvaluationError as exc:
+            return f"cannot combine the constants: {exc}"
+        return None
 
-        def flush() -> None:
-            if len(run) == 1:
-                inputs.append(pending[0])
-            elif run:
-                merged = np.concatenate(run, axis=axis)
-                inputs.append(b.const(merged, f"{m.root.name or 'concat'}_const"))
-            run.clear()
-            pending.clear()
-
-        pending: list[ir.Value] = []
-        for v in m.root.inputs:
-            a = const_array(v)
-            if a is None:
-                flush()
-                inputs.append(v)
-            else:
-                assert v is not None
-                run.append(a)
-                pending.append(v)
-        flush()
-        return [b.op("Concat", inputs, {"axis": axis}, like=m.root)]
+    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+        assert isinstance(m, ConcatMatch)
+        name = f"{m.root.name or 'concat'}_const"
+        inputs = [b.const(p, name) if isinstance(p, np.ndarray) else p for p in m.pieces]
+        return [b.op("Concat", inputs, {"axis": attr(m.root, "axis", 0)}, like=m.root)]
 
 
 class NeutralMatch(Match):

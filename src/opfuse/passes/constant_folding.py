@@ -35,27 +35,25 @@ FOLD_GROWTH_ALLOWANCE = 4096  # bytes one fold may add to the model (shape-sized
 
 # ops whose output size is set by input values, not input shapes: never evaluated before
 # shape inference has sized their result
-SIZED_BY_VALUES = frozenset(
-    {
-        "BlackmanWindow",
-        "CenterCropPad",
-        "Col2Im",
-        "ConstantOfShape",
-        "DFT",
-        "Expand",
-        "HammingWindow",
-        "HannWindow",
-        "MaxUnpool",
-        "MelWeightMatrix",
-        "OneHot",
-        "Pad",
-        "Range",
-        "Resize",
-        "STFT",
-        "Tile",
-        "Upsample",
-    }
-)
+# fmt: off
+SIZED_BY_VALUES = frozenset({
+    "BlackmanWindow", "CenterCropPad", "Col2Im", "ConstantOfShape", "DFT", "Expand",
+    "HammingWindow", "HannWindow", "MaxUnpool", "MelWeightMatrix", "OneHot", "Pad", "Range",
+    "Resize", "STFT", "Tile", "Upsample",
+})
+# fmt: on
+
+# ops whose output has as many elements as their first input: sized without inference
+# fmt: off
+ELEMENTS_KEPT = frozenset({
+    "Abs", "Acos", "Acosh", "Asin", "Asinh", "Atan", "Atanh", "BitwiseNot", "Cast",
+    "CastLike", "Ceil", "Cos", "Cosh", "Elu", "Erf", "Exp", "Flatten", "Floor",
+    "HardSigmoid", "HardSwish", "Identity", "IsInf", "IsNaN", "LeakyRelu", "Log",
+    "LogSoftmax", "Mish", "Neg", "Not", "Reciprocal", "Relu", "Reshape", "Round", "Selu",
+    "Sigmoid", "Sign", "Sin", "Sinh", "Softmax", "Softplus", "Softsign", "Sqrt", "Squeeze",
+    "Tan", "Tanh", "ThresholdedRelu", "Transpose", "Unsqueeze",
+})
+# fmt: on
 
 NEVER_FOLD = {  # besides the nondeterministic ops (_evaluate.NONDETERMINISTIC, Dropout)
     "DequantizeLinear": "DequantizeLinear of a constant stays (quantized weights stay small)",
@@ -120,6 +118,17 @@ def _static_bytes(value: ir.Value) -> int | None:
         return None
     count = int(np.prod([int(d) for d in value.shape], dtype=np.int64))  # type: ignore[arg-type]
     return int(np.ceil(count * value.dtype.itemsize))
+
+
+def _kept_bytes(node: ir.Node, arrays: list[np.ndarray | None]) -> int | None:
+    """The output bytes of an op that keeps its first input's element count."""
+    if node.op_type not in ELEMENTS_KEPT or len(node.outputs) != 1 or not arrays:
+        return None
+    first, out = arrays[0], node.outputs[0]
+    if first is None:
+        return None
+    itemsize = out.dtype.itemsize if out.dtype is not None else 8
+    return int(np.ceil(first.size * itemsize))
 
 
 class FoldMatch(Match):
@@ -202,7 +211,9 @@ class FoldRule(Rule):
         if all(s is not None for s in sizes):
             size: int | None = sum(s or 0 for s in sizes)
         else:  # sized before evaluating: a huge result is refused before it is built
-            size = output_bytes(node, m.arrays, ctx.model)
+            size = _kept_bytes(node, m.arrays)
+            if size is None:
+                size = output_bytes(node, m.arrays, ctx.model)
         if size is not None:
             reason = _size_reason(size, freed, limit)
             if reason:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from opfuse.passes._evaluate import EvaluationError, evaluate_op
 from opfuse.passes._util import attr
 from opfuse.rewrite import Builder, Match, PassContext, Rule
 from opfuse.rewrite.pattern import const_array
@@ -28,21 +29,38 @@ Element = tuple
 def _shape_dims(node: ir.Node) -> list[object] | None:
     """The dims a Shape node returns (ints or symbolic dims), or None when x's rank is
     unknown."""
-    x = node.inputs[0]
-    if x is None or x.shape is None:
+    positions = _shape_positions(node)
+    if positions is None:
         return None
-    dims: list[object] = [dim_of(x, i) for i in range(len(x.shape))]
-    start, end = attr(node, "start", 0), attr(node, "end", None)
-    return dims[slice(start, end)]
+    x = node.inputs[0]
+    assert x is not None
+    return [dim_of(x, i) for i in positions]
+
+
+def _select(positions: list[int], op: str, arrays: list[np.ndarray | None], **attrs) -> list[int]:
+    """Gather or Slice of a vector of positions, by the ONNX evaluator."""
+    picked = evaluate_op(op, [np.array(positions, dtype=np.int64), *arrays], **attrs)
+    return [int(p) for p in picked.reshape(-1)]
 
 
 def _shape_positions(node: ir.Node) -> list[int] | None:
-    """Positions into x's shape that a Shape node returns."""
+    """Positions into x's shape that a Shape node returns (its start and end slice them
+    as Slice does)."""
     x = node.inputs[0]
     if x is None or x.shape is None:
         return None
     positions = list(range(len(x.shape)))
-    return positions[slice(attr(node, "start", 0), attr(node, "end", None))]
+    start, end = attr(node, "start", 0), attr(node, "end", None)
+    if start == 0 and end is None:
+        return positions
+    bounds: list[np.ndarray | None] = [
+        np.array([start]),
+        np.array([len(positions) if end is None else end]),
+    ]
+    try:
+        return _select(positions, "Slice", bounds)
+    except EvaluationError:
+        return None
 
 
 def _shape_producer(value: ir.Value | None) -> ir.Node | None:
@@ -59,13 +77,12 @@ def _gathered_positions(node: ir.Node) -> tuple[ir.Node, list[int], bool] | None
         return None
     idx = const_array(node.inputs[1])
     positions = _shape_positions(shape)
-    if idx is None or positions is None or idx.ndim > 1:
+    if idx is None or positions is None or idx.ndim > 1 or idx.dtype.kind not in "iu":
         return None
-    n = len(positions)
-    flat = [int(i) for i in idx.reshape(-1)]
-    if any(not -n <= i < n for i in flat):
+    try:  # an index out of range fails here
+        return shape, _select(positions, "Gather", [idx], axis=0), idx.ndim == 0
+    except EvaluationError:
         return None
-    return shape, [positions[i] for i in flat], idx.ndim == 0
 
 
 def _sliced_positions(node: ir.Node) -> tuple[ir.Node, list[int]] | None:
@@ -81,19 +98,10 @@ def _sliced_positions(node: ir.Node) -> tuple[ir.Node, list[int]] | None:
         or any(c is None for c, v in zip(consts, node.inputs[1:], strict=True) if v is not None)
     ):
         return None
-    starts, ends = consts[0], consts[1]
-    assert starts is not None and ends is not None
-    axes = consts[2] if len(consts) > 2 else None
-    steps = consts[3] if len(consts) > 3 else None
-    if starts.size != 1 or (axes is not None and int(axes.reshape(-1)[0]) not in (0, -1)):
+    try:  # a bad axis or a zero step fails here
+        return shape, _select(positions, "Slice", consts)
+    except EvaluationError:
         return None
-    step = 1 if steps is None else int(steps.reshape(-1)[0])
-    if step == 0:
-        return None
-    start, end = int(starts.reshape(-1)[0]), int(ends.reshape(-1)[0])
-    big = 2**62
-    sl = slice(max(min(start, big), -big), max(min(end, big), -big), step)
-    return shape, positions[sl]
 
 
 def dim_of(value: ir.Value, i: int, depth: int = 8) -> object:
