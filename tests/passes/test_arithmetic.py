@@ -299,3 +299,24 @@ def test_constants_that_would_grow_the_model_are_not_combined():
     optimized, result = check_rule(m, PUSH)
     assert "the combined constant would be larger than its parts" in reasons(result, PUSH)
     assert op_types(optimized) == {"Add": 2}
+
+
+def test_neutral_element_between_graph_input_and_output_becomes_identity():
+    inits = {"z": np.zeros(3, np.float32)}
+    optimized, result = check_rule(model("y = Add(x, z)", inits=inits), NEUTRAL)
+    assert effected(result, NEUTRAL, "neutral_element") == 1
+    assert op_types(optimized) == {"Identity": 1}
+    assert [v.name for v in optimized.graph.outputs] == ["y"]
+
+
+def test_neutral_element_of_an_outer_value_in_a_branch_becomes_identity():
+    m = model_from_text(
+        f"{HEAD}\ng (float[2,3] x, bool c) => (float[2,3] y) {{\n"
+        " a = Relu(x)\n z = Constant<value=float[3] {0,0,0}>()\n"
+        " y = If(c) <then_branch = g1 () => (float[2,3] o1) { o1 = Add(a, z) },"
+        " else_branch = g2 () => (float[2,3] o2) { o2 = Neg(x) }>\n}"
+    )
+    feeds = {"x": np.ones((2, 3), np.float32), "c": np.array(True)}
+    optimized, result = check_rule(m, NEUTRAL, feeds=feeds)  # the checker: a valid branch
+    assert effected(result, NEUTRAL) == 1
+    assert op_types(optimized)["Identity"] == 1

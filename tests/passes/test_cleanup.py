@@ -318,3 +318,21 @@ def test_identity_chain_goes():
     optimized, result = check_rule(m, "IdentityRemovalFusionPass")
     assert effected(result, "IdentityRemovalFusionPass") == 3
     assert op_types(optimized) == {"Relu": 1}
+
+
+def test_no_op_between_graph_input_and_output_becomes_identity():
+    optimized, result = check_rule(model("y = Cast<to=1>(x)"), "NoOpRemovalFusionPass")
+    assert effected(result, "NoOpRemovalFusionPass") == 1
+    assert op_types(optimized) == {"Identity": 1}
+
+
+def test_branch_output_that_is_an_outer_value_keeps_its_identity():
+    m = model_from_text(
+        f"{HEAD}\ng (float[2,3,4] x, bool c) => (float[2,3,4] y) {{\n a = Relu(x)\n"
+        " y = If(c) <then_branch = g1 () => (float[2,3,4] o1) { o1 = Identity(a) },"
+        " else_branch = g2 () => (float[2,3,4] o2) { o2 = Neg(x) }>\n}"
+    )
+    feeds = {"x": np.ones((2, 3, 4), np.float32), "c": np.array(True)}
+    optimized, result = check_rule(m, "IdentityRemovalFusionPass", feeds=feeds)
+    assert effected(result, "IdentityRemovalFusionPass") == 0
+    assert op_types(optimized) == {"Relu": 1, "If": 1, "Identity": 1, "Neg": 1}

@@ -4,7 +4,8 @@
     Mul(Mul(x, c2), c1)  ==> Mul(x, c1 * c2)       and every Mul/Div mix (float only)
     Sum(c1, x, c2, y)    ==> Sum(c1 + c2, x, y)
     Concat(a, c1, c2, b) ==> Concat(a, [c1 c2], b)
-    x + 0, x - 0, x * 1, x / 1 ==> x (Expand when the constant broadcasts x)
+    x + 0, x - 0, x * 1, x / 1 ==> x (Expand when the constant broadcasts x; Identity(x)
+                               when x is a graph input and the result a graph output)
     0 - y ==> Neg(y)     1 / y ==> Reciprocal(y)
     x * 0 ==> 0          (MulByZeroFusionPass, off: wrong for inf and NaN)
 
@@ -20,6 +21,7 @@ import onnx_ir as ir
 
 from opfuse.passes._evaluate import EvaluationError, evaluate_op
 from opfuse.passes._util import attr, static_shape
+from opfuse.passes.cleanup import forward
 from opfuse.passes.constant_folding import FOLD_GROWTH_ALLOWANCE
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Match, PassContext, Rule
@@ -338,7 +340,7 @@ class NeutralElementRule(Rule):
             shape = static_shape(m.root.outputs[0])
             dims = b.const(np.array(shape, dtype=np.int64), f"{m.root.name or 'expand'}_shape")
             return [b.op("Expand", [m.x, dims], like=m.root)]
-        return [m.x]
+        return [forward(m, b, m.x)]
 
 
 class ConstantOperandRule(Rule):

@@ -15,11 +15,35 @@ from opfuse.rewrite.pattern import const_array
 INT64_BIG = 2**31 - 1  # Slice ends at or past this cover any real dim
 
 
+def needs_identity(x: ir.Value, root: ir.Node) -> bool:
+    """Whether the root's output, a graph output, cannot simply become ``x``: x is a
+    graph input, an initializer, another graph output, or a value of an enclosing graph
+    (a graph's outputs must be made by its own nodes)."""
+    if not root.outputs[0].is_graph_output():
+        return False
+    producer = x.producer()
+    return producer is None or producer.graph is not root.graph or x.is_graph_output()
+
+
+def forward(m: Match, b: Builder, x: ir.Value) -> ir.Value:
+    """``x`` in place of the root's output, through an Identity where ``needs_identity``
+    (Add(x, 0) from a graph input to a graph output becomes Identity(x))."""
+    return b.op("Identity", [x], like=m.root) if needs_identity(x, m.root) else x
+
+
 class IdentityRule(Rule):
     """Identity(x) ==> x"""
 
     name = "identity"
     pattern = Op("Identity", Var("x"))
+
+    def check(self, m: Match, ctx: PassContext) -> str | None:
+        if needs_identity(m.value("x"), m.root):
+            return (
+                "the output is a graph output and the input a graph input, initializer, "
+                "graph output or a value of an enclosing graph"
+            )
+        return None
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
         return [m.value("x")]
@@ -47,7 +71,7 @@ class DropoutRule(Rule):
         return None
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        return [m.value("x")]
+        return [forward(m, b, m.value("x"))]
 
 
 class CastSameTypeRule(Rule):
@@ -65,7 +89,7 @@ class CastSameTypeRule(Rule):
         return None
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        return [m.value("x")]
+        return [forward(m, b, m.value("x"))]
 
 
 class ReshapeNoOpRule(Rule):
@@ -91,7 +115,7 @@ class ReshapeNoOpRule(Rule):
         return None if known == list(shape_in) else "Reshape changes the shape"
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        return [m.value("x")]
+        return [forward(m, b, m.value("x"))]
 
 
 class TransposeNoOpRule(Rule):
@@ -110,7 +134,7 @@ class TransposeNoOpRule(Rule):
         return None if list(perm) == sorted(perm) else "permutation is not the identity"
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        return [m.value("x")]
+        return [forward(m, b, m.value("x"))]
 
 
 class SliceNoOpRule(Rule):
@@ -146,7 +170,7 @@ class SliceNoOpRule(Rule):
         return None
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        return [m.value("x")]
+        return [forward(m, b, m.value("x"))]
 
 
 class ExpandNoOpRule(Rule):
@@ -166,7 +190,7 @@ class ExpandNoOpRule(Rule):
         return None if tuple(out) == shape_in else "Expand grows the tensor"
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        return [m.value("x")]
+        return [forward(m, b, m.value("x"))]
 
 
 class PadNoOpRule(Rule):
@@ -196,7 +220,7 @@ class PadNoOpRule(Rule):
         return None if not np.any(m["pads"]) else "pads are not zero"
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        return [m.value("x")]
+        return [forward(m, b, m.value("x"))]
 
 
 class SingleInputRule(Rule):
@@ -222,7 +246,7 @@ class SingleInputRule(Rule):
         return None
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        return [m.value("x")]
+        return [forward(m, b, m.value("x"))]
 
 
 # every value of the first type is exactly a value of the second
@@ -306,7 +330,7 @@ class CastChainRule(Rule):
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
         x = m.value("x")
         if ir.DataType(attr(m.root, "to")) == x.dtype:
-            return [x]
+            return [forward(m, b, x)]
         attrs = {k: a.value for k, a in m.root.attributes.items()}
         return [b.op("Cast", [x], attrs, like=m.root)]
 
@@ -345,7 +369,7 @@ class TransposeChainRule(Rule):
         assert p1 is not None and p2 is not None
         perm = [p1[i] for i in p2]
         if perm == sorted(perm):
-            return [m.value("x")]
+            return [forward(m, b, m.value("x"))]
         return [b.op("Transpose", [m.value("x")], {"perm": perm}, like=m.root)]
 
 
@@ -437,7 +461,7 @@ class SqueezeUnsqueezeRule(Rule):
         return None if n1 == n2 else "the axes differ"
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        return [m.value("x")]
+        return [forward(m, b, m.value("x"))]
 
 
 register(
