@@ -9,7 +9,6 @@ PIPELINE_ORDER = (
     "cleanup",
     "constant_folding",  # with shape_arith's rules
     "arithmetic",
-    "cse",
     "replace",
     "softmax",
     "layout",  # before the Conv fusions: BN small ops meet their Conv once Transposes are gone
@@ -23,6 +22,7 @@ PIPELINE_ORDER = (
     "pad_conv",
     "transformer",
     "conv_concat",
+    "cse",  # after the fusions: it also deduplicates the constants they made (no extra round)
     "dead_code",  # last, mandatory
 )
 
