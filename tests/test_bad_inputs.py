@@ -49,7 +49,9 @@ def write_model(d: Path, model: onnx.ModelProto | None = None) -> Path:
     return path
 
 
-def external_model(d: Path, location: str, length: int | None = None) -> Path:
+def external_model(
+    d: Path, location: str, length: int | str | None = None, offset: str = "0"
+) -> Path:
     """A model whose ``w`` points to external data at ``location`` (the file is written
     beside the model as ``w.bin`` with the 16 real bytes)."""
     model = small_model()
@@ -58,7 +60,7 @@ def external_model(d: Path, location: str, length: int | None = None) -> Path:
     w.ClearField("raw_data")
     w.ClearField("float_data")
     w.data_location = TensorProto.EXTERNAL
-    entries = {"location": location, "offset": "0", "length": str(length or 16)}
+    entries = {"location": location, "offset": offset, "length": str(length or 16)}
     for k, v in entries.items():
         w.external_data.add(key=k, value=v)
     path = d / "m.onnx"
@@ -95,10 +97,12 @@ def opset(version: int) -> Callable[[Path], list[str]]:
     return case
 
 
-def external(location: str | Callable[[Path], str], length: int | None = None):
+def external(
+    location: str | Callable[[Path], str], length: int | str | None = None, offset: str = "0"
+):
     def case(d: Path) -> list[str]:
         loc = location(d) if callable(location) else location
-        return ["optimize", str(external_model(d, loc, length)), "-o", str(d / OUT)]
+        return ["optimize", str(external_model(d, loc, length, offset)), "-o", str(d / OUT)]
 
     return case
 
@@ -218,6 +222,15 @@ CASES = {
     "external data missing": Case(external("gone.bin"), "external data file 'gone.bin' is missing"),
     "external data short": Case(
         external("w.bin", length=64), "is shorter (16 bytes) than declared"
+    ),
+    "external data offset not a number": Case(
+        external("w.bin", offset="4k"), "has external data offset '4k'; expected a byte count"
+    ),
+    "external data length not a number": Case(
+        external("w.bin", length="16.0"), "has external data length '16.0'; expected a byte count"
+    ),
+    "external data offset negative": Case(
+        external("w.bin", offset="-8"), "has external data offset '-8'"
     ),
     "external data absolute": Case(external(absolute_location), "absolute external data location"),
     "external data ../": Case(escaping_case, "outside the model's folder"),

@@ -66,15 +66,29 @@ def _check_external_data(proto: onnx.ModelProto, path: Path) -> bool:
             )
         if not target.is_file():
             raise OpfuseError(f"{where}: external data file {location!r} is missing")
-        offset = int(info.get("offset", 0) or 0)
-        length = info.get("length")
+        offset = _external_int(info, "offset", where) or 0
+        length = _external_int(info, "length", where)
         size = target.stat().st_size
-        if length is not None and offset + int(length) > size:
+        if offset + (length or 0) > size:
             raise OpfuseError(
                 f"{where}: external data file {location!r} is shorter ({size} bytes) "
                 f"than declared (offset {offset} + length {length})"
             )
     return found
+
+
+def _external_int(info: dict[str, str], key: str, where: str) -> int | None:
+    """An external data ``offset`` or ``length``: a non-negative integer, or absent."""
+    text = info.get(key)
+    if text is None or text == "":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise OpfuseError(f"{where} has external data {key} {text!r}; expected a byte count")
+    return value
 
 
 def read_proto(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, bool]:
