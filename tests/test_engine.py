@@ -209,3 +209,28 @@ def test_replacement_value_takes_the_replaced_type_and_shape():
     (abs_node,) = [n for n in model.graph if n.op_type == "Abs"]
     assert abs_node.outputs[0].dtype == ir.DataType.FLOAT
     assert list(abs_node.outputs[0].shape) == [2, 3]
+
+
+class DropRelu(Rule):
+    """Relu(x) ==> x (wrong, but it shows what the engine lets through)"""
+
+    name = "drop_relu"
+    pattern = Op("Relu", Var("x"))
+
+    def rewrite(self, m, b, ctx):
+        return [m.value("x")]
+
+
+def test_branch_output_never_becomes_a_value_of_the_enclosing_graph():
+    model = model_from_text(
+        f"""{HEAD}
+        g (float[2] x, bool c) => (float[2] z) {{
+          r = Neg(x)
+          z = If(c) <then_branch = t () => (float[2] a) {{ a = Relu(r) }},
+                     else_branch = e () => (float[2] b) {{ b = Sigmoid(r) }}>
+        }}"""
+    )
+    log = run(model, DropRelu())
+    stats = next(iter(log))
+    assert stats.effected == 0
+    assert any("enclosing graph" in reason for reason in stats.reasons)

@@ -109,7 +109,7 @@ class Driver:
         b = Builder(node, self.names)
         replacement = rule.rewrite(m, b, self.ctx)
         pairs = _pairs(node, replacement)
-        reason = _commit_check(pairs)
+        reason = _commit_check(pairs, graph)
         if reason:
             stats.add_reason(reason, node.name)
             return None
@@ -163,17 +163,22 @@ def _pairs(root: ir.Node, replacement: object) -> list[tuple[ir.Value, ir.Value 
     return list(zip(root.outputs, new_values, strict=True))
 
 
-def _commit_check(pairs: list[tuple[ir.Value, ir.Value | None]]) -> str | None:
-    """Refuse replacements that would leave a dangling use or two outputs in one value."""
+def _commit_check(pairs: list[tuple[ir.Value, ir.Value | None]], graph: ir.Graph) -> str | None:
+    """Refuse replacements that would leave a dangling use, put two outputs in one value,
+    or make a graph's output a value of an enclosing graph (its outputs must be its own)."""
     for old, new in pairs:
         if new is None:
             if old.uses() or old.is_graph_output():
                 return f"output {old.name!r} is still needed"
             continue
-        if old.is_graph_output() and (
-            new.is_graph_input() or new.is_graph_output() or new.is_initializer()
-        ):
+        if not old.is_graph_output():
+            continue
+        if new.is_graph_input() or new.is_graph_output() or new.is_initializer():
             return f"graph output {old.name!r} would become a graph input or initializer"
+        producer = new.producer()
+        owner = producer.graph if producer is not None else new.graph
+        if owner is not None and owner is not graph:
+            return f"graph output {old.name!r} would become a value of an enclosing graph"
     return None
 
 
