@@ -136,3 +136,18 @@ def test_load_with_inference_types_the_intermediate_values(tmp_path):
     assert conv_out[plain].shape is None
     assert conv_out[inferred].dtype == ir.DataType.FLOAT
     assert list(conv_out[inferred].shape) == [1, 8, 8, 8]
+
+
+def test_inference_without_the_weights_gives_what_full_inference_gives(monkeypatch):
+    """infer_proto hands large initializers to onnx as typed inputs: the result must be
+    the same model, byte for byte, as inference on the whole protobuf."""
+    from opfuse import shapes
+    from opfuse.shapes import infer_proto
+
+    monkeypatch.setattr(shapes, "BIG_TENSOR_BYTES", 100)  # the weight is big, BN's are not
+    model = conv_model()
+    assert [t.name for t in model.graph.initializer if t.ByteSize() > 100] == ["w"]
+    full = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    light = infer_proto(model)
+    assert light.SerializeToString() == full.SerializeToString()
+    assert [v.name for v in light.graph.value_info] == ["c"]

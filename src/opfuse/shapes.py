@@ -22,14 +22,72 @@ except ImportError:  # pragma: no cover - older or newer onnx-ir
 logger = logging.getLogger(__name__)
 
 
+BIG_TENSOR_BYTES = 1000  # initializers above this go to inference as typed inputs only
+
+
 def infer_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
     """``proto`` with inferred value_info (the loader's first inference: no IR round
-    trip); on failure, ``proto`` as it was."""
+    trip); on failure, ``proto`` as it was.
+
+    onnx's inference copies the whole model into C++ and back; the weights would make
+    that most of its cost, so large initializers take part as typed graph inputs (as
+    onnx-ir's ``call_onnx_api`` does) and are put back afterwards."""
+    graph = proto.graph
+    big = {t.name for t in graph.initializer if _is_big(t)}
+    light = _without_initializers(proto, big)
     try:
-        return onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
     except Exception as exc:  # onnx raises InferenceError, RuntimeError, ValueError
         logger.info("shape inference failed, shapes left as they are: %s", exc)
         return proto
+    if big:
+        del inferred.graph.input[len(graph.input) :]
+        del inferred.graph.initializer[:]
+        inferred.graph.initializer.extend(graph.initializer)
+    return inferred
+
+
+def _is_big(tensor: onnx.TensorProto) -> bool:
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return True
+    return tensor.ByteSize() > BIG_TENSOR_BYTES
+
+
+def _without_initializers(proto: onnx.ModelProto, names: set[str]) -> onnx.ModelProto:
+    """A copy of ``proto`` whose initializers in ``names`` are typed graph inputs instead
+    (the weights' bytes are not copied)."""
+    if not names:
+        return proto
+    light = onnx.ModelProto()
+    for field, value in proto.ListFields():
+        if field.name != "graph":
+            _copy_field(light, field, value)
+    graph = light.graph
+    for field, value in proto.graph.ListFields():
+        if field.name != "initializer":
+            _copy_field(graph, field, value)
+    for tensor in proto.graph.initializer:
+        if tensor.name not in names:
+            graph.initializer.append(tensor)
+        else:
+            graph.input.append(
+                onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims)
+            )
+    return light
+
+
+def _copy_field(target, field, value) -> None:  # type: ignore[no-untyped-def]
+    repeated = (
+        field.is_repeated
+        if hasattr(field, "is_repeated")  # protobuf >= 5.29; older ones have only label
+        else field.label == field.LABEL_REPEATED
+    )
+    if repeated:
+        getattr(target, field.name).extend(value)
+    elif field.type == field.TYPE_MESSAGE:
+        getattr(target, field.name).CopyFrom(value)
+    else:
+        setattr(target, field.name, value)
 
 
 def infer_shapes(model: ir.Model) -> None:
