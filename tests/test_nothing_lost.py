@@ -5,6 +5,7 @@ node names) survives an optimize; quantized (QDQ) models never grow and keep Q/D
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -133,6 +134,61 @@ def test_interrupt_during_save_leaves_no_temp_files(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         optimize_file(src, tmp_path / "o.onnx")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_a_killed_save_is_cleaned_up_by_a_later_one(tmp_path):
+    """SIGKILL during a save leaves its hidden staging folder (or a probe or report temp
+    file) beside the output; the next save into that folder removes those older than a
+    day, and leaves younger ones (a save still running) and other hidden files alone."""
+    src = tmp_path / "m.onnx"
+    onnx.save_model(conv_bn_model(), str(src))
+    stale = {
+        tmp_path / ".opfuse-k1ll3d_x": "dir",
+        tmp_path / ".opfuse-probe-abc12345": "file",
+        tmp_path / ".opfuse-q7w8e9r0.tmp": "file",
+    }
+    young = tmp_path / ".opfuse-runn1ng0"
+    other = tmp_path / ".opfuse-notes"  # not a name opfuse makes
+    for path, kind in [*stale.items(), (young, "dir"), (other, "file")]:
+        if kind == "dir":
+            path.mkdir()
+            (path / "o.onnx").write_bytes(b"partial")
+        else:
+            path.write_bytes(b"partial")
+    old = time.time() - io.STALE_SECONDS - 60
+    for path in [*stale, other]:
+        os.utime(path, (old, old))
+    optimize_file(src, tmp_path / "o.onnx")
+    assert not any(p.exists() for p in stale)
+    assert young.is_dir() and other.is_file()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
+        "m.onnx",
+        "o.onnx",
+    ]
+
+
+def test_report_writes_are_atomic(tmp_path, monkeypatch):
+    """Reports (advise -o, profile -o) go to a temporary file renamed into place: a
+    failed rename keeps the old report and leaves no temporary file."""
+    out = tmp_path / "report.txt"
+    io.write_text(out, "old report\n")
+    assert out.read_text() == "old report\n"
+    assert oct(out.stat().st_mode & 0o777) == oct(0o666 & ~_umask())  # as open() makes it
+
+    def replace(a, b):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OpfuseError, match="report.txt: cannot write the report: No space left"):
+        io.write_text(out, "new report\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.txt"]
+    assert out.read_text() == "old report\n"
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 # -- what no pass touches survives -------------------------------------------------

@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import onnx
@@ -179,14 +181,20 @@ def drop_pages(value: ir.Value | None) -> None:
             raw.madvise(mmap.MADV_DONTNEED)
 
 
-def check_output_path(out: str | os.PathLike[str], inputs: list[str | os.PathLike[str]]) -> Path:
-    """Refuse an output that would overwrite an input or cannot be written."""
+def check_output_path(
+    out: str | os.PathLike[str],
+    inputs: list[str | os.PathLike[str]],
+    labels: list[str] | None = None,
+) -> Path:
+    """Refuse an output that would overwrite an input or cannot be written. ``labels``
+    names each input in the message (default: "input model")."""
     target = Path(out)
-    for inp in inputs:
-        if Path(inp).exists() and target.exists() and os.path.samefile(inp, target):
-            raise OpfuseError(f"{target}: output path is the input model; choose another path")
-        if Path(inp).resolve() == target.resolve():
-            raise OpfuseError(f"{target}: output path is the input model; choose another path")
+    for i, inp in enumerate(inputs):
+        label = labels[i] if labels and i < len(labels) else "input model"
+        if (Path(inp).exists() and target.exists() and os.path.samefile(inp, target)) or (
+            Path(inp).resolve() == target.resolve()
+        ):
+            raise OpfuseError(f"{target}: output path is the {label}; choose another path")
     folder = target.parent if str(target.parent) else Path(".")
     if folder.exists() and not folder.is_dir():
         raise OpfuseError(f"{target}: output folder {folder} is not a folder")
@@ -202,13 +210,82 @@ def _probe_writable(target: Path, folder: Path) -> None:
     """Create and remove a temporary file in ``folder``: os.access says yes to root
     everywhere, and pseudo file systems (/proc, /sys) refuse only when written to."""
     try:
-        fd, name = tempfile.mkstemp(prefix=".opfuse-probe-", dir=folder)
+        fd, name = tempfile.mkstemp(prefix=STAGING_PREFIX + "probe-", dir=folder)
     except OSError as exc:
         raise OpfuseError(
             f"{target}: cannot write in output folder {folder}: {exc.strerror or exc}"
         ) from None
     os.close(fd)
     os.unlink(name)
+
+
+# Temporary names beside an output: staging folders, write probes and report files, each
+# the prefix, an optional kind and tempfile's 8 random characters. A save killed outright
+# (SIGKILL, power loss) leaves one behind; the next save into that folder removes those
+# older than STALE_SECONDS (a live save renames or removes its own within seconds to
+# minutes; a day leaves any slow save on a shared folder alone).
+STAGING_PREFIX = ".opfuse-"
+STAGING_NAME = re.compile(r"\.opfuse-(?:probe-)?[a-z0-9_]{8}(?:\.tmp)?")
+STALE_SECONDS = 24 * 3600
+
+
+def remove_stale_staging(folder: Path, now: float | None = None) -> list[Path]:
+    """Remove opfuse's own temporary files and folders older than STALE_SECONDS from
+    ``folder``; return what was removed. Never fails a save: errors are ignored."""
+    removed: list[Path] = []
+    limit = (time.time() if now is None else now) - STALE_SECONDS
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not STAGING_NAME.fullmatch(entry.name):
+            continue
+        try:
+            if entry.is_symlink() or entry.stat(follow_symlinks=False).st_mtime > limit:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+            removed.append(Path(entry.path))
+        except OSError:
+            continue
+    return removed
+
+
+def write_text(
+    out: str | os.PathLike[str],
+    text: str,
+    *,
+    inputs: Iterable[str | os.PathLike[str]] = (),
+    labels: list[str] | None = None,
+    what: str = "the report",
+) -> Path:
+    """Write a text file atomically: a temporary file in the target's folder, renamed
+    over the target only once complete. Refuses the paths ``check_output_path`` does
+    (``inputs``: the files this output must never replace, named by ``labels``)."""
+    target = check_output_path(out, list(inputs), labels)
+    remove_stale_staging(target.parent)
+    name = ""
+    try:
+        fd, name = tempfile.mkstemp(prefix=STAGING_PREFIX, suffix=".tmp", dir=target.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(name, 0o666 & ~_umask())  # as a plain open() would create it
+        os.replace(name, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            if name:
+                os.unlink(name)
+        raise OpfuseError(f"{target}: cannot write {what}: {exc.strerror or exc}") from None
+    return target
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @contextlib.contextmanager
@@ -231,8 +308,9 @@ def staged_save(
     data_name = target.name + ".data" if external else None
     if data_name:
         _refuse_input_data_file(model, target.parent / data_name, input_path)
+    remove_stale_staging(target.parent)
     try:
-        staging = Path(tempfile.mkdtemp(prefix=".opfuse-", dir=target.parent))
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target.parent))
     except OSError as exc:
         raise OpfuseError(f"{target}: cannot write: {exc.strerror or exc}") from None
     try:

@@ -10,6 +10,7 @@ from advisor_models import FIXTURES, swish_net
 from click.testing import CliRunner
 
 from opfuse.cli import app
+from opfuse.errors import OpfuseError
 
 
 def test_profile_prints_op_statistic_and_writes_the_profile(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -149,3 +150,48 @@ def test_profile_maps_fused_kernel_names_to_the_models_nodes(tmp_path) -> None: 
             assert r["nodes"] == ["conv2", "relu2"]
     result = CliRunner().invoke(app, args)
     assert "Original Node(s)" in result.output and "conv2, relu2" in result.output
+
+
+@pytest.mark.parametrize("command", ["profile", "advise"])
+@pytest.mark.parametrize("output", ["nowhere/r.json", "model"])
+def test_a_bad_output_fails_before_profiling(tmp_path, monkeypatch, command, output) -> None:  # type: ignore[no-untyped-def]
+    """-o is checked before the model runs (it used to fail, or replace the model,
+    only after the whole profiling run)."""
+    import opfuse.advisor.advise
+    import opfuse.advisor.profile
+
+    def profiled(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("profiled before checking -o")
+
+    monkeypatch.setattr(opfuse.advisor.profile, "run_onnxruntime", profiled)
+    monkeypatch.setattr(opfuse.advisor.advise, "run_onnxruntime", profiled)
+    model = tmp_path / "swish.onnx"
+    onnx.save(swish_net(), model)
+    before = model.read_bytes()
+    target = model if output == "model" else tmp_path / output
+    result = CliRunner().invoke(app, [command, str(model), "-o", str(target)])
+    assert result.exit_code != 0
+    assert isinstance(result.exception, OpfuseError), result.exception
+    message = str(result.exception)
+    assert ("is the input model" if output == "model" else "does not exist") in message
+    assert model.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["swish.onnx"]
+
+
+def test_profile_and_advise_write_their_files_atomically(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An existing report is replaced whole, and no temporary file is left."""
+    model = tmp_path / "swish.onnx"
+    onnx.save(swish_net(), model)
+    prof, report = tmp_path / "p.json", tmp_path / "r.json"
+    for path in (prof, report):
+        path.write_text("old")
+    args = ["--runs", "1", "--warmup", "0"]
+    result = CliRunner().invoke(app, ["profile", str(model), *args, "-o", str(prof)])
+    assert result.exit_code == 0, result.output
+    assert any(e.get("name") == "model_run" for e in json.loads(prof.read_text()))
+    result = CliRunner().invoke(
+        app, ["advise", str(model), "--profile", str(prof), "--format", "json", "-o", str(report)]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(report.read_text())["schema"] == "opfuse.advise/1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json", "r.json", "swish.onnx"]

@@ -16,7 +16,6 @@ from rich.table import Table
 
 from opfuse.advisor.profile import GRAPH_OPT_LEVELS, op_statistic, top_nodes
 from opfuse.advisor.report import CAPTION, ORIGINAL, RUNS_NOTE, nodes_text
-from opfuse.errors import OpfuseError
 
 PathArg = click.Path(path_type=Path)
 NUMERIC = ("Count", "Total Time(us)", "Avg Time(us)", "Ratio(%)")
@@ -45,11 +44,12 @@ def _progress() -> Iterator:  # type: ignore[type-arg]
         yield step
 
 
-def _write(output: Path, text: str) -> None:
-    try:
-        output.write_text(text, "utf-8")
-    except OSError as exc:
-        raise OpfuseError(f"{output}: cannot write the report: {exc.strerror}") from None
+def _write(output: Path, text: str, inputs: dict[str, Path | None]) -> None:
+    """Atomically (a temporary file beside it, renamed), never over an input."""
+    from opfuse.io import write_text
+
+    given = {k: v for k, v in inputs.items() if v is not None}
+    write_text(output, text, inputs=list(given.values()), labels=list(given))
 
 
 def _shapes(specs: tuple[str, ...]) -> dict[str, list[int]]:
@@ -100,9 +100,11 @@ def profile(
     from opfuse.advisor.attribution import Resolver, attribute, original_nodes
     from opfuse.advisor.graph import from_model
     from opfuse.advisor.profile import run_onnxruntime
-    from opfuse.io import load_model, read_proto
+    from opfuse.io import check_output_path, load_model, read_proto
 
     read_proto(model)
+    if output is not None:  # before the runs: never over the model, a folder that exists
+        check_output_path(output, [model])
     with _progress() as step, tempfile.TemporaryDirectory(prefix="opfuse-profile-") as tmp:
         prof = run_onnxruntime(
             model,
@@ -274,7 +276,12 @@ def advise(
     from opfuse.advisor.advise import advise as run_advise
     from opfuse.advisor.html import render_html
     from opfuse.advisor.report import render_text
+    from opfuse.io import check_output_path
 
+    inputs = {"input model": model, "profile": profile_path, "op summary": op_summary}
+    if output is not None:  # before profiling: never over an input, a folder that exists
+        given = {k: v for k, v in inputs.items() if v is not None}
+        check_output_path(output, list(given.values()), list(given))
     options = AdviseOptions(
         target=target,
         runs=runs,
@@ -295,14 +302,14 @@ def advise(
         if output is None:
             click.echo(text, nl=False)
         else:
-            _write(output, text)
+            _write(output, text, inputs)
         return
     if fmt == "html":
         page = render_html(report, top)
         if output is None:
             click.echo(page, nl=False)
         else:
-            _write(output, page)
+            _write(output, page, inputs)
         return
     if output is None:
         render_text(
@@ -311,4 +318,4 @@ def advise(
         return
     console = Console(record=True, width=240, file=io.StringIO(), color_system=None)
     render_text(report, console, top)
-    _write(output, console.export_text())
+    _write(output, console.export_text(), inputs)

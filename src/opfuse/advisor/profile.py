@@ -142,8 +142,11 @@ def run_onnxruntime(
     """Profile ``runs`` inferences after ``warmup`` ones on seeded random inputs."""
     import onnxruntime as ort
 
+    from opfuse.io import check_output_path, write_text
     from opfuse.verify import make_inputs
 
+    if profile_out is not None:  # before the runs
+        check_output_path(profile_out, [model_path])
     if runs < 1 or warmup < 0:
         raise OpfuseError("--runs must be at least 1 and --warmup at least 0")
     if provider not in ort.get_available_providers():
@@ -183,7 +186,9 @@ def run_onnxruntime(
         raw = sess.end_profiling()
         events = json.loads(Path(raw).read_text("utf-8"))
         if profile_out is not None:
-            Path(profile_out).write_text(json.dumps(events) + "\n", "utf-8")
+            write_text(
+                profile_out, json.dumps(events) + "\n", inputs=[model_path], what="the profile"
+            )
     profile = parse_ort_events(events, warmup)
     profile.provider, profile.graph_opt = provider, graph_opt
     if optimized_out is not None and graph_opt != "disable":
