@@ -26,6 +26,7 @@ from opfuse.rewrite.pattern import const_array
 
 CSE_CONSTANT_NODE_LIMIT = 64  # elements: Constant nodes up to this size are merged too
 CHUNK = 1 << 24  # bytes hashed or compared at a time: large weights are never copied whole
+SAMPLE = 16  # elements compared at the start, middle and end before hashing a whole weight
 
 
 def _chunks(value: ir.Value):
@@ -67,6 +68,34 @@ def _same_bytes(a: ir.Value, b: ir.Value) -> bool:
     return same
 
 
+def _sample(value: ir.Value) -> bytes | None:
+    """A few elements from the start, middle and end: different weights almost always
+    differ there, so only real duplicate candidates are hashed whole."""
+    array = const_array(value)
+    if array is None or array.dtype == object:
+        return None
+    flat = array.reshape(-1)
+    mid = flat.size // 2
+    sample = b"".join(
+        part.tobytes() for part in (flat[:SAMPLE], flat[mid : mid + SAMPLE], flat[-SAMPLE:])
+    )
+    _release(value)
+    return sample
+
+
+def _split_by_sample(groups) -> list[list[ir.Value]]:  # type: ignore[no-untyped-def]
+    """The groups of two or more values that also agree on their samples."""
+    split: list[list[ir.Value]] = []
+    for values in groups:
+        if len(values) < 2:
+            continue
+        by_sample: dict[bytes | None, list[ir.Value]] = defaultdict(list)
+        for value in values:
+            by_sample[_sample(value)].append(value)
+        split.extend(v for key, v in by_sample.items() if key is not None and len(v) > 1)
+    return split
+
+
 def dedupe_initializers(graph: ir.Graph) -> int:
     """Make every reader of a duplicate initializer read the first copy; return how many
     duplicates were dropped. Only same-dtype same-shape groups are hashed."""
@@ -77,9 +106,7 @@ def dedupe_initializers(graph: ir.Graph) -> int:
             continue
         groups[(tensor.dtype, tuple(tensor.shape))].append(value)
     dropped = 0
-    for values in groups.values():
-        if len(values) < 2:
-            continue
+    for values in _split_by_sample(groups.values()):
         kept: dict[str, list[ir.Value]] = defaultdict(list)
         for value in values:
             digest = _digest(value)
