@@ -8,6 +8,7 @@ show the installed command behaves the same.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -204,6 +205,50 @@ def verify_bad_original(d: Path) -> list[str]:
     return ["verify", str(d / "m.onnx"), str(d / "good.onnx")]
 
 
+def command(*args: str, setup: Callable[[Path], None] | None = None) -> Callable[[Path], list[str]]:
+    """Any command on a good model: ``{m}`` is the model written to d/m.onnx, ``{d}`` the
+    folder; ``setup`` writes the other files the case reads."""
+
+    def case(d: Path) -> list[str]:
+        model = write_model(d)
+        if setup:
+            setup(d)
+        return [a.replace("{m}", str(model)).replace("{d}", str(d)) for a in args]
+
+    return case
+
+
+def write(name: str, data: bytes | str) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        if isinstance(data, bytes):
+            (d / name).write_bytes(data)
+        else:
+            (d / name).write_text(data)
+
+    return setup
+
+
+def npz_file(**arrays: np.ndarray) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        np.savez(d / "inputs.npz", **arrays)
+
+    return setup
+
+
+def empty_model(command_args: list[str]) -> Callable[[Path], list[str]]:
+    def case(d: Path) -> list[str]:
+        (d / "m.onnx").write_bytes(b"")
+        return [a.replace("{m}", str(d / "m.onnx")).replace("{d}", str(d)) for a in command_args]
+
+    return case
+
+
+BINARY = bytes(range(256)) * 8  # not UTF-8 from byte 128 on
+PROFILE = ["profile", "{m}", "--runs", "1", "--warmup", "0"]
+ADVISE = ["advise", "{m}", "--runs", "1", "--warmup", "0"]
+OP_SUMMARY = "Op Name,OP Type,Task Duration(us)\nadd,Add,1.5\n"
+
+
 @dataclass
 class Case:
     make: Callable[[Path], list[str]]
@@ -266,7 +311,194 @@ CASES = {
     "npz wrong shape": Case(npz(x=np.zeros((2, 4), np.float32)), "has shape [2, 4]", "inputs.npz"),
     "npz extra array": Case(npz(x=X, z=X), "'z' is not a model input", "inputs.npz"),
     "npz not numpy": Case(not_npz, "cannot read inputs .npz", "inputs.npz"),
+    "--input-shape wrong rank": Case(
+        command("optimize", "{m}", "-o", "{d}/out.onnx", "--input-shape", "x:1,2,3"),
+        "input 'x' has rank 2 [1,4]; give 2 dims",
+        "--input-shape x:1,2,3",
+    ),
+    "--input-shape fixed dim": Case(
+        command("optimize", "{m}", "-o", "{d}/out.onnx", "--input-shape", "x:1,5"),
+        "its dim 1 is fixed at 4",
+        "--input-shape x:1,5",
+    ),
+    "--no-verify --verify-inputs": Case(
+        command(
+            "optimize",
+            "{m}",
+            "-o",
+            "{d}/out.onnx",
+            "--no-verify",
+            "--verify-inputs",
+            "{d}/inputs.npz",
+            setup=write("inputs.npz", "not numpy"),
+        ),
+        "--verify-inputs has no effect with --no-verify",
+        None,
+    ),  # fmt: skip
+    "--no-verify --input-shape": Case(
+        command("optimize", "{m}", "-o", "{d}/out.onnx", "--no-verify", "--input-shape", "x:1,4"),
+        "--input-shape has no effect with --no-verify",
+        None,
+    ),
+    "--verify-inputs and --input-shape": Case(
+        command(
+            "optimize",
+            "{m}",
+            "-o",
+            "{d}/out.onnx",
+            "--verify-inputs",
+            "{d}/inputs.npz",
+            "--input-shape",
+            "x:1,4",
+            setup=npz_file(x=X),
+        ),
+        "both give the input shapes",
+        "inputs.npz",
+    ),  # fmt: skip
+    # -- verify ORIGINAL OPTIMIZED
     "verify: empty original": Case(verify_bad_original, "empty file"),
+    "verify: optimized missing": Case(
+        command("verify", "{m}", "{d}/gone.onnx"), "gone.onnx: no such file", None
+    ),
+    "verify: optimized not a model": Case(
+        command("verify", "{m}", "{d}/o.onnx", setup=write("o.onnx", BINARY)),
+        "not an ONNX model",
+        "o.onnx",
+    ),
+    "verify: --input-shape wrong rank": Case(
+        command("verify", "{m}", "{m}", "--input-shape", "x:1,2,3"),
+        "input 'x' has rank 2 [1,4]; give 2 dims",
+        "--input-shape x:1,2,3",
+    ),
+    "verify: --input-shape unknown input": Case(
+        command("verify", "{m}", "{m}", "--input-shape", "ghost:1,4"),
+        "names 'ghost', which is not a model input (x)",
+        None,
+    ),
+    "verify: --input-shape negative": Case(
+        command("verify", "{m}", "{m}", "--input-shape", "x:1,-4"),
+        "dims must be 0 or more",
+        "--input-shape 'x:1,-4'",
+    ),
+    "verify: --input-shape not integers": Case(
+        command("verify", "{m}", "{m}", "--input-shape", "x:1,four"),
+        "expected NAME:D0,D1,... with integers",
+        "--input-shape 'x:1,four'",
+    ),
+    "verify: --inputs wrong shape": Case(
+        command(
+            "verify",
+            "{m}",
+            "{m}",
+            "--inputs",
+            "{d}/inputs.npz",
+            setup=npz_file(x=np.zeros((2, 4), np.float32)),
+        ),
+        "has shape [2, 4]",
+        "inputs.npz",
+    ),  # fmt: skip
+    "verify: --inputs and --input-shape": Case(
+        command(
+            "verify",
+            "{m}",
+            "{m}",
+            "--inputs",
+            "{d}/inputs.npz",
+            "--input-shape",
+            "x:1,4",
+            setup=npz_file(x=X),
+        ),
+        "both give the input shapes",
+        "inputs.npz",
+    ),  # fmt: skip
+    # -- profile MODEL
+    "profile: empty model": Case(empty_model(PROFILE), "empty file"),
+    "profile: output is the input": Case(
+        command(*PROFILE, "-o", "{m}"), "output path is the input model"
+    ),
+    "profile: output folder missing": Case(
+        command(*PROFILE, "-o", "{d}/nowhere/p.json"), "does not exist", "nowhere"
+    ),
+    "profile: output folder is a file": Case(
+        command(*PROFILE, "-o", "{d}/m.onnx/p.json"), "is not a folder", "m.onnx"
+    ),
+    "profile: output folder /proc": Case(
+        command(*PROFILE, "-o", "/proc/opfuse-test.onnx"), "cannot write", "/proc"
+    ),
+    "profile: --input-shape wrong rank": Case(
+        command(*PROFILE, "--input-shape", "x:1,2,3"),
+        "input 'x' has rank 2 [1,4]; give 2 dims",
+        "--input-shape x:1,2,3",
+    ),
+    "profile: --runs 0": Case(command("profile", "{m}", "--runs", "0"), "--runs must be", None),
+    # -- advise [MODEL]
+    "advise: empty model": Case(empty_model(ADVISE), "empty file"),
+    "advise: output is the input": Case(
+        command(*ADVISE, "-o", "{m}"), "output path is the input model"
+    ),
+    "advise: output is the profile": Case(
+        command(
+            "advise",
+            "{m}",
+            "--profile",
+            "{d}/p.json",
+            "-o",
+            "{d}/p.json",
+            setup=write("p.json", "[]"),
+        ),
+        "output path is the profile",
+        "p.json",
+    ),  # fmt: skip
+    "advise: output is the op summary": Case(
+        command(
+            "advise",
+            "--op-summary",
+            "{d}/s.csv",
+            "-o",
+            "{d}/s.csv",
+            setup=write("s.csv", OP_SUMMARY),
+        ),
+        "output path is the op summary",
+        "s.csv",
+    ),  # fmt: skip
+    "advise: output folder missing": Case(
+        command(*ADVISE, "-o", "{d}/nowhere/r.txt"), "does not exist", "nowhere"
+    ),
+    "advise: output folder /proc": Case(
+        command(*ADVISE, "-o", "/proc/opfuse-test.onnx"), "cannot write", "/proc"
+    ),
+    "advise: --input-shape wrong rank": Case(
+        command(*ADVISE, "--input-shape", "x:1,2,3"),
+        "input 'x' has rank 2 [1,4]; give 2 dims",
+        "--input-shape x:1,2,3",
+    ),
+    "advise: binary op summary": Case(
+        command("advise", "--op-summary", "{d}/s.csv", setup=write("s.csv", BINARY)),
+        "not a text CSV (byte 128 is not UTF-8)",
+        "s.csv",
+    ),
+    "advise: op summary without durations": Case(
+        command("advise", "--op-summary", "{d}/s.csv", setup=write("s.csv", "Op Name,OP Type\n")),
+        "lacks the column(s) Task Duration(us)",
+        "s.csv",
+    ),
+    "advise: binary profile": Case(
+        command("advise", "{m}", "--profile", "{d}/p.json", setup=write("p.json", BINARY)),
+        "not JSON (byte 128 is not UTF-8)",
+        "p.json",
+    ),
+    "advise: profile not JSON": Case(
+        command("advise", "{m}", "--profile", "{d}/p.json", setup=write("p.json", "[{")),
+        "not JSON",
+        "p.json",
+    ),
+    "advise: profile missing": Case(
+        command("advise", "{m}", "--profile", "{d}/p.json"), "cannot read the profile", "p.json"
+    ),
+    "advise: no model": Case(command("advise"), "give a MODEL, or --op-summary", None),
+    "advise: unknown target": Case(
+        command(*ADVISE, "--target", "tpu"), "built-in targets are ascend310, cpu, cuda", None
+    ),
 }
 
 
@@ -278,8 +510,12 @@ def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str]:
     return int(exc.value.code or 0), capsys.readouterr().err
 
 
-def snapshot(d: Path) -> dict[str, int]:
-    return {str(p.relative_to(d)): p.stat().st_size for p in d.rglob("*")}
+def snapshot(d: Path) -> dict[str, str]:
+    """Every file's content hash (and every folder) under d."""
+    return {
+        str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "/"
+        for p in d.rglob("*")
+    }
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -299,10 +535,20 @@ def test_bad_input(name, tmp_path, monkeypatch, capsys):
     assert not Path("/proc/opfuse-test.onnx").exists()
 
 
-@pytest.mark.parametrize("name", ["truncated protobuf", "switch value On", "npz wrong shape"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "truncated protobuf",
+        "switch value On",
+        "npz wrong shape",
+        "profile: output is the input",
+        "advise: binary op summary",
+    ],
+)
 def test_real_process(name, tmp_path):
     case = CASES[name]
     args = case.make(tmp_path)
+    before = snapshot(tmp_path)
     proc = subprocess.run(
         [sys.executable, "-m", "opfuse", *args],
         capture_output=True,
@@ -314,3 +560,4 @@ def test_real_process(name, tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert case.message in proc.stderr
     assert not (tmp_path / OUT).exists()
+    assert snapshot(tmp_path) == before

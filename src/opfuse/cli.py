@@ -134,6 +134,7 @@ def optimize(
     from opfuse.rewrite.context import Options
     from opfuse.verify import parse_input_shapes
 
+    _check_verifier_options(verify, verify_inputs, "--verify-inputs", input_shape)
     options = Options(
         fold_size_limit=fold_size_limit,
         target_opset=target_opset,
@@ -174,6 +175,31 @@ def optimize(
                 markup=False,
             )
     _print_summary(result, model, output)
+
+
+def _check_verifier_options(
+    verify: bool, npz: Path | None, npz_option: str, input_shape: tuple[str, ...]
+) -> None:
+    """Refuse verifier options that would be ignored: with --no-verify any of them, and
+    --input-shape next to an .npz (its arrays give the shapes)."""
+    ctx = click.get_current_context()
+    if not verify:
+        given = [
+            f"--{name.replace('_', '-')}"
+            for name in ("verify_inputs", "input_shape", "rtol", "atol")
+            if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+        ]
+        if given:
+            one = len(given) == 1
+            raise OpfuseError(
+                f"{', '.join(given)} {'has' if one else 'have'} no effect with --no-verify "
+                f"(no verification runs); drop {'it' if one else 'them'} or --no-verify"
+            )
+    if npz is not None and input_shape:
+        raise OpfuseError(
+            f"--input-shape and {npz_option} {npz} both give the input shapes "
+            "(the .npz arrays' shapes are used); drop --input-shape"
+        )
 
 
 def _print_summary(result, model: Path, output: Path) -> None:  # type: ignore[no-untyped-def]
@@ -221,6 +247,7 @@ def verify(
     from opfuse.io import read_proto
     from opfuse.verify import compare_files, parse_input_shapes
 
+    _check_verifier_options(True, inputs, "--inputs", input_shape)
     for path in (original, optimized):
         read_proto(path)
     report = compare_files(

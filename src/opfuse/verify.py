@@ -63,7 +63,49 @@ def parse_input_shapes(specs: list[str] | None) -> dict[str, list[int]]:
             raise OpfuseError(
                 f"--input-shape {spec!r}: expected NAME:D0,D1,... with integers"
             ) from None
+        if any(d < 0 for d in shapes[name]):
+            raise OpfuseError(f"--input-shape {spec!r}: dims must be 0 or more")
     return shapes
+
+
+def _dims_text(dims: list[int | str | None]) -> str:
+    return "[" + ",".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+def declared_shape(
+    spec: ort.NodeArg, model: str | os.PathLike[str] | None
+) -> list[int | str | None] | None:
+    """The dims a model declares for an input; None where its rank is unknown.
+    onnxruntime reports an unknown rank as [] (a scalar's too): the model file tells."""
+    if spec.shape or model is None:
+        return list(spec.shape) if spec.shape else None
+    import onnx
+
+    proto = onnx.load_model(str(model), load_external_data=False)
+    for value in proto.graph.input:
+        if value.name == spec.name and value.type.tensor_type.HasField("shape"):
+            return []
+    return None
+
+
+def check_input_shape(
+    spec: ort.NodeArg, dims: list[int], model: str | os.PathLike[str] | None = None
+) -> None:
+    """``--input-shape`` dims must have the input's rank and keep its fixed dims."""
+    declared = declared_shape(spec, model)
+    if declared is None:
+        return
+    given = f"--input-shape {spec.name}:{','.join(map(str, dims))}"
+    if len(dims) != len(declared):
+        raise OpfuseError(
+            f"{given}: input {spec.name!r} has rank {len(declared)} {_dims_text(declared)}; "
+            f"give {len(declared)} dims"
+        )
+    for i, (d, a) in enumerate(zip(declared, dims, strict=True)):
+        if isinstance(d, int) and d >= 0 and d != a:
+            raise OpfuseError(
+                f"{given}: input {spec.name!r} is {_dims_text(declared)}, its dim {i} is fixed at {d}"
+            )
 
 
 def make_inputs(
@@ -71,8 +113,10 @@ def make_inputs(
     input_shapes: Mapping[str, list[int]] | None = None,
     inputs_npz: str | os.PathLike[str] | None = None,
     seed: int = 0,
+    model: str | os.PathLike[str] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Seeded random inputs for every model input, or the arrays of an ``.npz``."""
+    """Seeded random inputs for every model input, or the arrays of an ``.npz``.
+    ``model``: the session's file, read only to tell a scalar input from an unknown rank."""
     specs = sess.get_inputs()
     names = [i.name for i in specs]
     for name in input_shapes or {}:
@@ -80,6 +124,9 @@ def make_inputs(
             raise OpfuseError(
                 f"--input-shape names {name!r}, which is not a model input ({', '.join(names)})"
             )
+    for spec in specs:
+        if input_shapes and spec.name in input_shapes:
+            check_input_shape(spec, input_shapes[spec.name], model)
     if inputs_npz is not None:
         return _load_npz(inputs_npz, specs)
     rng = np.random.default_rng(seed)
@@ -90,10 +137,15 @@ def make_inputs(
             raise OpfuseError(
                 f"input {spec.name!r} has type {spec.type}, which verify cannot generate"
             )
-        shape = (input_shapes or {}).get(spec.name) or [
-            d if isinstance(d, int) and d >= 0 else (DEFAULT_BATCH if i == 0 else DEFAULT_DIM)
-            for i, d in enumerate(spec.shape)
-        ]
+        given = (input_shapes or {}).get(spec.name)
+        shape = (
+            given
+            if given is not None
+            else [
+                d if isinstance(d, int) and d >= 0 else (DEFAULT_BATCH if i == 0 else DEFAULT_DIM)
+                for i, d in enumerate(spec.shape)
+            ]
+        )
         feeds[spec.name] = _random(rng, dtype, shape)
     return feeds
 
@@ -239,7 +291,7 @@ def compare_files(
     """Run both models on the same inputs and compare every output by name."""
     ref_sess = session(original)
     got_sess = session(optimized)
-    feeds = make_inputs(ref_sess, input_shapes, inputs_npz, seed)
+    feeds = make_inputs(ref_sess, input_shapes, inputs_npz, seed, model=original)
     perms = input_permutations(optimized)
     got_feeds = {
         k: (np.ascontiguousarray(v.transpose(perms[k])) if k in perms else v)

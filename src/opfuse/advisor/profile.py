@@ -121,6 +121,10 @@ def read_ort_profile(path: str | os.PathLike[str], warmup: int = 1) -> Profile:
         raise OpfuseError(f"{path}: cannot read the profile: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
         raise OpfuseError(f"{path}: not JSON ({exc}); expected an onnxruntime profile") from None
+    except UnicodeDecodeError as exc:
+        raise OpfuseError(
+            f"{path}: not JSON (byte {exc.start} is not UTF-8); expected an onnxruntime profile"
+        ) from None
     profile = parse_ort_events(events, warmup, "onnxruntime-json")
     profile.path = str(path)
     return profile
@@ -177,7 +181,7 @@ def run_onnxruntime(
         except Exception as exc:  # onnxruntime's own exception types
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise OpfuseError(f"{model_path}: onnxruntime cannot load the model: {first}") from None
-        feeds = make_inputs(sess, input_shapes)
+        feeds = make_inputs(sess, input_shapes, model=model_path)
         total = warmup + runs
         for i in range(total):
             sess.run(None, feeds)
@@ -267,6 +271,13 @@ def read_op_summary(path: str | os.PathLike[str]) -> Profile:
             rows = list(csv.reader(f))
     except OSError as exc:
         raise OpfuseError(f"{path}: cannot read the op summary: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise OpfuseError(
+            f"{path}: not a text CSV (byte {exc.start} is not UTF-8); "
+            "expected msprof's op_summary_*.csv"
+        ) from None
+    except csv.Error as exc:
+        raise OpfuseError(f"{path}: not a CSV op summary ({exc})") from None
     if not rows:
         raise OpfuseError(f"{path}: empty op summary")
     header = [_norm(c) for c in rows[0]]
