@@ -243,6 +243,25 @@ def empty_model(command_args: list[str]) -> Callable[[Path], list[str]]:
     return case
 
 
+def two_inputs(*args: str) -> Callable[[Path], list[str]]:
+    """``{m}``: z = x + y with x, y of shape [N, 4] (N symbolic)."""
+
+    def case(d: Path) -> list[str]:
+        graph = helper.make_graph(
+            [helper.make_node("Add", ["x", "y"], ["z"], name="add")],
+            "g",
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 4]) for n in "xy"],
+            [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 4])],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        path = write_model(d, model)
+        return [a.replace("{m}", str(path)).replace("{d}", str(d)) for a in args]
+
+    return case
+
+
+CLASHING_SHAPES = ("--input-shape", "x:2,4", "--input-shape", "y:3,4")
 BINARY = bytes(range(256)) * 8  # not UTF-8 from byte 128 on
 PROFILE = ["profile", "{m}", "--runs", "1", "--warmup", "0"]
 ADVISE = ["advise", "{m}", "--runs", "1", "--warmup", "0"]
@@ -370,6 +389,10 @@ CASES = {
         "input 'x' has rank 2 [1,4]; give 2 dims",
         "--input-shape x:1,2,3",
     ),
+    "verify: --input-shape dims that clash": Case(
+        two_inputs("verify", "{m}", "{m}", *CLASHING_SHAPES),
+        "onnxruntime cannot run the model on inputs x [2, 4], y [3, 4]",
+    ),
     "verify: --input-shape unknown input": Case(
         command("verify", "{m}", "{m}", "--input-shape", "ghost:1,4"),
         "names 'ghost', which is not a model input (x)",
@@ -429,6 +452,10 @@ CASES = {
         command(*PROFILE, "--input-shape", "x:1,2,3"),
         "input 'x' has rank 2 [1,4]; give 2 dims",
         "--input-shape x:1,2,3",
+    ),
+    "profile: --input-shape dims that clash": Case(
+        two_inputs(*PROFILE, *CLASHING_SHAPES),
+        "onnxruntime cannot run the model on inputs x [2, 4], y [3, 4]",
     ),
     "profile: --runs 0": Case(command("profile", "{m}", "--runs", "0"), "--runs must be", None),
     # -- advise [MODEL]
@@ -543,6 +570,7 @@ def test_bad_input(name, tmp_path, monkeypatch, capsys):
         "npz wrong shape",
         "profile: output is the input",
         "advise: binary op summary",
+        "profile: --input-shape dims that clash",  # onnxruntime logs nothing of its own
     ],
 )
 def test_real_process(name, tmp_path):

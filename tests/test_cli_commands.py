@@ -153,3 +153,24 @@ def test_fold_size_limit_blocks_or_allows_a_constant_of_shape_fold(tmp_path):
             assert "result of 2400 bytes exceeds --fold-size-limit 1000" in proc.stdout
     assert ops["1000"] == ["ConstantOfShape", "Add"]
     assert ops["4096"] == ["Add"]
+
+
+def test_verify_an_optimized_model_that_cannot_run_is_a_failed_verification(tmp_path):
+    """The original runs on the inputs; an optimized model that does not (here a Reshape
+    to a size the input does not have) fails verification: exit status 1, one line."""
+    import onnx_ir as ir
+
+    header = '<ir_version: 8, opset_import: ["" : 17]>\n'
+    good, bad = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    ir.save(ir.from_onnx_text(header + "g (float[1,4] x) => (float[1,4] y) { y = Relu(x) }"), good)
+    ir.save(
+        ir.from_onnx_text(
+            header + "g (float[1,4] x) => (float[1,4] y) {\n"
+            " s = Constant<value=int64[2] {3,3}>()\n r = Reshape(x, s)\n y = Relu(r)\n}"
+        ),
+        bad,
+    )
+    proc = opfuse("verify", good, bad)
+    assert proc.returncode == 1, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert f"{bad}: onnxruntime cannot run the model on inputs x [1, 4]" in proc.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from opfuse.errors import OpfuseError
+from opfuse.errors import OpfuseError, VerificationError
 
 # optimized model metadata: {input name: permutation from the original's layout}
 INPUT_PERMUTATION_KEY = "opfuse.input_permutation"
@@ -190,6 +190,23 @@ def _load_npz(path: str | os.PathLike[str], specs: list) -> dict[str, np.ndarray
     return feeds
 
 
+def run_model(
+    sess: ort.InferenceSession, feeds: dict[str, np.ndarray], path: str | os.PathLike[str]
+) -> list[np.ndarray]:
+    """One inference; a model that cannot run on these inputs (dims that contradict each
+    other or the model) is a one-line error naming the file."""
+    quiet = ort.RunOptions()
+    quiet.log_severity_level = 4  # the failure is reported once, below, not logged too
+    try:
+        return list(sess.run(None, feeds, quiet))
+    except Exception as exc:  # onnxruntime raises its own exception types
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in feeds.items())
+        raise OpfuseError(
+            f"{path}: onnxruntime cannot run the model on inputs {shapes}: {first}"
+        ) from None
+
+
 @dataclass
 class OutputDiff:
     name: str
@@ -298,7 +315,11 @@ def compare_files(
         for k, v in feeds.items()
     }
     ref_out = dict(
-        zip([o.name for o in ref_sess.get_outputs()], ref_sess.run(None, feeds), strict=True)
+        zip(
+            [o.name for o in ref_sess.get_outputs()],
+            run_model(ref_sess, feeds, original),
+            strict=True,
+        )
     )
     wanted = [i.name for i in got_sess.get_inputs()]
     missing = [n for n in wanted if n not in got_feeds]
@@ -306,7 +327,10 @@ def compare_files(
         raise OpfuseError(
             f"{Path(optimized)}: has input {missing[0]!r} that {Path(original)} does not"
         )
-    got_values = got_sess.run(None, {k: got_feeds[k] for k in wanted})
+    try:
+        got_values = run_model(got_sess, {k: got_feeds[k] for k in wanted}, optimized)
+    except OpfuseError as exc:  # the original ran on these inputs: the optimized must too
+        raise VerificationError(str(exc)) from None
     got_out = dict(zip([o.name for o in got_sess.get_outputs()], got_values, strict=True))
     diffs = []
     for name, ref in ref_out.items():

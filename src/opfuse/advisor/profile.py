@@ -147,7 +147,7 @@ def run_onnxruntime(
     import onnxruntime as ort
 
     from opfuse.io import check_output_path, write_text
-    from opfuse.verify import make_inputs
+    from opfuse.verify import make_inputs, run_model
 
     if profile_out is not None:  # before the runs
         check_output_path(profile_out, [model_path])
@@ -184,7 +184,7 @@ def run_onnxruntime(
         feeds = make_inputs(sess, input_shapes, model=model_path)
         total = warmup + runs
         for i in range(total):
-            sess.run(None, feeds)
+            run_model(sess, feeds, model_path)
             if progress:
                 progress(i + 1, total)
         raw = sess.end_profiling()
