@@ -79,6 +79,7 @@ def _sample(value: ir.Value) -> bytes | None:
     sample = b"".join(
         part.tobytes() for part in (flat[:SAMPLE], flat[mid : mid + SAMPLE], flat[-SAMPLE:])
     )
+    del array, flat  # the views hold the mapping: drop them before unmapping
     _release(value)
     return sample
 
