@@ -519,6 +519,31 @@ CASES = {
         "not JSON",
         "p.json",
     ),
+    "advise: profile with a non-numeric duration": Case(
+        command(
+            "advise",
+            "{m}",
+            "--profile",
+            "{d}/p.json",
+            setup=write(
+                "p.json",
+                '[{"cat": "Node", "name": "n_kernel_time", "ts": 1, "dur": "abc", "args": {}}]',
+            ),
+        ),
+        "has dur 'abc', not a number",
+        "p.json",
+    ),
+    "advise: profile with a non-numeric run start": Case(
+        command(
+            "advise",
+            "{m}",
+            "--profile",
+            "{d}/p.json",
+            setup=write("p.json", '[{"cat": "Session", "name": "model_run", "ts": "x"}]'),
+        ),
+        "has ts 'x', not a number",
+        "p.json",
+    ),
     "advise: profile missing": Case(
         command("advise", "{m}", "--profile", "{d}/p.json"), "cannot read the profile", "p.json"
     ),

@@ -63,12 +63,23 @@ def _shapes(entries: object) -> list[list[int]]:
     return out
 
 
+def _number(event: dict, key: str) -> float:
+    """A timing field of a profile event (0 when absent); anything else is bad input."""
+    value = event.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise OpfuseError(
+            f"not an onnxruntime profile: event {str(event.get('name', '?'))[:80]!r} has "
+            f"{key} {str(value)[:40]!r}, not a number"
+        )
+    return float(value)
+
+
 def parse_ort_events(events: list[dict], warmup: int, source: str = "onnxruntime") -> Profile:
     """Node events of an onnxruntime profile, the first ``warmup`` model runs dropped."""
     if not isinstance(events, list):
         raise OpfuseError("not an onnxruntime profile: expected a JSON list of events")
     runs = sorted(
-        (e["ts"], e["ts"] + e.get("dur", 0))
+        (_number(e, "ts"), _number(e, "ts") + _number(e, "dur"))
         for e in events
         if isinstance(e, dict) and e.get("cat") == "Session" and e.get("name") == "model_run"
     )
@@ -87,7 +98,7 @@ def parse_ort_events(events: list[dict], warmup: int, source: str = "onnxruntime
         name = str(e.get("name", ""))
         if not name.endswith(KERNEL_SUFFIX):
             continue
-        run = bisect.bisect_right(starts, e.get("ts", 0)) - 1
+        run = bisect.bisect_right(starts, _number(e, "ts")) - 1
         if runs and run < warmup:
             continue
         name = name[: -len(KERNEL_SUFFIX)]
@@ -104,7 +115,7 @@ def parse_ort_events(events: list[dict], warmup: int, source: str = "onnxruntime
                 provider=str(args.get("provider", "")),
             )
         times = per_run.setdefault(name, [0.0] * kept)
-        times[max(0, run - warmup) if runs else 0] += float(e.get("dur", 0))
+        times[max(0, run - warmup) if runs else 0] += _number(e, "dur")
         calls[name] += 1
     for name, rec in records.items():
         rec.duration_us = statistics.median(per_run[name])
@@ -125,7 +136,10 @@ def read_ort_profile(path: str | os.PathLike[str], warmup: int = 1) -> Profile:
         raise OpfuseError(
             f"{path}: not JSON (byte {exc.start} is not UTF-8); expected an onnxruntime profile"
         ) from None
-    profile = parse_ort_events(events, warmup, "onnxruntime-json")
+    try:
+        profile = parse_ort_events(events, warmup, "onnxruntime-json")
+    except OpfuseError as exc:
+        raise OpfuseError(f"{path}: {exc}") from None
     profile.path = str(path)
     return profile
 
