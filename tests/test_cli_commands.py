@@ -174,3 +174,24 @@ def test_verify_an_optimized_model_that_cannot_run_is_a_failed_verification(tmp_
     assert proc.returncode == 1, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     assert f"{bad}: onnxruntime cannot run the model on inputs x [1, 4]" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"input_shapes": {"input": [1, 3, 8]}}, {"inputs_npz": "missing.npz"}],
+    ids=["wrong rank", "missing npz"],
+)
+def test_optimize_checks_verification_inputs_before_it_works(tmp_path, monkeypatch, kwargs):
+    """A bad --input-shape or .npz fails at once, not after the optimization."""
+    from opfuse import api
+    from opfuse.errors import OpfuseError
+
+    def must_not_run(*args, **kw):
+        raise AssertionError("optimized before checking the verification inputs")
+
+    monkeypatch.setattr(api, "optimize_model", must_not_run)
+    if "inputs_npz" in kwargs:
+        kwargs = {"inputs_npz": tmp_path / kwargs["inputs_npz"]}
+    with pytest.raises(OpfuseError):
+        api.optimize_file(EXAMPLE, tmp_path / "out.onnx", **kwargs)
+    assert not (tmp_path / "out.onnx").exists()

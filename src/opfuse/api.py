@@ -24,7 +24,7 @@ from opfuse.rewrite.driver import Driver
 from opfuse.rewrite.stats import EffectLog
 from opfuse.shapes import infer_shapes
 from opfuse.switch import SwitchTable, parse_switch_file, resolve
-from opfuse.verify import VerifyReport, compare_files
+from opfuse.verify import VerifyReport, check_feeds, compare_files
 
 MAX_ROUNDS = 6
 logger = logging.getLogger("opfuse")
@@ -188,8 +188,10 @@ def optimize_file(
         io.check_output_path(fusion_result, [input_path, output_path])
     if fusion_switch_file is not None:
         switch_table = parse_switch_file(fusion_switch_file)
-    # validate the switches before the (possibly long) load
+    # validate the switches and the user's verification inputs before the (possibly long) work
     select_passes(switch_table, enable, disable, where=str(fusion_switch_file or "switch file"))
+    if verify and (input_shapes or inputs_npz is not None):
+        check_feeds(input_path, input_shapes, inputs_npz)
     model = io.load_model(input_path, infer=True)
     external = io.has_external_data(model) or None  # keep external data external
     try:
@@ -233,8 +235,4 @@ def _file_bytes(path: str | os.PathLike[str]) -> int:
 
 
 def write_fusion_result(log: EffectLog, path: str | os.PathLike[str]) -> None:
-    target = Path(path)
-    try:
-        target.write_text(json.dumps(log.fusion_result(), indent=2) + "\n", "utf-8")
-    except OSError as exc:
-        raise OpfuseError(f"{target}: cannot write fusion result: {exc.strerror}") from None
+    io.write_text(path, json.dumps(log.fusion_result(), indent=2) + "\n", what="fusion result")

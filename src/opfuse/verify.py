@@ -295,6 +295,16 @@ def input_permutations(path: str | os.PathLike[str]) -> dict[str, list[int]]:
     return {}
 
 
+def check_feeds(
+    model: str | os.PathLike[str],
+    input_shapes: Mapping[str, list[int]] | None = None,
+    inputs_npz: str | os.PathLike[str] | None = None,
+) -> None:
+    """Fail now, with a one-line error, on ``--input-shape`` or ``.npz`` inputs that do not
+    fit ``model`` (optimize checks them before it works, not only when it verifies)."""
+    make_inputs(session(model), input_shapes, inputs_npz, model=model)
+
+
 def compare_files(
     original: str | os.PathLike[str],
     optimized: str | os.PathLike[str],
