@@ -96,7 +96,8 @@ def verifier_options(f):  # type: ignore[no-untyped-def]
     "--fold-size-limit",
     default=1 << 20,
     show_default=True,
-    help="Largest constant (bytes) folding may create per node.",
+    help="Largest constant (bytes) a fold may create, unless it frees as much; a fold "
+    "also grows the model by at most 4 KiB.",
 )
 @click.option(
     "--target-opset", type=int, help="Convert to this opset first (enables newer fusions)."
