@@ -173,8 +173,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         f"in {doc['total_s'] / 60:.1f} min on: {m['nproc']} CPUs ({m['cpu']}), "
         f"{m['memory_gb']} GB memory, {m['os']}, Python {m['python']}, "
-        f"opfuse at commit {m['opfuse_commit'] or '?'} (other helpers' work in progress may "
-        "change its figures).",
+        f"opfuse at commit {m['opfuse_commit'] or '?'} (`-dirty`: with uncommitted changes).",
         "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".",
         "",
