@@ -182,6 +182,7 @@ def test_same_bytes_different_dtype_or_shape_stay_apart():
 def test_hash_collision_with_different_bytes_keeps_both(monkeypatch):
     from opfuse.passes import cse
 
+    monkeypatch.setattr(cse, "SMALL_BYTES", 0)  # the large-weight path: hash, then bytes
     monkeypatch.setattr(cse, "_digest", lambda value: "collision")
     w = np.arange(100, dtype=np.float32).reshape(4, 25)
     w2 = w.copy()
@@ -201,6 +202,7 @@ def test_hash_collision_with_different_bytes_keeps_both(monkeypatch):
 def test_weights_that_differ_in_their_samples_are_never_hashed(monkeypatch):
     from opfuse.passes import cse
 
+    monkeypatch.setattr(cse, "SMALL_BYTES", 0)  # sampling is for the large-weight path
     hashed: list[str] = []
     real = cse._digest
     monkeypatch.setattr(cse, "_digest", lambda value: hashed.append(value.name) or real(value))
@@ -214,3 +216,30 @@ def test_weights_that_differ_in_their_samples_are_never_hashed(monkeypatch):
     assert effected(result, PASS, "duplicate_initializers") == 1
     assert set(optimized.graph.initializers) == {"w1", "w2"}
     assert "w2" not in hashed and {"w1", "w3"} <= set(hashed)
+
+
+def test_small_weights_with_colliding_hashes_are_compared_byte_for_byte(monkeypatch):
+    import hashlib
+    import types
+
+    from opfuse.passes import cse
+
+    class Collide:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def digest(self):
+            return b"same"
+
+    monkeypatch.setattr(
+        cse, "hashlib", types.SimpleNamespace(blake2b=Collide, sha256=hashlib.sha256)
+    )
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    inits = {"w1": w, "w2": w + 1, "w3": w.copy()}
+    m = model(
+        "a = Add(x, w1)\n b = Mul(x, w2)\n c = Sub(x, w3)\n d = Add(a, b)\n y = Add(d, c)",
+        inits=inits,
+    )
+    optimized, result = check_rule(m, PASS)
+    assert effected(result, PASS, "duplicate_initializers") == 1  # w3 is w1; w2 stays
+    assert set(optimized.graph.initializers) == {"w1", "w2"}

@@ -15,7 +15,7 @@ import contextlib
 import hashlib
 import struct
 from collections import defaultdict
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 
 import onnx_ir as ir
 
@@ -26,6 +26,7 @@ from opfuse.rewrite.pattern import const_array
 
 CSE_CONSTANT_NODE_LIMIT = 64  # elements: Constant nodes up to this size are merged too
 CHUNK = 1 << 24  # bytes hashed or compared at a time: large weights are never copied whole
+SMALL_BYTES = 1 << 16  # weights up to this size are compared by their bytes as dict keys
 SAMPLE = 16  # elements compared at the start, middle and end before hashing a whole weight
 
 
@@ -106,8 +107,44 @@ def dedupe_initializers(graph: ir.Graph) -> int:
         if tensor is None or value.is_graph_input() or value.is_graph_output():
             continue
         groups[(tensor.dtype, tuple(tensor.shape))].append(value)
-    dropped = 0
-    for values in _split_by_sample(groups.values()):
+    small = [v for v in groups.values() if len(v) > 1 and _nbytes(v[0]) <= SMALL_BYTES]
+    large = [v for v in groups.values() if len(v) > 1 and _nbytes(v[0]) > SMALL_BYTES]
+    duplicates = [*_small_duplicates(small), *_large_duplicates(_split_by_sample(large))]
+    for value, same in duplicates:
+        value.replace_all_uses_with(same)
+        assert value.name is not None
+        graph.initializers.pop(value.name)
+    return len(duplicates)
+
+
+def _nbytes(value: ir.Value) -> int:
+    tensor = value.const_value
+    return tensor.nbytes if tensor is not None else 0
+
+
+def _small_duplicates(groups: list[list[ir.Value]]) -> Iterator[tuple[ir.Value, ir.Value]]:
+    """(duplicate, first copy) pairs of small weights: one hash of the whole bytes each
+    (no sampling pass), bytes compared on a match; only digests are kept."""
+    for values in groups:
+        kept: dict[bytes, list[ir.Value]] = defaultdict(list)
+        for value in values:
+            array = const_array(value)
+            if array is None or array.dtype == object:
+                continue
+            key = hashlib.blake2b(array.tobytes(), digest_size=16).digest()
+            del array
+            _release(value)
+            same = next((k for k in kept[key] if _same_bytes(k, value)), None)
+            if same is None:
+                kept[key].append(value)
+            else:
+                yield value, same
+
+
+def _large_duplicates(groups: list[list[ir.Value]]) -> Iterator[tuple[ir.Value, ir.Value]]:
+    """(duplicate, first copy) pairs of large weights: hash first, then compare bytes,
+    a chunk at a time (a memory-mapped weight is never copied whole)."""
+    for values in groups:
         kept: dict[str, list[ir.Value]] = defaultdict(list)
         for value in values:
             digest = _digest(value)
@@ -116,12 +153,8 @@ def dedupe_initializers(graph: ir.Graph) -> int:
             same = next((k for k in kept[digest] if _same_bytes(k, value)), None)
             if same is None:
                 kept[digest].append(value)
-                continue
-            value.replace_all_uses_with(same)
-            assert value.name is not None
-            graph.initializers.pop(value.name)
-            dropped += 1
-    return dropped
+            else:
+                yield value, same
 
 
 def _float_key(value: float) -> bytes:
