@@ -29,6 +29,21 @@ def test_constant_node_becomes_initializer():
     assert len(optimized.graph.initializers) == 1
 
 
+@pytest.mark.parametrize(
+    "constant",
+    ["value_floats=[1.0, 2.0, 3.0]", "value_float=2.5", "value=float[3] {1,2,3}"],
+)
+def test_every_constant_form_becomes_an_initializer_of_the_same_value(constant):
+    m = model(f"c = Constant<{constant}>()\n y = Add(x, c)")
+    optimized, result = check_rule(m, PASS)
+    assert op_types(optimized) == {"Add": 1}
+    (init,) = optimized.graph.initializers.values()
+    expected = {"value_float=2.5": [2.5]}.get(constant, [1.0, 2.0, 3.0])
+    assert init.const_value is not None
+    np.testing.assert_array_equal(init.const_value.numpy().reshape(-1), expected)
+    assert init.const_value.name == init.name
+
+
 def test_constant_graph_output_stays_a_node():
     m = model("y = Constant<value=float[2,3] {1,2,3,4,5,6}>()")
     optimized, result = check_rule(m, PASS)

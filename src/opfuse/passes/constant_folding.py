@@ -161,14 +161,26 @@ class ConstantNodeRule(Rule):
     def check(self, m: Match, ctx: PassContext) -> str | None:
         if (ctx.model.ir_version or 0) < 4:
             return "IR version below 4: initializers must also be graph inputs"
-        if const_array(m.root.outputs[0]) is None:
+        if _dense_tensor(m.root) is None and const_array(m.root.outputs[0]) is None:
             return "sparse or unreadable Constant"
         return None
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+        name = m.root.outputs[0].name or "constant"
+        tensor = _dense_tensor(m.root)
+        if tensor is not None:  # the attribute's tensor itself: no numpy round trip
+            return [b.const_tensor(tensor, name)]
         array = const_array(m.root.outputs[0])
         assert array is not None
-        return [b.const(array, m.root.outputs[0].name or "constant")]
+        return [b.const(array, name)]
+
+
+def _dense_tensor(node: ir.Node) -> ir.TensorProtocol | None:
+    """The tensor of a Constant's ``value`` attribute (other forms: None)."""
+    attr = node.attributes.get("value")
+    if len(node.attributes) != 1 or attr is None or attr.type != ir.AttributeType.TENSOR:
+        return None
+    return attr.value
 
 
 class FoldRule(Rule):

@@ -113,6 +113,15 @@ class Builder:
         self.nodes.append(node)
         return node
 
+    def const_tensor(self, tensor: ir.TensorProtocol, name: str) -> ir.Value:
+        """A new initializer holding ``tensor`` as it is (no copy into numpy)."""
+        value = ir.Value(name=self.names.value(name), const_value=tensor)
+        tensor.name = value.name
+        value.type = ir.TensorType(tensor.dtype)
+        value.shape = ir.Shape(tuple(tensor.shape))  # type: ignore[arg-type]
+        self.initializers.append(value)
+        return value
+
     def const(self, array: np.ndarray | Iterable[Any], name: str, dtype: Any = None) -> ir.Value:
         """A new initializer holding ``array``."""
         arr = np.asarray(array, dtype=dtype)
