@@ -179,6 +179,15 @@ def test_same_bytes_different_dtype_or_shape_stay_apart():
     assert len(graph.initializers) == 3
 
 
+def three_weights() -> ir.Model:
+    """w3 is a copy of w1; w2 differs from w1 (by default everywhere)."""
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    return model(
+        "a = Add(x, w1)\n b = Mul(x, w2)\n c = Sub(x, w3)\n d = Add(a, b)\n y = Add(d, c)",
+        inits={"w1": w, "w2": w + 1, "w3": w.copy()},
+    )
+
+
 def test_hash_collision_with_different_bytes_keeps_both(monkeypatch):
     from opfuse.passes import cse
 
@@ -206,12 +215,7 @@ def test_weights_that_differ_in_their_samples_are_never_hashed(monkeypatch):
     hashed: list[str] = []
     real = cse._digest
     monkeypatch.setattr(cse, "_digest", lambda value: hashed.append(value.name) or real(value))
-    w = np.arange(6, dtype=np.float32).reshape(2, 3)
-    inits = {"w1": w, "w2": w + 1, "w3": w.copy()}
-    m = model(
-        "a = Add(x, w1)\n b = Mul(x, w2)\n c = Sub(x, w3)\n d = Add(a, b)\n y = Add(d, c)",
-        inits=inits,
-    )
+    m = three_weights()
     optimized, result = check_rule(m, PASS)
     assert effected(result, PASS, "duplicate_initializers") == 1
     assert set(optimized.graph.initializers) == {"w1", "w2"}
@@ -234,12 +238,7 @@ def test_small_weights_with_colliding_hashes_are_compared_byte_for_byte(monkeypa
     monkeypatch.setattr(
         cse, "hashlib", types.SimpleNamespace(blake2b=Collide, sha256=hashlib.sha256)
     )
-    w = np.arange(6, dtype=np.float32).reshape(2, 3)
-    inits = {"w1": w, "w2": w + 1, "w3": w.copy()}
-    m = model(
-        "a = Add(x, w1)\n b = Mul(x, w2)\n c = Sub(x, w3)\n d = Add(a, b)\n y = Add(d, c)",
-        inits=inits,
-    )
+    m = three_weights()
     optimized, result = check_rule(m, PASS)
     assert effected(result, PASS, "duplicate_initializers") == 1  # w3 is w1; w2 stays
     assert set(optimized.graph.initializers) == {"w1", "w2"}

@@ -93,7 +93,7 @@ class ChainMatch(Match):
 
 
 class _ChainRule(Rule):
-    ops: tuple[str, str]
+    ops: tuple[str, str]  # the operation and its inverse: (Add, Sub) or (Mul, Div)
 
     def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
         outer = _term(node)
@@ -135,8 +135,19 @@ class _ChainRule(Rule):
         return None
 
     def combine(self, m: ChainMatch, ctx: PassContext) -> tuple[np.ndarray, int]:
-        """The combined constant (by the ONNX evaluator) and its sign in the result."""
-        raise NotImplementedError
+        """The combined constant (by the ONNX evaluator) and its sign in the result.
+
+        The sign of k in the result: k and c cannot both be inverted while x is, since
+        the outer constant is inverted only in Sub(t, c) / Div(t, c), where t keeps its sign.
+        """
+        same, inverse = self.ops
+        _, so, c, sc = m.outer
+        _, _, k, sk = m.first
+        if so * sk > 0:
+            return evaluate_op(same if sc > 0 else inverse, (k, c), ctx.opset), 1
+        if sc > 0:
+            return evaluate_op(inverse, (c, k), ctx.opset), 1
+        return evaluate_op(same, (k, c), ctx.opset), -1
 
 
 class AddSubChainRule(_ChainRule):
@@ -145,17 +156,6 @@ class AddSubChainRule(_ChainRule):
     name = "add_sub_chain"
     roots = ("Add", "Sub")
     ops = ("Add", "Sub")
-
-    def combine(self, m: ChainMatch, ctx: PassContext) -> tuple[np.ndarray, int]:
-        # sign of k in the result; k and c cannot both be negated while x is, since the
-        # outer constant is negated only in Sub(t, c), where t keeps its sign
-        _, so, c, sc = m.outer
-        _, _, k, sk = m.first
-        if so * sk > 0:
-            return evaluate_op("Add" if sc > 0 else "Sub", (k, c), ctx.opset), 1
-        if sc > 0:
-            return evaluate_op("Sub", (c, k), ctx.opset), 1
-        return evaluate_op("Add", (k, c), ctx.opset), -1
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
         assert isinstance(m, ChainMatch)
@@ -188,15 +188,6 @@ class MulDivChainRule(_ChainRule):
         if dtype.is_floating_point() and not np.all(np.isfinite(m.total)):
             return "the combined constant overflows"
         return None
-
-    def combine(self, m: ChainMatch, ctx: PassContext) -> tuple[np.ndarray, int]:
-        _, so, c, sc = m.outer
-        _, _, k, sk = m.first
-        if so * sk > 0:
-            return evaluate_op("Mul" if sc > 0 else "Div", (k, c), ctx.opset), 1
-        if sc > 0:
-            return evaluate_op("Div", (c, k), ctx.opset), 1
-        return evaluate_op("Mul", (k, c), ctx.opset), -1
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
         assert isinstance(m, ChainMatch)
