@@ -173,7 +173,9 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         f"in {doc['total_s'] / 60:.1f} min on: {m['nproc']} CPUs ({m['cpu']}), "
         f"{m['memory_gb']} GB memory, {m['os']}, Python {m['python']}, "
-        f"opfuse at commit {m['opfuse_commit'] or '?'} (`-dirty`: with uncommitted changes).",
+        f"opfuse at commit {m['opfuse_commit'] or '?'}"
+        + (" (with uncommitted changes)" if m["opfuse_commit"].endswith("-dirty") else "")
+        + ".",
         "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".",
         "",

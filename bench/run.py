@@ -246,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     for tool in args.tools:
         if not TOOLS[tool].installed():
             log(f"bench: {tool} is not installed; its rows say so")
+    machine = report.machine()  # the commit measured is the one the run starts from
     results = []
     for i, path in enumerate(models, 1):
         log(f"[{i}/{len(models)}] {path.stem}")
@@ -254,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     scale_table = bench_scale(results, args)
     doc = {
         "command": command,
-        "machine": report.machine(),
+        "machine": machine,
         "tools": {t: TOOLS[t].how for t in args.tools},
         "settings": {
             "batch": measure.BATCH,
