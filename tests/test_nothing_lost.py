@@ -143,24 +143,25 @@ def test_a_killed_save_is_cleaned_up_by_a_later_one(tmp_path):
     src = tmp_path / "m.onnx"
     onnx.save_model(conv_bn_model(), str(src))
     stale = {
-        tmp_path / ".opfuse-k1ll3d_x": "dir",
+        tmp_path / ".opfuse-stage-k1ll3d_x": "dir",
         tmp_path / ".opfuse-probe-abc12345": "file",
-        tmp_path / ".opfuse-q7w8e9r0.tmp": "file",
+        tmp_path / ".opfuse-report-q7w8e9r0.tmp": "file",
     }
-    young = tmp_path / ".opfuse-runn1ng0"
+    young = tmp_path / ".opfuse-stage-runn1ng0"
     other = tmp_path / ".opfuse-notes"  # not a name opfuse makes
-    for path, kind in [*stale.items(), (young, "dir"), (other, "file")]:
+    users = tmp_path / ".opfuse-settings"  # 8 lowercase letters, but no kind: the user's
+    for path, kind in [*stale.items(), (young, "dir"), (other, "file"), (users, "dir")]:
         if kind == "dir":
             path.mkdir()
             (path / "o.onnx").write_bytes(b"partial")
         else:
             path.write_bytes(b"partial")
     old = time.time() - io.STALE_SECONDS - 60
-    for path in [*stale, other]:
+    for path in [*stale, other, users]:
         os.utime(path, (old, old))
     optimize_file(src, tmp_path / "o.onnx")
     assert not any(p.exists() for p in stale)
-    assert young.is_dir() and other.is_file()
+    assert young.is_dir() and other.is_file() and (users / "o.onnx").is_file()
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
         "m.onnx",
         "o.onnx",

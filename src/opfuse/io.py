@@ -220,12 +220,13 @@ def _probe_writable(target: Path, folder: Path) -> None:
 
 
 # Temporary names beside an output: staging folders, write probes and report files, each
-# the prefix, an optional kind and tempfile's 8 random characters. A save killed outright
+# the prefix, their kind and tempfile's 8 random characters (the kind keeps a user's own
+# ".opfuse-settings" or the like out of the sweep). A save killed outright
 # (SIGKILL, power loss) leaves one behind; the next save into that folder removes those
 # older than STALE_SECONDS (a live save renames or removes its own within seconds to
 # minutes; a day leaves any slow save on a shared folder alone).
 STAGING_PREFIX = ".opfuse-"
-STAGING_NAME = re.compile(r"\.opfuse-(?:probe-)?[a-z0-9_]{8}(?:\.tmp)?")
+STAGING_NAME = re.compile(r"\.opfuse-(?:stage|probe|report)-[a-z0-9_]{8}(?:\.tmp)?")
 STALE_SECONDS = 24 * 3600
 
 
@@ -269,7 +270,9 @@ def write_text(
     remove_stale_staging(target.parent)
     name = ""
     try:
-        fd, name = tempfile.mkstemp(prefix=STAGING_PREFIX, suffix=".tmp", dir=target.parent)
+        fd, name = tempfile.mkstemp(
+            prefix=STAGING_PREFIX + "report-", suffix=".tmp", dir=target.parent
+        )
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.chmod(name, 0o666 & ~_umask())  # as a plain open() would create it
@@ -310,7 +313,7 @@ def staged_save(
         _refuse_input_data_file(model, target.parent / data_name, input_path)
     remove_stale_staging(target.parent)
     try:
-        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target.parent))
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX + "stage-", dir=target.parent))
     except OSError as exc:
         raise OpfuseError(f"{target}: cannot write: {exc.strerror or exc}") from None
     try:

@@ -533,3 +533,36 @@ def test_dim_cut_by_a_slice_with_runtime_bounds_stays():
     optimized, result = check_rule(m, PASS, feeds=feeds)
     assert "the selected dims are dynamic" in reasons(result, PASS)
     assert op_types(optimized)["Gather"] == 1
+
+
+def test_folding_keeps_int4_and_uint4_apart():
+    """int4 and uint4 arrays share numpy's dtype string (the evaluator cache keys by the
+    dtype itself): the same bytes fold to each type's own values."""
+    from onnx import helper
+
+    def constant(name, dtype):
+        tensor = onnx.TensorProto(name=name, data_type=dtype, dims=[2], raw_data=bytes([0x9F]))
+        return helper.make_node("Constant", [], [name], value=tensor)
+
+    nodes = [
+        constant("a", onnx.TensorProto.INT4),
+        constant("b", onnx.TensorProto.UINT4),
+        helper.make_node("Cast", ["a"], ["ca"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Cast", ["b"], ["cb"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Add", ["x", "ca"], ["ya"]),
+        helper.make_node("Add", ["x", "cb"], ["yb"]),
+    ]
+    out = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [2]) for n in ("ya", "yb")]
+    x = [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])]
+    proto = helper.make_model(
+        helper.make_graph(nodes, "g", x, out), opset_imports=[helper.make_opsetid("", 21)]
+    )
+    proto.ir_version = 10
+    model = ir.serde.deserialize_model(proto)
+    run_passes(model, PASS)
+    folded = {
+        n.outputs[0].name: n.inputs[1].const_value.numpy().tolist()
+        for n in model.graph
+        if n.op_type == "Add"
+    }
+    assert folded == {"ya": [-1.0, -7.0], "yb": [15.0, 9.0]}

@@ -4,6 +4,7 @@ deduplicated (hash, then bytes), what must stay apart."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 import pytest
 
@@ -242,3 +243,38 @@ def test_small_weights_with_colliding_hashes_are_compared_byte_for_byte(monkeypa
     optimized, result = check_rule(m, PASS)
     assert effected(result, PASS, "duplicate_initializers") == 1  # w3 is w1; w2 stays
     assert set(optimized.graph.initializers) == {"w1", "w2"}
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (onnx.TensorProto.INT4, onnx.TensorProto.UINT4),
+        (onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ),
+    ],
+    ids=["int4/uint4", "float8e4m3fn/fnuz"],
+)
+def test_constants_of_onnx_types_sharing_a_numpy_dtype_stay_apart(first, second):
+    """int4 and uint4 (and the float8 variants) are one numpy dtype: same bytes, other values."""
+    from onnx import helper
+
+    def constant(name, dtype):
+        tensor = onnx.TensorProto(name=name, data_type=dtype, dims=[2], raw_data=bytes([0x9F]))
+        if dtype not in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
+            tensor.raw_data = bytes([0x38, 0x40])
+        return helper.make_node("Constant", [], [name], value=tensor)
+
+    nodes = [
+        constant("a", first),
+        constant("b", second),
+        helper.make_node("Cast", ["a"], ["ya"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Cast", ["b"], ["yb"], to=onnx.TensorProto.FLOAT),
+    ]
+    outputs = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [2]) for n in ("ya", "yb")]
+    proto = helper.make_model(
+        helper.make_graph(nodes, "g", [], outputs), opset_imports=[helper.make_opsetid("", 21)]
+    )
+    proto.ir_version = 10
+    model = ir.serde.deserialize_model(proto)
+    run_passes(model, PASS)
+    casts = [n for n in model.graph if n.op_type == "Cast"]
+    assert len({id(n.inputs[0]) for n in casts}) == 2

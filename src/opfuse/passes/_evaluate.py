@@ -171,7 +171,7 @@ def _cache_key(node: ir.Node, arrays: Sequence[np.ndarray | None], model: ir.Mod
         node.op_type,
         node.domain,
         tuple(attrs),
-        tuple(None if a is None else a.dtype.str for a in arrays),
+        tuple(None if a is None else a.dtype for a in arrays),  # int4 and uint4 share .str
         tuple(_elem_type(out) for out in node.outputs),
         tuple(sorted(model.opset_imports.items())),
         model.ir_version,
@@ -262,7 +262,7 @@ def evaluate_op(
                 (k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in attributes.items()
             )
         ),
-        tuple(None if a is None else a.dtype.str for a in arrays),
+        tuple(None if a is None else a.dtype for a in arrays),  # int4 and uint4 share .str
         opset,
     )
     names = [f"i{i}" if a is not None else "" for i, a in enumerate(arrays)]

@@ -37,7 +37,7 @@ def conv_key(conv: ir.Node, w: np.ndarray) -> tuple:
     k = w.ndim - 2
     return (
         tuple(w.shape[1:]),
-        w.dtype.str,
+        w.dtype,
         tuple(attr(conv, "strides", None) or [1] * k),
         tuple(attr(conv, "pads", None) or [0] * (2 * k)),
         tuple(attr(conv, "dilations", None) or [1] * k),

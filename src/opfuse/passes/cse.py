@@ -179,8 +179,8 @@ def _attribute_key(a: ir.Attr) -> Hashable | None:
         tensors = [value] if t == ir.AttributeType.TENSOR else list(value)
         if sum(x.size for x in tensors) > CSE_CONSTANT_NODE_LIMIT:
             return None  # weights: dedupe_initializers compares them once they are initializers
-        arrays = [x.numpy() for x in tensors]
-        return tuple((x.shape, x.dtype.str, x.tobytes()) for x in arrays)
+        # ONNX's dtype, not numpy's: int4/uint4 and the float8 variants share a numpy dtype
+        return tuple((tuple(x.shape), x.dtype, x.numpy().tobytes()) for x in tensors)
     if t in (ir.AttributeType.TYPE_PROTO, ir.AttributeType.TYPE_PROTOS):
         return repr(value)
     return None  # graphs, sparse tensors: not compared
