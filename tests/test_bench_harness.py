@@ -119,3 +119,28 @@ def test_stacked_model_chains_the_copies(tmp_path: Path) -> None:
         (expected,) = single.run(None, {"x": expected})
     (got,) = measure.session(str(stacked), "off").run(None, {"x": x})
     np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_latency_behind_the_best_within_the_noise_is_counted_apart() -> None:
+    from bench import report
+
+    def model(name: str, control: float) -> dict:
+        row = {"nodes": 10, "max_rel_err": 0.0, "status": "ok", "check": "ok", "optimize_s": 1.0}
+        return {
+            "model": name,
+            "rows": {
+                "opfuse": {**row, "latency_all_ratio": 1.00},
+                "onnxslim": {**row, "latency_all_ratio": 0.97},
+                "original again": {"latency_all_ratio": control},
+            },
+        }
+
+    doc = {
+        "settings": {"valid_rel_err": 1e-3},
+        "models": [model("noisy", 0.95), model("quiet", 0.99)],
+    }
+    goals = report.goals(doc)
+    assert goals["latency_ok_vs_best"] == "0/2"
+    assert goals["models"]["noisy"]["latency_within_noise_of_best"] is True
+    assert goals["models"]["quiet"]["latency_within_noise_of_best"] is False
+    assert goals["latency_within_noise_of_best"] == 1
