@@ -15,22 +15,25 @@ _GRAPH = ir.AttributeType.GRAPH
 _GRAPHS = ir.AttributeType.GRAPHS
 
 
+def node_graphs(node: ir.Node) -> list[ir.Graph]:
+    """The graphs held by ``node``'s attributes (If branches, a Loop or Scan body)."""
+    graphs: list[ir.Graph] = []
+    for attr in node.attributes.values():
+        if attr.type == _GRAPH:
+            graphs.append(attr.value)
+        elif attr.type == _GRAPHS:
+            graphs.extend(attr.value)
+    return graphs
+
+
 def subgraphs(graph: ir.Graph) -> Iterator[ir.Graph]:
     """Every graph nested in ``graph`` (not ``graph`` itself), depth first."""
     for node in graph:
-        attributes = node.attributes
-        if not attributes:
+        if not node.attributes:
             continue
-        for attr in attributes.values():
-            if attr.type == _GRAPH:
-                inner = [attr.value]
-            elif attr.type == _GRAPHS:
-                inner = list(attr.value)
-            else:
-                continue
-            for sub in inner:
-                yield sub
-                yield from subgraphs(sub)
+        for sub in node_graphs(node):
+            yield sub
+            yield from subgraphs(sub)
 
 
 def all_graphs(graph: ir.Graph) -> list[ir.Graph]:

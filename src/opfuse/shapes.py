@@ -123,7 +123,7 @@ def infer_shapes(model: ir.Model) -> None:
             value.dtype = ir.DataType(tensor_type.elem_type)
         if tensor_type.HasField("shape") and _may_know_more(tensor_type.shape, value.shape):
             shape = ir.serde.deserialize_type_proto_for_shape(info.type)
-            if shape is not None and (value.shape is None or _more_known(shape, value.shape)):
+            if shape is not None:
                 value.shape = shape
 
 
@@ -150,11 +150,3 @@ def _may_know_more(inferred: onnx.TensorShapeProto, shape: ir.Shape | None) -> b
         return False
     known = sum(1 for d in dims if d.HasField("dim_value"))
     return known > sum(1 for d in shape if isinstance(d, int))
-
-
-def _more_known(new: ir.Shape, old: ir.Shape) -> bool:
-    """Whether ``new`` knows more dims than ``old`` (never replace with less)."""
-    if len(new) != len(old):
-        return False
-    known = sum(isinstance(d, int) for d in new)
-    return known > sum(isinstance(d, int) for d in old)

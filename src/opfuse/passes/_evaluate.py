@@ -8,7 +8,6 @@ share one evaluator, cached by op type, attributes, input dtypes and opsets.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
@@ -17,6 +16,7 @@ import onnx
 import onnx_ir as ir
 from onnx.reference import ReferenceEvaluator
 
+from opfuse.passes._util import float_key
 from opfuse.rewrite.pattern import const_array
 
 ORT_MAX_IR_VERSION = 10
@@ -46,8 +46,9 @@ NONDETERMINISTIC = frozenset(
 
 def nondeterministic(node: ir.Node, opset: int) -> str | None:
     """Why two runs of ``node`` on the same inputs may differ, or None when they cannot:
-    a random op (a custom op whose name says random or dropout), or Dropout that may be in training mode (a training_mode input that is
-    not a constant false; before opset 7, is_test=0, the default)."""
+    a random op (a custom op whose name says random or dropout), or Dropout that may be
+    in training mode (a training_mode input that is not a constant false; before opset 7,
+    is_test=0, the default)."""
     if node.domain not in ("", "ai.onnx"):  # a custom op: judged by its name
         random = ("Random", "Dropout", "Multinomial", "Bernoulli")
         if any(word in node.op_type for word in random):
@@ -161,9 +162,9 @@ def _cache_key(node: ir.Node, arrays: Sequence[np.ndarray | None], model: ir.Mod
             array = value.numpy()
             value = (str(array.dtype), array.shape, array.tobytes())
         elif a.type == ir.AttributeType.FLOAT:
-            value = struct.pack("<d", value)  # -0.0 is not 0.0
+            value = float_key(value)
         elif a.type == ir.AttributeType.FLOATS:
-            value = tuple(struct.pack("<d", v) for v in value)
+            value = tuple(map(float_key, value))
         elif isinstance(value, (list, tuple)):
             value = tuple(value)
         attrs.append((name, int(a.type), value))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,11 @@ def rank(value: ir.Value | None) -> int | None:
 def attr(node: ir.Node, name: str, default: Any = None) -> Any:
     a = node.attributes.get(name)
     return default if a is None else a.value
+
+
+def float_key(value: float) -> bytes:
+    """A float attribute as a dict key: -0.0 and 0.0 differ; NaN equals the same NaN."""
+    return struct.pack("<d", value)
 
 
 def scalar_value(array: np.ndarray) -> float | None:

@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from opfuse.graphs import all_graphs
+from opfuse.graphs import all_graphs, node_graphs
 from opfuse.passes._evaluate import EvaluationError, evaluate, nondeterministic, output_bytes
 from opfuse.passes.shape_arith import SHAPE_RULES
 from opfuse.registry import PassInfo, register
@@ -67,21 +67,11 @@ def foldable_op_types() -> tuple[str, ...]:
     return tuple(sorted(names - {"Constant"}))
 
 
-def _subgraphs(node: ir.Node) -> list[ir.Graph]:
-    graphs: list[ir.Graph] = []
-    for a in node.attributes.values():
-        if a.type == ir.AttributeType.GRAPH:
-            graphs.append(a.value)
-        elif a.type == ir.AttributeType.GRAPHS:
-            graphs.extend(a.value)
-    return graphs
-
-
 def _outer_values(node: ir.Node) -> list[ir.Value]:
     """Values of enclosing graphs that the node's subgraphs read (implicit inputs)."""
     inner: set[int] = set()
     used: list[ir.Value] = []
-    for graph in _subgraphs(node):
+    for graph in node_graphs(node):
         for sub in all_graphs(graph):
             inner.update(id(v) for v in sub.inputs)
             inner.update(id(v) for v in sub.initializers.values())
@@ -215,7 +205,7 @@ class FoldRule(Rule):
             return random
         if node.op_type in NEVER_FOLD:
             return NEVER_FOLD[node.op_type]
-        if _subgraphs(node) and any(const_array(v) is None for v in _outer_values(node)):
+        if node_graphs(node) and any(const_array(v) is None for v in _outer_values(node)):
             return "a subgraph reads non-constant values"
         limit = ctx.options.fold_size_limit
         freed = _freed_bytes(node, m.arrays)

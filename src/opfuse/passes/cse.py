@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import struct
 from collections import defaultdict
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 
 import onnx_ir as ir
 
 from opfuse.passes._evaluate import nondeterministic
+from opfuse.passes._util import float_key
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import PassContext
 from opfuse.rewrite.pattern import const_array
@@ -109,7 +109,10 @@ def dedupe_initializers(graph: ir.Graph) -> int:
         groups[(tensor.dtype, tuple(tensor.shape))].append(value)
     small = [v for v in groups.values() if len(v) > 1 and _nbytes(v[0]) <= SMALL_BYTES]
     large = [v for v in groups.values() if len(v) > 1 and _nbytes(v[0]) > SMALL_BYTES]
-    duplicates = [*_small_duplicates(small), *_large_duplicates(_split_by_sample(large))]
+    duplicates = [
+        *_duplicates(small, _whole_digest),
+        *_duplicates(_split_by_sample(large), _digest),
+    ]
     for value, same in duplicates:
         value.replace_all_uses_with(same)
         assert value.name is not None
@@ -122,43 +125,33 @@ def _nbytes(value: ir.Value) -> int:
     return tensor.nbytes if tensor is not None else 0
 
 
-def _small_duplicates(groups: list[list[ir.Value]]) -> Iterator[tuple[ir.Value, ir.Value]]:
-    """(duplicate, first copy) pairs of small weights: one hash of the whole bytes each
-    (no sampling pass), bytes compared on a match; only digests are kept."""
+def _whole_digest(value: ir.Value) -> bytes | None:
+    """A small weight's hash, from its bytes at once (no sampling pass first)."""
+    array = const_array(value)
+    if array is None or array.dtype == object:
+        return None
+    key = hashlib.blake2b(array.tobytes(), digest_size=16).digest()
+    del array
+    _release(value)
+    return key
+
+
+def _duplicates(
+    groups: list[list[ir.Value]], digest: Callable[[ir.Value], Hashable | None]
+) -> Iterator[tuple[ir.Value, ir.Value]]:
+    """(duplicate, first copy) pairs: ``digest`` first, then the bytes compared a chunk at
+    a time (a memory-mapped weight is never copied whole); only digests are kept."""
     for values in groups:
-        kept: dict[bytes, list[ir.Value]] = defaultdict(list)
+        kept: dict[Hashable, list[ir.Value]] = defaultdict(list)
         for value in values:
-            array = const_array(value)
-            if array is None or array.dtype == object:
+            key = digest(value)
+            if key is None:
                 continue
-            key = hashlib.blake2b(array.tobytes(), digest_size=16).digest()
-            del array
-            _release(value)
             same = next((k for k in kept[key] if _same_bytes(k, value)), None)
             if same is None:
                 kept[key].append(value)
             else:
                 yield value, same
-
-
-def _large_duplicates(groups: list[list[ir.Value]]) -> Iterator[tuple[ir.Value, ir.Value]]:
-    """(duplicate, first copy) pairs of large weights: hash first, then compare bytes,
-    a chunk at a time (a memory-mapped weight is never copied whole)."""
-    for values in groups:
-        kept: dict[str, list[ir.Value]] = defaultdict(list)
-        for value in values:
-            digest = _digest(value)
-            if digest is None:
-                continue
-            same = next((k for k in kept[digest] if _same_bytes(k, value)), None)
-            if same is None:
-                kept[digest].append(value)
-            else:
-                yield value, same
-
-
-def _float_key(value: float) -> bytes:
-    return struct.pack("<d", value)  # -0.0 and 0.0 differ; NaN equals the same NaN
 
 
 def _attribute_key(a: ir.Attr) -> Hashable | None:
@@ -168,9 +161,9 @@ def _attribute_key(a: ir.Attr) -> Hashable | None:
     value = a.value
     t = a.type
     if t == ir.AttributeType.FLOAT:
-        return _float_key(value)
+        return float_key(value)
     if t == ir.AttributeType.FLOATS:
-        return tuple(map(_float_key, value))
+        return tuple(map(float_key, value))
     if t in (ir.AttributeType.INT, ir.AttributeType.STRING):
         return value
     if t in (ir.AttributeType.INTS, ir.AttributeType.STRINGS):

@@ -127,9 +127,4 @@ class Builder:
         arr = np.asarray(array, dtype=dtype)
         # ir.Tensor directly: ir.tensor's Protocol isinstance checks cost 0.1 ms a call
         tensor = ir.tensor(arr) if arr.dtype.kind in "OSU" else ir.Tensor(arr)
-        value = ir.Value(name=self.names.value(name), const_value=tensor)
-        value.const_value.name = value.name  # type: ignore[union-attr]
-        value.type = ir.TensorType(value.const_value.dtype)  # type: ignore[union-attr]
-        value.shape = ir.Shape(arr.shape)
-        self.initializers.append(value)
-        return value
+        return self.const_tensor(tensor, name)
