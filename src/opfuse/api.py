@@ -129,7 +129,12 @@ class OptimizeResult(Generic[ModelT]):
             "rounds": self.rounds,
             "passes": [{"name": name, **per_pass.get(name, {})} for name in self.passes],
             "patterns": [
-                {"pass": s.pass_name, "pattern": s.pattern, "matched": s.matched, "effected": s.effected}
+                {
+                    "pass": s.pass_name,
+                    "pattern": s.pattern,
+                    "matched": s.matched,
+                    "effected": s.effected,
+                }
                 for s in self.log
             ],
             "verification": None if self.verify is None else self.verify.to_json(),
@@ -319,11 +324,16 @@ def optimize_file(
     with phases("load"):
         model = io.load_model(input_path, infer=True)
     external = io.has_external_data(model) or None  # keep external data external
-    settings = {"switch_table": switch_table, "enable": enable, "options": options}
     try:
         with phases("optimize"):
             result = optimize_model(
-                model, disable=disable, shapes_inferred=True, phases=phases, **settings
+                model,
+                switch_table=switch_table,
+                enable=enable,
+                disable=disable,
+                options=options,
+                shapes_inferred=True,
+                phases=phases,
             )
     except OpfuseError as exc:  # e.g. --inputs/--outputs naming no tensor: name the file
         if str(input_path) in str(exc):
@@ -343,9 +353,11 @@ def optimize_file(
         phases.tell(f"bisect: {len(disabled)} passes off")
         again = optimize_model(
             io.load_model(input_path, infer=True),
+            switch_table=switch_table,
+            enable=enable,
             disable=disable + disabled,
+            options=options,
             shapes_inferred=True,
-            **settings,
         )
         with tempfile.TemporaryDirectory(prefix="opfuse-bisect-") as tmp:
             staged = io.save_model(again.model, Path(tmp) / "bisect.onnx", external=external)
@@ -354,9 +366,10 @@ def optimize_file(
             except VerificationError:
                 return True
 
-    with phases("write"), io.staged_save(
-        model, output_path, input_path=input_path, external=external
-    ) as staged:
+    with (
+        phases("write"),
+        io.staged_save(model, output_path, input_path=input_path, external=external) as staged,
+    ):
         if verify:
             with phases("verify"):
                 try:
@@ -395,7 +408,7 @@ def optimize_file(
 def save_inputs(feeds: Mapping[str, np.ndarray], path: str | os.PathLike[str]) -> Path:
     """The verifier's inputs as an .npz that ``--verify-inputs`` reads back."""
     buffer = _bytes_io.BytesIO()
-    np.savez(buffer, **feeds)
+    np.savez(buffer, **dict(feeds))  # type: ignore[arg-type]
     return io.write_bytes(path, buffer.getvalue(), what="the inputs")
 
 
