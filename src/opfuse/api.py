@@ -335,7 +335,7 @@ def optimize_file(
                 shapes_inferred=True,
                 phases=phases,
             )
-    except OpfuseError as exc:  # e.g. --inputs/--outputs naming no tensor: name the file
+    except OpfuseError as exc:  # e.g. --keep-inputs/--keep-outputs naming no tensor: name the file
         if str(input_path) in str(exc):
             raise
         raise type(exc)(f"{input_path}: {exc}") from None

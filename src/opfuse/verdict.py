@@ -10,7 +10,9 @@ def share(o: OutputDiff) -> str:
     """How much of its bound the worst element used: ``23%``."""
     if not o.ok and o.detail:
         return "-"
-    return f"{o.used:.0%}" if o.used < 10 else f"{o.used:.3g}x"
+    if o.used >= 10:
+        return f"{o.used:.3g}x"
+    return f"{o.used:.1%}" if o.used < 0.1 else f"{o.used:.0%}"
 
 
 def bound_text(o: OutputDiff, rtol: float) -> str:
