@@ -34,7 +34,15 @@ def test_the_package_exports_its_api_with_docstrings():
         if name != "__version__":
             assert value.__doc__, name
     assert {"optimize", "verify", "passes", "InferenceSession", "Options"} <= set(dir(opfuse))
+    import importlib
+
+    from opfuse.registry import all_passes
+
+    importlib.import_module("opfuse.passes.batchnorm")  # a submodule import must not rebind
+
+    all_passes()
     assert callable(opfuse.verify) and opfuse.verify.__module__ == "opfuse.public"
+    assert callable(opfuse.passes) and opfuse.passes() == all_passes()
     assert (Path(opfuse.__file__).parent / "py.typed").exists()
 
 

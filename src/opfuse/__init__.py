@@ -8,8 +8,11 @@ result.save("model.opt.onnx")
 
 __version__ = "0.1.0"
 
-# imported after __version__ (the modules below read it); `verify` is the function: the
-# submodule is sys.modules["opfuse.verify"] (`from opfuse.verify import ...` works)
+# imported after __version__ (the modules below read it). `verify` and `passes` are the
+# functions, bound after the subpackages of the same names are imported (importing a
+# submodule rebinds the package's attribute); the modules are sys.modules["opfuse.verify"]
+# and sys.modules["opfuse.passes"] (`from opfuse.verify import ...` works as before)
+import opfuse.passes  # noqa: E402, F401  (registers every pass; before `passes` below)
 from opfuse.advisor.advise import AdviseOptions, advise  # noqa: E402
 from opfuse.api import OptimizeResult  # noqa: E402
 from opfuse.errors import EngineError, OpfuseError, VerificationError  # noqa: E402
