@@ -172,7 +172,7 @@ def polygraphy_default(ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -
     """Whether polygraphy's default comparison (``CompareFunc.simple()``: every element
     within atol 1e-5 + rtol 1e-5 * |ref|) passes; None when polygraphy is not installed."""
     try:
-        from polygraphy.comparator import CompareFunc
+        from polygraphy.comparator import compare
         from polygraphy.comparator.struct import IterationResult
         from polygraphy.logger import G_LOGGER
     except ImportError:
@@ -180,7 +180,11 @@ def polygraphy_default(ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -
     G_LOGGER.module_severity = G_LOGGER.CRITICAL
     if set(got) != set(ref):
         return False
-    results = CompareFunc.simple()(
+    if hasattr(compare, "SimpleCompareFunc"):  # polygraphy run's default (0.50 and later)
+        func = compare.SimpleCompareFunc()
+    else:
+        func = compare.CompareFunc.simple()
+    results = func(
         IterationResult(ref, runner_name="original"), IterationResult(got, runner_name="tool")
     )
     return bool(results) and all(bool(r) for r in results.values())
