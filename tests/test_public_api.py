@@ -212,3 +212,22 @@ def test_mypy_sees_concrete_types_in_a_user_script(tmp_path):
     assert 'user.py:6: note: Revealed type is "str"' in proc.stdout, proc.stdout
     assert 'user.py:7: note: Revealed type is "bool"' in proc.stdout, proc.stdout
     assert "user.py:8: error:" in proc.stdout and '"disabel"' in proc.stdout, proc.stdout
+
+
+def test_a_pass_that_breaks_the_model_for_onnxruntime_is_blamed(monkeypatch):
+    """An optimized model onnxruntime cannot load is a failed verification (exit 1) with
+    the pass to blame, not bad input."""
+    from opfuse.passes import batchnorm
+
+    real = batchnorm.bn_affine
+
+    def wrong_length(m, bn="bn"):
+        s, t = real(m, bn)
+        return s, np.concatenate([t, t[:1]])  # one bias too many for the Conv
+
+    monkeypatch.setattr(batchnorm, "bn_affine", wrong_length)
+    with pytest.raises(VerificationError) as exc:
+        opfuse.optimize(onnx.load(str(EXAMPLE)))
+    assert exc.value.culprit == "ConvBatchNormFusionPass"
+    assert "the optimized model" in str(exc.value) and "opfuse-" not in str(exc.value)
+    assert "try --disable ConvBatchNormFusionPass" in str(exc.value)
