@@ -16,6 +16,7 @@ from rich.table import Table
 
 from opfuse.advisor.profile import GRAPH_OPT_LEVELS, op_statistic, top_nodes
 from opfuse.advisor.report import CAPTION, ORIGINAL, RUNS_NOTE, nodes_text
+from opfuse.errors import EXIT_STATUSES
 
 PathArg = click.Path(path_type=Path)
 NUMERIC = ("Count", "Total Time(us)", "Avg Time(us)", "Ratio(%)")
@@ -86,7 +87,7 @@ def _shapes(specs: tuple[str, ...]) -> dict[str, list[int]]:
     return parse_input_shapes(list(specs))
 
 
-@click.command()
+@click.command(epilog=EXIT_STATUSES)
 @click.argument("model", type=PathArg)
 @click.option("--runs", default=10, show_default=True, help="Profiled inference runs.")
 @click.option("--warmup", default=2, show_default=True, help="Runs dropped before profiling.")
@@ -259,7 +260,7 @@ def profile(
         out.print(f"profile written to {output}", markup=False)
 
 
-@click.command()
+@click.command(epilog=EXIT_STATUSES)
 @click.argument("model", type=PathArg, required=False)
 @click.option(
     "--profile",
