@@ -150,9 +150,12 @@ def test_inference_session_runs_the_optimized_model_and_leaves_the_file_alone(tm
 
 
 def test_inference_session_takes_a_model_proto_and_optimize_options():
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = opfuse.InferenceSession(
-        onnx.load(str(EXAMPLE)), disable=["ConvBatchNormFusionPass"], verify=False
+        onnx.load(str(EXAMPLE)), opts, disable=["ConvBatchNormFusionPass"], verify=False
     )
+    assert sess.get_session_options().graph_optimization_level == opts.graph_optimization_level
     assert sess.optimize_result.verify is None
     assert "ConvBatchNormFusionPass" not in sess.optimize_result.fired()
     with pytest.raises(OpfuseError, match="takes no output"):
