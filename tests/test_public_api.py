@@ -234,3 +234,15 @@ def test_a_pass_that_breaks_the_model_for_onnxruntime_is_blamed(monkeypatch):
     assert exc.value.culprit == "ConvBatchNormFusionPass"
     assert "the optimized model" in str(exc.value) and "opfuse-" not in str(exc.value)
     assert "try --disable ConvBatchNormFusionPass" in str(exc.value)
+
+
+def test_importing_opfuse_is_cheap_and_names_load_on_first_use():
+    code = (
+        "import sys, opfuse; heavy = {'onnxruntime', 'onnx_ir'} & set(sys.modules); "
+        "assert not heavy, heavy; assert set(opfuse.__all__) <= set(dir(opfuse)); "
+        "from opfuse.verify import compare_files; import opfuse.passes.batchnorm; "
+        "assert callable(opfuse.verify) and callable(opfuse.passes); "
+        "assert opfuse.optimize.__module__ == 'opfuse.public'"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
