@@ -64,7 +64,7 @@ def test_noise_is_the_original_measured_twice():
     assert m.threshold == pytest.approx(0.04)
     assert not m.faster("a", ORIGINAL)  # 3% faster is within 4% noise
     assert m.faster("b", ORIGINAL)
-    quiet = Measurement("r", 5, {ORIGINAL: 0.100, AGAIN: 0.100, "a": 0.0995})
+    quiet = Measurement("r", 5, {ORIGINAL: 0.100, AGAIN: 0.100, "a": 0.0985})
     assert quiet.threshold == NOISE_FLOOR
     assert not quiet.faster("a", ORIGINAL)
 

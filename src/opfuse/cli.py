@@ -22,6 +22,7 @@ from opfuse.tune_cli import (
     refuse_without_benchmark,
     runtime_options,
     settings_from,
+    tune,
 )
 
 # piped output keeps whole names (rich would cut tables at 80 columns)
@@ -338,6 +339,7 @@ from opfuse.advisor.cli import advise, profile  # noqa: E402  (the advisor's com
 
 app.add_command(profile)
 app.add_command(advise)
+app.add_command(tune)
 
 
 def main() -> None:

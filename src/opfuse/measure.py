@@ -22,7 +22,7 @@ AGAIN = "original (again)"
 WARMUP = 3
 MIN_ROUNDS, MAX_ROUNDS = 5, 1000
 # a flip must beat the best by more than this even when the original's copies agree closely
-NOISE_FLOOR = 0.01
+NOISE_FLOOR = 0.02
 
 
 @dataclass

@@ -4,11 +4,17 @@ benchmark's summary lines, and the ``opfuse tune`` command (registered in opfuse
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from opfuse.errors import OpfuseError
 from opfuse.runtime import GRAPH_OPT_LEVELS, RUNTIMES, Runtime, get_runtime
@@ -121,3 +127,162 @@ def benchmark_lines(
             f"{lost_text(lost)}"
         )
     return [found.line("opfuse")], warnings
+
+
+def _check_outputs(model: Path, paths: list[tuple[str, Path | None]]) -> None:
+    """Every output writable, none the input nor another output."""
+    from opfuse.io import check_output_path
+
+    given = [(flag, p) for flag, p in paths if p is not None]
+    for i, (_flag, path) in enumerate(given):
+        others: list[str | os.PathLike[str]] = [model, *(p for _, p in given[:i])]
+        labels = ["input model"] + [f"{f} path" for f, _ in given[:i]]
+        check_output_path(path, others, labels)
+
+
+@click.command()
+@click.argument("model", type=PathArg)
+@click.option("-o", "--output", type=PathArg, required=True, help="Where to write the result.")
+@click.option(
+    "--switch-file-out",
+    type=PathArg,
+    help="Where to write the fusion switch file [default: OUTPUT.fusion_switch.cfg].",
+)
+@click.option("--report", type=PathArg, help="Write every trial as JSON here.")
+@click.option(
+    "--budget", default=120.0, show_default=True, help="Seconds of search (trials in progress end)."
+)
+@runtime_options
+@click.option("--rtol", default=1e-4, show_default=True, help="Relative tolerance.")
+@click.option("--atol", default=1e-5, show_default=True, help="Absolute tolerance (scaled).")
+@click.option("--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224.")
+@click.option("--verify-inputs", type=PathArg, help=".npz of inputs (verification and timing).")
+def tune(
+    model: Path,
+    output: Path,
+    switch_file_out: Path | None,
+    report: Path | None,
+    budget: float,
+    rtol: float,
+    atol: float,
+    input_shape: tuple[str, ...],
+    verify_inputs: Path | None,
+    **runtime: object,
+) -> None:
+    """Search for the fastest verified variant of MODEL on the runtime and write it to
+    OUTPUT, with the fusion switch file and the optimize command line that rebuild it."""
+    from opfuse import tune as tuning
+    from opfuse.io import read_proto
+    from opfuse.verify import check_feeds, parse_input_shapes
+
+    settings = settings_from(runtime)
+    if budget <= 0:
+        raise OpfuseError(f"--budget {budget:g}: must be more than 0")
+    if verify_inputs is not None and input_shape:
+        raise OpfuseError(
+            f"--input-shape and --verify-inputs {verify_inputs} both give the input shapes "
+            "(the .npz arrays' shapes are used); drop --input-shape"
+        )
+    switch_file = switch_file_out or output.with_name(output.name + ".fusion_switch.cfg")
+    _check_outputs(
+        model, [("-o", output), ("--switch-file-out", switch_file), ("--report", report)]
+    )
+    read_proto(model)
+    shapes = parse_input_shapes(list(input_shape))
+    if shapes or verify_inputs is not None:
+        check_feeds(model, shapes, verify_inputs)
+    rt = settings.make()
+    tune_settings = tuning.TuneSettings(
+        budget_s=budget,
+        bench_seconds=settings.bench_seconds,
+        input_shapes=shapes,
+        inputs_npz=verify_inputs,
+        rtol=rtol,
+        atol=atol,
+    )
+    with _trial_progress(budget) as step:
+        written: dict[str, str] = {}
+        result = tuning.tune(
+            model,
+            rt,
+            tune_settings,
+            progress=step,
+            workdir=output.parent,
+            keep=lambda found, built: written.update(
+                command=tuning.write_outputs(found, built, model, output, switch_file, report)
+            ),
+        )
+    _print_tune(result, written.get("command", ""), switch_file)
+
+
+@contextmanager
+def _trial_progress(budget: float) -> Iterator[Callable[[str], None]]:
+    """A progress bar on stderr over the budget; step(what) names the trial under way."""
+    err = Console(stderr=True)
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as bar:
+        task = bar.add_task("tune", total=budget)
+        start = time.monotonic()
+
+        def step(what: str) -> None:
+            bar.update(task, description=f"trial: {what}", completed=time.monotonic() - start)
+
+        yield step
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"+-{x:.1%}"
+
+
+def _print_tune(result, command: str, switch_file: Path) -> None:  # type: ignore[no-untyped-def]
+    out = Console(highlight=False, width=None if sys.stdout.isatty() else 240)
+    table = Table(title=f"tune on {result.runtime}", title_justify="left")
+    for col in ("#", "settings", "nodes", "verification", "latency", "noise", "kept", "note"):
+        table.add_column(col, justify="right" if col in ("#", "nodes", "latency") else "left")
+    for i, t in enumerate(result.trials):
+        ratio = "" if t.ratio is None else f"{t.ratio:.3f}x"
+        kept = "yes" if t.kept else ""
+        table.add_row(
+            str(i),
+            t.variant.label,
+            str(t.nodes),
+            t.verification,
+            ratio,
+            _pct(t.noise),
+            kept,
+            t.note,
+        )
+    out.print(table)
+    if result.budget_spent:
+        out.print("the budget ran out before every flip was tried")
+    upgrades = ", ".join(
+        f"{name}: {n} matches at --target-opset {opset}"
+        for name, (opset, n) in result.probe.upgrades.items()
+    )
+    if upgrades:
+        out.print(f"would fire at a higher opset: {upgrades}", markup=False)
+    if result.final is not None:
+        out.print(
+            f"best variant: {result.searched.label}: {result.final.line('best')}",
+            markup=False,
+            soft_wrap=True,
+        )
+    if result.best.original:
+        out.print(
+            "nothing beat the original beyond the noise: the output is the original unchanged",
+            markup=False,
+        )
+    elif not result.beat_original:
+        out.print(
+            "nothing beat the original beyond the noise: the output is the variant measured "
+            "fastest",
+            markup=False,
+        )
+    out.print(f"switch file: {switch_file}", markup=False)
+    out.print(f"rebuild: {command}", markup=False, soft_wrap=True)
