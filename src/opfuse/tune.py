@@ -179,7 +179,9 @@ def _search(s: Search) -> TuneResult:
         result.trials.append(Trial(DEFAULT, default.nodes, default.failure, note="not measured"))
     else:
         m = s.measure({BEST: default})
-        result.trials.append(Trial(DEFAULT, default.nodes, "ok", m.ratio(BEST), m.noise, True))
+        result.trials.append(
+            Trial(DEFAULT, default.nodes, "ok", m.ratio(BEST), m.noise, True, "the start")
+        )
         best = DEFAULT
     tried = {ORIGINAL, DEFAULT}
     improved = not best.original

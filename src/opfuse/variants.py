@@ -63,14 +63,13 @@ class Variant:
         return table
 
     def switch_file(self) -> dict[str, object]:
-        """The CANN-format fusion switch file that reproduces the variant's passes."""
-        table = self.switch_table()
+        """The CANN-format fusion switch file that reproduces the variant's passes (the
+        sections it changes; an empty GraphFusion for the defaults)."""
+        table = self.switch_table() or {"GraphFusion": {}}
         return {
             "Switch": {
-                section: {
-                    name: "on" if on else "off" for name, on in table.get(section, {}).items()
-                }
-                for section in SECTIONS
+                section: {name: "on" if on else "off" for name, on in entries.items()}
+                for section, entries in table.items()
             }
         }
 
