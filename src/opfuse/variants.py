@@ -18,7 +18,7 @@ from opfuse.errors import OpfuseError
 from opfuse.graphs import all_graphs
 from opfuse.registry import all_passes
 from opfuse.rewrite.context import Options
-from opfuse.switch import SECTIONS, SwitchTable
+from opfuse.switch import SwitchTable
 from opfuse.verify import compare_files
 
 LAYOUTS = ("nchw", "nhwc")
