@@ -121,3 +121,18 @@ def test_the_comparison_sees_a_lost_gelu(tmp_path):
 )
 def test_lost_fusions(before, after, lost):
     assert lost_fusions(Counter(before), Counter(after)) == lost
+
+
+def test_summary_says_gelu_would_fire_at_a_higher_opset(tmp_path):
+    import subprocess
+    import sys
+
+    note = "note: GeluFusionPass would fire at a higher opset: 1 match at --target-opset 20"
+    for opset, expected in ((17, True), (20, False)):
+        src = _save(convnext_mlp(opset), tmp_path / f"mlp{opset}.onnx")
+        proc = subprocess.run(
+            [sys.executable, "-m", "opfuse", "optimize", src, "-o", str(tmp_path / "o.onnx")],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert (note in proc.stdout.splitlines()) is expected

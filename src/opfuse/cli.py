@@ -19,6 +19,7 @@ from opfuse import __version__
 from opfuse.errors import OpfuseError
 from opfuse.tune_cli import (
     benchmark_lines,
+    opset_hints,
     refuse_without_benchmark,
     runtime_options,
     settings_from,
@@ -191,6 +192,8 @@ def optimize(
                 markup=False,
             )
     _print_summary(result, model, output)
+    for line in opset_hints(result.model):
+        out.print(f"note: {line}", markup=False)
     if benchmark:
         lines, warnings = benchmark_lines(
             model, output, settings, parse_input_shapes(list(input_shape)), verify_inputs

@@ -97,6 +97,16 @@ def refuse_without_benchmark(benchmark: bool) -> None:
         )
 
 
+def opset_hints(model) -> list[str]:  # type: ignore[no-untyped-def]
+    """``GeluFusionPass would fire at a higher opset: 18 matches at --target-opset 20``"""
+    from opfuse.variants import opset_upgrades
+
+    return [
+        f"{name} would fire at a higher opset: {n} match{'' if n == 1 else 'es'} at --target-opset {opset}"
+        for name, (opset, n) in opset_upgrades(model).items()
+    ]
+
+
 def benchmark_lines(
     original: str | os.PathLike[str],
     output: str | os.PathLike[str],
@@ -261,12 +271,11 @@ def _print_tune(result, command: str, switch_file: Path) -> None:  # type: ignor
     out.print(table)
     if result.budget_spent:
         out.print("the budget ran out before every flip was tried")
-    upgrades = ", ".join(
-        f"{name}: {n} matches at --target-opset {opset}"
-        for name, (opset, n) in result.probe.upgrades.items()
-    )
-    if upgrades:
-        out.print(f"would fire at a higher opset: {upgrades}", markup=False)
+    for name, (opset, n) in result.probe.upgrades.items():
+        out.print(
+            f"note: {name} would fire at a higher opset: {n} match{'' if n == 1 else 'es'} at --target-opset {opset}",
+            markup=False,
+        )
     if result.final is not None:
         out.print(
             f"best variant: {result.searched.label}: {result.final.line('best')}",

@@ -13,11 +13,13 @@ from pathlib import Path
 import onnx_ir as ir
 
 from opfuse import io
-from opfuse.api import convert_opset, optimize_file, optimize_model
+from opfuse.api import optimize_file, optimize_model
 from opfuse.errors import OpfuseError
 from opfuse.graphs import all_graphs
 from opfuse.registry import all_passes
-from opfuse.rewrite.context import Options
+from opfuse.rewrite.context import Options, PassContext
+from opfuse.rewrite.rule import Rule
+from opfuse.rewrite.stats import EffectLog
 from opfuse.switch import SwitchTable
 from opfuse.verify import compare_files
 
@@ -124,25 +126,25 @@ def copy_model(model: ir.Model) -> ir.Model:
     return ir.from_proto(ir.to_proto(model))
 
 
-def opset_upgrades(model: ir.Model, skipped: list[str] | None = None) -> dict[str, tuple[int, int]]:
-    """Passes that cannot run at the model's opset but whose patterns match once the model
-    is converted to their lowest opset: pass -> (opset, matches). ``skipped`` limits the
-    passes tried (default: every pass whose opset range excludes the model's)."""
-    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+def opset_upgrades(model: ir.Model) -> dict[str, tuple[int, int]]:
+    """Passes on by default that cannot run at the model's opset but whose patterns match
+    in it (a read-only match, no rewrite): pass -> (the lowest opset it runs at, matches).
+    ``GeluFusionPass: (20, 18)`` means ``--target-opset 20`` would fuse 18 GELUs."""
+    ctx = PassContext(model, Options(), EffectLog())
+    opset = ctx.opset
     found: dict[str, tuple[int, int]] = {}
     for info in all_passes():
-        if info.applies_to_opset(opset) or info.opset_min <= opset or not info.default:
+        if not info.rules or not info.default or info.opset_min <= opset:
             continue  # it runs already, or no upgrade reaches it
-        if skipped is not None and info.name not in skipped:
-            continue
-        try:
-            converted = convert_opset(copy_model(model), info.opset_min)
-        except OpfuseError:
-            continue  # the converter cannot take this model there
-        result = optimize_model(
-            converted, switch_table={"GraphFusion": {"ALL": False}}, enable=[info.name]
+        roots: dict[str, list[Rule]] = {}
+        for rule in info.rules:
+            for op_type in rule.root_types():
+                roots.setdefault(op_type, []).append(rule)
+        matches = sum(
+            any(rule.match(node, ctx) is not None for rule in roots.get(node.op_type, ()))
+            for graph in ctx.graphs()
+            for node in graph
         )
-        matches = result.log.matched(info.name)
         if matches:
             found[info.name] = (info.opset_min, matches)
     return found
