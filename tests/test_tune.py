@@ -198,3 +198,26 @@ def test_tune_cli_refuses_an_output_equal_to_the_input(model_path):
     )  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "output path is the input model" in proc.stderr
+
+
+class FlakyRuntime(FakeRuntime):
+    """The merged-Conv variant looks fast on its first load only (a lucky measurement)."""
+
+    def __init__(self) -> None:
+        super().__init__({"Conv": 0.010, "Split": 0.001}, default=0.0005)
+        self.split_loads = 0
+
+    def latency(self, path) -> float:
+        seconds = super().latency(path)
+        if op_counts(path)["Split"]:
+            self.split_loads += 1
+            return seconds if self.split_loads == 1 else 1.0
+        return seconds
+
+
+def test_a_flip_faster_once_is_measured_again_and_dropped(model_path, tmp_path):
+    result, out, _, _ = run_tune(model_path, FlakyRuntime(), tmp_path)
+    trial = labels(result)[f"+{CONCAT}"]
+    assert not trial.kept and "not confirmed" in trial.note
+    assert result.best == DEFAULT
+    assert op_counts(out)["Split"] == 0
