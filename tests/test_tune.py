@@ -221,3 +221,35 @@ def test_a_flip_faster_once_is_measured_again_and_dropped(model_path, tmp_path):
     assert not trial.kept and "not confirmed" in trial.note
     assert result.best == DEFAULT
     assert op_counts(out)["Split"] == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--budget", "0"], "--budget 0: must be more than 0"),
+        (["--bench-seconds", "-1"], "--bench-seconds -1: must be more than 0"),
+        (["--runtime", "openvino", "--provider", "CUDA"], "--provider CUDA: the openvino runtime"),
+        (["--switch-file-out", "OUT"], "output path is the -o path"),
+    ],
+)
+def test_tune_cli_bad_options_are_one_line_errors(model_path, tmp_path, args, message):
+    out = tmp_path / "t.onnx"
+    args = [str(out) if a == "OUT" else a for a in args]
+    proc = subprocess.run(
+        [sys.executable, "-m", "opfuse", "tune", str(model_path), "-o", str(out), *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr
+    assert not out.exists()
+
+
+def test_tune_cli_refuses_a_file_that_is_not_a_model(tmp_path):
+    junk = tmp_path / "junk.onnx"
+    junk.write_text("junk")
+    proc = subprocess.run(
+        [sys.executable, "-m", "opfuse", "tune", str(junk), "-o", str(tmp_path / "t.onnx")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "not an ONNX model" in proc.stderr
+    assert list(tmp_path.iterdir()) == [junk]
