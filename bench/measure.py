@@ -170,9 +170,20 @@ def _load(path: Path) -> dict[str, np.ndarray]:
         return {k: data[k] for k in data.files}
 
 
+def _laid_out(model: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The inputs in the layout a model re-declared with ``--layout`` (opfuse tune may)."""
+    from opfuse.verify import input_permutations
+
+    perms = input_permutations(model)
+    return {
+        k: np.ascontiguousarray(v.transpose(perms[k])) if k in perms else v
+        for k, v in feeds.items()
+    }
+
+
 def check(model: str, workdir: str, result: str) -> None:
     """Errors at optimizations off, and creation time of a session at both levels."""
-    feeds = _load(Path(workdir) / "inputs.npz")
+    feeds = _laid_out(model, _load(Path(workdir) / "inputs.npz"))
     ref = _load(Path(workdir) / "reference.npz")
     _warm_onnxruntime()
     figures: dict[str, object] = {}
@@ -201,8 +212,10 @@ def latency(result: str, budget_s: float, inputs: str, models: list[str]) -> Non
     as many rounds as fit in ``budget_s`` (at least MIN_RUNS)."""
     feeds = _load(Path(inputs))
     sessions = {(model, level): session(model, level) for level in LEVELS for model in models}
+    laid_out = {model: _laid_out(model, feeds) for model in models}
     feed_sets = {
-        key: {i.name: feeds[i.name] for i in sess.get_inputs()} for key, sess in sessions.items()
+        key: {i.name: laid_out[key[0]][i.name] for i in sess.get_inputs()}
+        for key, sess in sessions.items()
     }
     round_s = 0.0  # warm-up, and the cost of one round from its last run
     for key, sess in sessions.items():
