@@ -8,7 +8,8 @@ process so that a model that crashes onnxruntime costs only its own row:
         max absolute and relative error vs the reference, session creation times
     python -m bench.measure latency RESULT_JSON BUDGET_S INPUTS_NPZ MODEL...
         median latency of every MODEL at ORT_DISABLE_ALL and ORT_ENABLE_ALL, one thread,
-        batch 1, after a warm-up, with the runs of all models interleaved
+        batch 1, after a warm-up, with the runs of all models interleaved, and its ratio to
+        the first MODEL's: the median of the per-round ratios
     python -m bench.measure openvino RESULT_JSON BUDGET_S INPUTS_NPZ ORIGINAL MODEL...
         median OpenVINO CPU latency of each, through opfuse.measure (paired, interleaved,
         the original twice for the noise), one thread
@@ -232,8 +233,17 @@ def latency(result: str, budget_s: float, inputs: str, models: list[str]) -> Non
             start = time.perf_counter()
             sess.run(None, feed_sets[key])
             times[key].append(time.perf_counter() - start)
+    # ratios are paired: the median of per-round ratios to the first model (the original)
     out = {
-        model: {f"latency_{level}_s": statistics.median(times[(model, level)]) for level in LEVELS}
+        model: {
+            **{f"latency_{lv}_s": statistics.median(times[(model, lv)]) for lv in LEVELS},
+            **{
+                f"latency_{lv}_ratio": statistics.median(
+                    a / b for a, b in zip(times[(model, lv)], times[(models[0], lv)], strict=True)
+                )
+                for lv in LEVELS
+            },
+        }
         for model in models
     }
     Path(result).write_text(json.dumps({"runs": runs, "models": out}))
@@ -255,7 +265,8 @@ def openvino(result: str, budget_s: float, inputs: str, models: list[str]) -> No
         feeds=_load(Path(inputs)),
     )  # fmt: skip
     medians = [found.medians[ORIGINAL]] + [found.medians[k] for k in labels]
-    doc = {"runtime": found.runtime, "noise": found.noise, "medians_s": medians}
+    ratios = [1.0] + [found.ratio(k) for k in labels]
+    doc = {"runtime": found.runtime, "noise": found.noise, "medians_s": medians, "ratios": ratios}
     Path(result).write_text(json.dumps(doc))
 
 

@@ -218,8 +218,10 @@ def markdown(doc: dict[str, Any]) -> str:
         "error divided by the output's largest magnitude; both models under onnxruntime with "
         f"optimizations off, seeded inputs (seed {s['seed']}, batch {s['batch']}, "
         f"{s['dynamic_dim']} for other dynamic dims; integer inputs in {{0, 1}}).",
-        "- **lat off / lat all**: median latency at `ORT_DISABLE_ALL` / `ORT_ENABLE_ALL` as a "
-        "ratio to the original's at the same level (its own row gives milliseconds); "
+        "- **lat off / lat all**: latency at `ORT_DISABLE_ALL` / `ORT_ENABLE_ALL` as a "
+        "ratio to the original's at the same level, the median of the per-round ratios (so "
+        "that load changing between rounds cancels; the original's row gives its median in "
+        "milliseconds); "
         f"{s['threads']} thread, batch {s['batch']}, {s['warmup']} warm-up runs, then the runs "
         "of all variants of a model interleaved round-robin (as many rounds as fit in "
         f"{s['latency_budget_s']:.0f} s, at least 5).",

@@ -183,14 +183,8 @@ def bench_model(path: Path, args: argparse.Namespace) -> dict[str, Any]:
         if res.returncode == 0 and lat_json.exists():
             lat = json.loads(lat_json.read_text())
             entry["latency_runs"] = lat["runs"]
-            base = lat["models"][str(path)]
             for key, variant in variants.items():
-                figures = lat["models"][str(variant)]
-                rows[key].update(figures)
-                for level in measure.LEVELS:
-                    rows[key][f"latency_{level}_ratio"] = (
-                        figures[f"latency_{level}_s"] / base[f"latency_{level}_s"]
-                    )
+                rows[key].update(lat["models"][str(variant)])
         else:
             entry["latency_error"] = res.failure() or "no result"
             log(f"  {name} latency: {entry['latency_error']}")
@@ -219,10 +213,9 @@ def openvino_latency(
         return
     found = json.loads(out.read_text())
     entry["openvino"] = {"runtime": found["runtime"], "noise": found["noise"]}
-    base = found["medians_s"][0]
-    for key, median in zip(keys, found["medians_s"], strict=True):
+    for key, median, ratio in zip(keys, found["medians_s"], found["ratios"], strict=True):
         rows[key]["latency_ov_s"] = median
-        rows[key]["latency_ov_ratio"] = median / base
+        rows[key]["latency_ov_ratio"] = ratio
 
 
 def bench_scale(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
@@ -234,7 +227,7 @@ def bench_scale(results: list[dict[str, Any]], args: argparse.Namespace) -> dict
             rows = by_name[name]["rows"]
             table[name] = {
                 "nodes": rows["original"]["nodes"],
-                "tools": {t: rows[t] for t in args.tools if t in rows},
+                "tools": {t: rows[t] for t in args.tools if t in rows and TOOLS[t].scale},
             }
     if args.scale == "on":
         materialize(args, sorted(set(scale.STACK)))

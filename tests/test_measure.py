@@ -59,12 +59,25 @@ def test_rounds_fill_the_budget_and_interleave(optimized):
 
 
 def test_noise_is_the_original_measured_twice():
-    m = Measurement("r", 5, {ORIGINAL: 0.100, AGAIN: 0.104, "a": 0.097, "b": 0.090})
+    def rounds(*seconds: float) -> list[float]:
+        return [s * f for s, f in zip(seconds, (1.0, 1.2, 0.9), strict=True)]  # load varies
+
+    m = Measurement(
+        "r",
+        3,
+        {
+            ORIGINAL: rounds(0.100, 0.100, 0.100),
+            AGAIN: rounds(0.104, 0.104, 0.104),
+            "a": rounds(0.097, 0.097, 0.097),
+            "b": rounds(0.090, 0.090, 0.090),
+        },
+    )
     assert m.noise == pytest.approx(0.04)
+    assert m.ratio("b") == pytest.approx(0.9) and m.ratio("b", "a") == pytest.approx(0.9 / 0.97)
     assert m.threshold == pytest.approx(0.04)
     assert not m.faster("a", ORIGINAL)  # 3% faster is within 4% noise
     assert m.faster("b", ORIGINAL)
-    quiet = Measurement("r", 5, {ORIGINAL: 0.100, AGAIN: 0.100, "a": 0.0985})
+    quiet = Measurement("r", 1, {ORIGINAL: [0.100], AGAIN: [0.100], "a": [0.0985]})
     assert quiet.threshold == NOISE_FLOOR
     assert not quiet.faster("a", ORIGINAL)
 

@@ -2,8 +2,9 @@
 
 Every model is loaded once, the original twice; after a warm-up, rounds run every model
 once each, the order reversed every other round, so that load changes on the machine hit
-all of them alike. A model's latency is the median of its runs; the noise is how far the
-original's two copies' medians differ (the same model, the same rounds)."""
+all of them alike. A model's latency is the median of its runs; a ratio of two models is
+the median of their per-round ratios; the noise is how far that ratio of the original's
+two copies is from 1 (the same model, the same rounds)."""
 
 from __future__ import annotations
 
@@ -27,32 +28,40 @@ NOISE_FLOOR = 0.02
 
 @dataclass
 class Measurement:
-    """Medians (seconds) of the original, its second copy, and each variant, by label."""
+    """Per-round times (seconds) of the original, its second copy and each variant, by
+    label. Ratios are paired: the median over rounds of one model's time over another's
+    in the same round, so that load which changes between rounds cancels out."""
 
     runtime: str
     rounds: int
-    medians: dict[str, float] = field(default_factory=dict)
+    times: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def medians(self) -> dict[str, float]:
+        return {label: statistics.median(t) for label, t in self.times.items()}
 
     @property
     def original_s(self) -> float:
-        return self.medians[ORIGINAL]
+        return statistics.median(self.times[ORIGINAL])
 
     @property
     def noise(self) -> float:
-        """Relative difference of the original's two copies."""
-        return abs(self.medians[AGAIN] - self.original_s) / self.original_s
+        """How far the original's second copy is from the original (paired ratio)."""
+        return abs(self.ratio(AGAIN) - 1.0)
 
     @property
     def threshold(self) -> float:
         """The relative difference below which two latencies count as equal."""
         return max(self.noise, NOISE_FLOOR)
 
-    def ratio(self, label: str) -> float:
-        return self.medians[label] / self.original_s
+    def ratio(self, label: str, to: str = ORIGINAL) -> float:
+        """Median over rounds of ``label``'s time over ``to``'s."""
+        pairs = zip(self.times[label], self.times[to], strict=True)
+        return statistics.median(a / b for a, b in pairs)
 
     def faster(self, label: str, than: str) -> bool:
         """``label`` beats ``than`` by more than the noise."""
-        return self.medians[label] < self.medians[than] * (1 - self.threshold)
+        return self.ratio(label, than) < 1 - self.threshold
 
     def line(self, label: str) -> str:
         """``latency 20.1 -> 7.5 ms (0.37x; noise +-2%) onnxruntime 1.32 ...``"""
@@ -66,7 +75,8 @@ class Measurement:
             "runtime": self.runtime,
             "rounds": self.rounds,
             "noise": self.noise,
-            "medians_s": dict(self.medians),
+            "medians_s": self.medians,
+            "ratios": {label: self.ratio(label) for label in self.times},
         }
 
 
@@ -134,5 +144,4 @@ def measure(
             times[label].append(clock() - start)
         if progress is not None:
             progress((i + 1) / rounds)
-    medians = {label: statistics.median(t) for label, t in times.items()}
-    return Measurement(runtime.describe(), rounds, medians)
+    return Measurement(runtime.describe(), rounds, times)

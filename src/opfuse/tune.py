@@ -226,7 +226,7 @@ def _try(s: Search, best: Variant, variant: Variant) -> Trial:
 
 
 def _vs_best(m: Measurement) -> str:
-    return f"{m.medians[CANDIDATE] / m.medians[BEST]:.3f}x"
+    return f"{m.ratio(CANDIDATE, BEST):.3f}x"
 
 
 def _finish(s: Search, result: TuneResult, best: Variant) -> None:
@@ -239,7 +239,7 @@ def _finish(s: Search, result: TuneResult, best: Variant) -> None:
     m = s.measure({BEST: s.build(best)})
     result.final = m
     result.beat_original = m.faster(BEST, ORIGINAL_LABEL)
-    result.best = best if m.medians[BEST] < m.original_s else ORIGINAL
+    result.best = best if m.ratio(BEST) < 1.0 else ORIGINAL
 
 
 def write_outputs(
