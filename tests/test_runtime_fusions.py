@@ -136,3 +136,13 @@ def test_summary_says_gelu_would_fire_at_a_higher_opset(tmp_path):
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         assert (note in proc.stdout.splitlines()) is expected
+
+
+def test_opset_upgrades_match_without_changing_the_model():
+    from opfuse.variants import opset_upgrades
+
+    model = convnext_mlp(17)
+    before = ir.to_proto(model).SerializeToString()
+    assert opset_upgrades(model) == {"GeluFusionPass": (20, 1)}
+    assert ir.to_proto(model).SerializeToString() == before
+    assert opset_upgrades(convnext_mlp(20)) == {}  # Gelu runs there already
