@@ -253,3 +253,95 @@ def test_tune_cli_refuses_a_file_that_is_not_a_model(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 2 and "not an ONNX model" in proc.stderr
     assert list(tmp_path.iterdir()) == [junk]
+
+
+def shape_arithmetic(tmp_path) -> Path:
+    """Reshape(Relu(x), Shape(x)) with a dynamic batch: only static shapes fold it."""
+    model = model_from_text(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N,8] x) => (float[N,8] y) {
+          r = Relu(x)
+          s = Shape(x)
+          y = Reshape(r, s)
+        }"""
+    )
+    path = tmp_path / "dyn.onnx"
+    ir.save(model, str(path))
+    return path
+
+
+def test_static_shapes_variant_is_tried_and_rebuilt_from_its_command(tmp_path):
+    src = shape_arithmetic(tmp_path)
+    out, switch = tmp_path / "out.onnx", tmp_path / "out.cfg"
+    commands: list[str] = []
+    shapes = {"x": [2, 8]}
+    settings = tuning.TuneSettings(bench_seconds=0.05, input_shapes=shapes, static_shapes=True)
+
+    def keep(result, built):
+        commands.append(tuning.write_outputs(result, built, src, out, switch, input_shapes=shapes))
+
+    runtime = FakeRuntime({"Shape": 0.010, "Reshape": 0.010}, default=0.001)
+    result = tuning.tune(src, runtime, settings, keep=keep)
+    assert result.best == Variant(static_shapes=True)
+    assert op_counts(out) == {"Relu": 1}
+    assert [i.type.tensor_type.shape.dim[0].dim_value for i in onnx.load(str(out)).graph.input] == [
+        2
+    ]
+    args = shlex.split(commands[0])
+    assert "--static-shapes" in args and "x:2,8" in args
+    rebuilt = tmp_path / "rebuilt.onnx"
+    args[args.index("-o") + 1] = str(rebuilt)
+    proc = subprocess.run(
+        [sys.executable, "-m", "opfuse", *args[1:]], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "input 'x' is now static [2, 8]" in proc.stdout
+    assert op_counts(rebuilt) == op_counts(out)
+
+
+def test_static_shapes_is_not_a_candidate_without_the_flag(tmp_path):
+    src = shape_arithmetic(tmp_path)
+    settings = tuning.TuneSettings(bench_seconds=0.05, input_shapes={"x": [2, 8]})
+    runtime = FakeRuntime({"Shape": 0.010, "Reshape": 0.010}, default=0.001)
+    result = tuning.tune(src, runtime, settings)
+    assert not any(t.variant.static_shapes for t in result.trials)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--static-shapes"], "--static-shapes needs --input-shape"),
+        (["--static-shapes", "--input-shape", "x:2,8", "--no-verify"], "drop --no-verify"),
+        (["--static-shapes", "--input-shape", "x:2,8,1"], "input 'x' has rank 2"),
+        (["--static-shapes", "--input-shape", "x:2,9"], "its dim 1 is fixed at 8"),
+    ],
+)
+def test_optimize_static_shapes_bad_input(tmp_path, args, message):
+    src = shape_arithmetic(tmp_path)
+    out = tmp_path / "o.onnx"
+    proc = subprocess.run(
+        [sys.executable, "-m", "opfuse", "optimize", str(src), "-o", str(out), *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr
+    assert not out.exists()
+
+
+def test_declare_static_inputs_checks_names_rank_and_fixed_dims():
+    from opfuse.errors import OpfuseError
+    from opfuse.shapes import declare_static_inputs
+
+    for shapes, message in (
+        ({"y": [2, 8]}, "'y', which is not a model input"),
+        ({"x": [2]}, "input 'x' has rank 2"),
+        ({"x": [2, 9]}, "input 'x' has dim 1 fixed at 8"),
+    ):
+        model = model_from_text(
+            """
+            <ir_version: 8, opset_import: ["" : 17]>
+            g (float[N,8] x) => (float[N,8] y) { y = Relu(x) }"""
+        )
+        with pytest.raises(OpfuseError, match=message):
+            declare_static_inputs(model, shapes)

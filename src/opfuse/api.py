@@ -22,7 +22,7 @@ from opfuse.registry import PassInfo, all_passes
 from opfuse.rewrite.context import Options, PassContext
 from opfuse.rewrite.driver import Driver
 from opfuse.rewrite.stats import EffectLog
-from opfuse.shapes import infer_shapes
+from opfuse.shapes import declare_static_inputs, infer_shapes
 from opfuse.switch import SwitchTable, parse_switch_file, resolve
 from opfuse.verify import VerifyReport, check_feeds, compare_files
 
@@ -177,9 +177,12 @@ def optimize_file(
     input_shapes: Mapping[str, list[int]] | None = None,
     inputs_npz: str | os.PathLike[str] | None = None,
     fusion_result: str | os.PathLike[str] | None = None,
+    static_shapes: bool = False,
 ) -> OptimizeResult:
     """Load, optimize, verify against the input and write atomically.
 
+    ``static_shapes``: re-declare the inputs with ``input_shapes`` first (all shape
+    arithmetic then folds; the output accepts only those shapes).
     Bad input raises OpfuseError before anything is written; a failed verification
     raises VerificationError and writes nothing.
     """
@@ -192,7 +195,12 @@ def optimize_file(
     select_passes(switch_table, enable, disable, where=str(fusion_switch_file or "switch file"))
     if verify and (input_shapes or inputs_npz is not None):
         check_feeds(input_path, input_shapes, inputs_npz)
-    model = io.load_model(input_path, infer=True)
+    if static_shapes and not input_shapes:
+        raise OpfuseError("--static-shapes needs --input-shape NAME:D0,D1,... for the inputs")
+    model = io.load_model(input_path, infer=not static_shapes)
+    if static_shapes:
+        assert input_shapes is not None
+        declare_static_inputs(model, dict(input_shapes))
     external = io.has_external_data(model) or None  # keep external data external
     try:
         result = optimize_model(
@@ -201,13 +209,16 @@ def optimize_file(
             enable=enable,
             disable=disable,
             options=options,
-            shapes_inferred=True,
+            shapes_inferred=not static_shapes,
         )
     except OpfuseError as exc:  # e.g. --inputs/--outputs naming no tensor: name the file
         if str(input_path) in str(exc):
             raise
         raise type(exc)(f"{input_path}: {exc}") from None
     model = result.model
+    if static_shapes:
+        for name, dims in (input_shapes or {}).items():
+            result.notes.append(f"input {name!r} is now static {list(dims)}: feed only that shape")
     with io.staged_save(model, output_path, input_path=input_path, external=external) as staged:
         if verify:
             report = compare_files(

@@ -118,6 +118,11 @@ def verifier_options(f):  # type: ignore[no-untyped-def]
     help="Layout of image inputs/outputs; nchw changes the model's interface.",
 )
 @click.option("--target", help="Runtime whose UBFusion passes may run.")
+@click.option(
+    "--static-shapes",
+    is_flag=True,
+    help="Re-declare the inputs with the --input-shape dims (shape arithmetic folds).",
+)
 @click.option("--benchmark", is_flag=True, help="Measure the original and the output's latency.")
 @runtime_options
 def optimize(
@@ -139,6 +144,7 @@ def optimize(
     target_opset: int | None,
     layout: str,
     target: str | None,
+    static_shapes: bool,
     benchmark: bool,
     **runtime: object,
 ) -> None:
@@ -147,6 +153,8 @@ def optimize(
     from opfuse.rewrite.context import Options
     from opfuse.verify import parse_input_shapes
 
+    if static_shapes and not verify:
+        raise OpfuseError("--static-shapes changes the model's inputs: drop --no-verify")
     _check_verifier_options(verify, verify_inputs, "--verify-inputs", input_shape)
     refuse_without_benchmark(benchmark)
     settings = settings_from(runtime)
@@ -173,6 +181,7 @@ def optimize(
         input_shapes=parse_input_shapes(list(input_shape)),
         inputs_npz=verify_inputs,
         fusion_result=fusion_result,
+        static_shapes=static_shapes,
     )
     if log_level != "error":
         for warning in result.warnings:

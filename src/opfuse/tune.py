@@ -47,6 +47,7 @@ class Trial:
             "switches": dict(self.variant.switches),
             "layout": self.variant.layout,
             "target_opset": self.variant.target_opset,
+            "static_shapes": self.variant.static_shapes,
             "nodes": self.nodes,
             "verification": self.verification,
             "latency_ratio": self.ratio,
@@ -93,6 +94,7 @@ class TuneSettings:
     inputs_npz: str | os.PathLike[str] | None = None
     rtol: float = 1e-4
     atol: float = 1e-5
+    static_shapes: bool = False  # try the inputs re-declared with input_shapes
 
 
 class Search:
@@ -169,6 +171,7 @@ def tune(
 def _search(s: Search) -> TuneResult:
     s.progress("probing which settings match")
     found = probe(io.load_model(s.model_path))
+    found.static_shapes = s.settings.static_shapes and bool(s.settings.input_shapes)
     result = TuneResult(s.runtime.describe(), found)
     original = s.build(ORIGINAL)
     result.trials.append(Trial(ORIGINAL, original.nodes, "ok", 1.0, note="the input"))
@@ -249,6 +252,7 @@ def write_outputs(
     output: str | os.PathLike[str],
     switch_file: str | os.PathLike[str],
     report: str | os.PathLike[str] | None = None,
+    input_shapes: Mapping[str, list[int]] | None = None,
 ) -> str:
     """Write the chosen model, its switch file (and the report); return the command line
     that rebuilds it."""
@@ -256,7 +260,8 @@ def write_outputs(
     io.write_text(
         switch_file, json.dumps(result.best.switch_file(), indent=2) + "\n", what="switch file"
     )
-    command = result.best.command(model_path, output, switch_file)
+    shapes = input_shapes if result.best.static_shapes else None
+    command = result.best.command(model_path, output, switch_file, shapes)
     if report is not None:
         data = {**result.to_json(), "command": command, "switch_file": str(switch_file)}
         io.write_text(report, json.dumps(data, indent=2) + "\n", what="tune report")

@@ -174,6 +174,11 @@ def _check_outputs(model: Path, paths: list[tuple[str, Path | None]]) -> None:
 @click.option("--atol", default=1e-5, show_default=True, help="Absolute tolerance (scaled).")
 @click.option("--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224.")
 @click.option("--verify-inputs", type=PathArg, help=".npz of inputs (verification and timing).")
+@click.option(
+    "--static-shapes",
+    is_flag=True,
+    help="Also try the inputs re-declared with the --input-shape dims.",
+)
 def tune(
     model: Path,
     output: Path,
@@ -184,6 +189,7 @@ def tune(
     atol: float,
     input_shape: tuple[str, ...],
     verify_inputs: Path | None,
+    static_shapes: bool,
     **runtime: object,
 ) -> None:
     """Search for the fastest verified variant of MODEL on the runtime and write it to
@@ -200,6 +206,8 @@ def tune(
             f"--input-shape and --verify-inputs {verify_inputs} both give the input shapes "
             "(the .npz arrays' shapes are used); drop --input-shape"
         )
+    if static_shapes and not input_shape:
+        raise OpfuseError("--static-shapes needs --input-shape NAME:D0,D1,... for the inputs")
     switch_file = switch_file_out or output.with_name(output.name + ".fusion_switch.cfg")
     _check_outputs(
         model, [("-o", output), ("--switch-file-out", switch_file), ("--report", report)]
@@ -216,6 +224,7 @@ def tune(
         inputs_npz=verify_inputs,
         rtol=rtol,
         atol=atol,
+        static_shapes=static_shapes,
     )
     with _trial_progress(budget) as step:
         written: dict[str, str] = {}
@@ -226,7 +235,9 @@ def tune(
             progress=step,
             workdir=output.parent,
             keep=lambda found, built: written.update(
-                command=tuning.write_outputs(found, built, model, output, switch_file, report)
+                command=tuning.write_outputs(
+                    found, built, model, output, switch_file, report, shapes
+                )
             ),
         )
     _print_tune(result, written.get("command", ""), switch_file)

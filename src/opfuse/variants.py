@@ -34,6 +34,7 @@ class Variant:
     switches: tuple[tuple[str, bool], ...] = ()
     layout: str = "keep"
     target_opset: int | None = None
+    static_shapes: bool = False  # inputs re-declared with the --input-shape dims
     original: bool = False
 
     @property
@@ -45,6 +46,8 @@ class Variant:
             parts.append(f"--layout {self.layout}")
         if self.target_opset is not None:
             parts.append(f"--target-opset {self.target_opset}")
+        if self.static_shapes:
+            parts.append("--static-shapes")
         return " ".join(parts) or "default"
 
     def flip(self, pass_name: str, default_on: bool) -> Variant:
@@ -83,6 +86,7 @@ class Variant:
         model: str | os.PathLike[str],
         output: str | os.PathLike[str],
         switch_file: str | os.PathLike[str],
+        input_shapes: Mapping[str, list[int]] | None = None,
     ) -> str:
         """The ``opfuse optimize`` command line that rebuilds this variant."""
         if self.original:
@@ -93,6 +97,10 @@ class Variant:
             args += ["--layout", self.layout]
         if self.target_opset is not None:
             args += ["--target-opset", str(self.target_opset)]
+        if self.static_shapes:
+            args.append("--static-shapes")
+        for name, dims in (input_shapes or {}).items():
+            args += ["--input-shape", f"{name}:{','.join(map(str, dims))}"]
         return shlex.join(args)
 
 
@@ -109,6 +117,7 @@ class Probe:
     matched: list[str] = field(default_factory=list)
     layouts: list[str] = field(default_factory=list)
     upgrades: dict[str, tuple[int, int]] = field(default_factory=dict)
+    static_shapes: bool = False  # the user gave --input-shape with --static-shapes
 
     def flips(self, best: Variant) -> list[Variant]:
         """The variants one choice away from ``best``: opset upgrades and layouts first,
@@ -117,6 +126,8 @@ class Probe:
         opsets = sorted({o for o, _ in self.upgrades.values()})
         out = [replace(best, target_opset=o) for o in ([*opsets, None] if opsets else [])]
         out += [replace(best, layout=lay) for lay in [*self.layouts, "keep"]]
+        if self.static_shapes:
+            out.append(replace(best, static_shapes=not best.static_shapes))
         ordered = sorted(self.matched, key=lambda name: defaults[name])  # off-by-default first
         out += [best.flip(name, defaults[name]) for name in ordered]
         return [v for v in dict.fromkeys(out) if v != best]
@@ -204,6 +215,8 @@ def build(
             switch_table=variant.switch_table(),
             options=variant.options(base_options),
             verify=False,
+            input_shapes=input_shapes if variant.static_shapes else None,
+            static_shapes=variant.static_shapes,
         )
     except OpfuseError as exc:
         return Built(variant, Path(out), 0, f"optimize failed: {exc}")
