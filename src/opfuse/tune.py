@@ -160,7 +160,8 @@ def tune(
     ``keep`` receives the result and the chosen variant's build before the work folder
     is removed (write the model out there). ``progress`` gets the trial under way."""
     settings = settings or TuneSettings()
-    with tempfile.TemporaryDirectory(prefix=".opfuse-tune-", dir=workdir) as tmp:
+    # a staging folder by io's naming, so that one left by a killed run is swept later
+    with tempfile.TemporaryDirectory(prefix=io.STAGING_PREFIX + "stage-", dir=workdir) as tmp:
         search = Search(model_path, runtime, Path(tmp), settings, progress, clock)
         result = _search(search)
         if keep is not None:
