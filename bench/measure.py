@@ -10,7 +10,11 @@ process so that a model that crashes onnxruntime costs only its own row:
         outputs at ORT_ENABLE_ALL against the original's there (``polygraphy run --onnxrt``)
     python -m bench.measure latency RESULT_JSON BUDGET_S INPUTS_NPZ MODEL...
         median latency of every MODEL at ORT_DISABLE_ALL and ORT_ENABLE_ALL, one thread,
-        batch 1, after a warm-up, with the runs of all models interleaved
+        batch 1, after a warm-up, with the runs of all models interleaved, and its ratio to
+        the first MODEL's: the median of the per-round ratios
+    python -m bench.measure openvino RESULT_JSON BUDGET_S INPUTS_NPZ ORIGINAL MODEL...
+        median OpenVINO CPU latency of each, through opfuse.measure (paired, interleaved,
+        the original twice for the noise), one thread
 """
 
 from __future__ import annotations
@@ -195,9 +199,20 @@ def _load(path: Path) -> dict[str, np.ndarray]:
         return {k: data[k] for k in data.files}
 
 
+def _laid_out(model: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The inputs in the layout a model re-declared with ``--layout`` (opfuse tune may)."""
+    from opfuse.verify import input_permutations
+
+    perms = input_permutations(model)
+    return {
+        k: np.ascontiguousarray(v.transpose(perms[k])) if k in perms else v
+        for k, v in feeds.items()
+    }
+
+
 def check(model: str, workdir: str, result: str) -> None:
     """Errors at optimizations off, and creation time of a session at both levels."""
-    feeds = _load(Path(workdir) / "inputs.npz")
+    feeds = _laid_out(model, _load(Path(workdir) / "inputs.npz"))
     ref = _load(Path(workdir) / "reference.npz")
     ref_all = _load(Path(workdir) / "reference_all.npz")
     _warm_onnxruntime()
@@ -230,8 +245,10 @@ def latency(result: str, budget_s: float, inputs: str, models: list[str]) -> Non
     as many rounds as fit in ``budget_s`` (at least MIN_RUNS)."""
     feeds = _load(Path(inputs))
     sessions = {(model, level): session(model, level) for level in LEVELS for model in models}
+    laid_out = {model: _laid_out(model, feeds) for model in models}
     feed_sets = {
-        key: {i.name: feeds[i.name] for i in sess.get_inputs()} for key, sess in sessions.items()
+        key: {i.name: laid_out[key[0]][i.name] for i in sess.get_inputs()}
+        for key, sess in sessions.items()
     }
     round_s = 0.0  # warm-up, and the cost of one round from its last run
     for key, sess in sessions.items():
@@ -248,11 +265,41 @@ def latency(result: str, budget_s: float, inputs: str, models: list[str]) -> Non
             start = time.perf_counter()
             sess.run(None, feed_sets[key])
             times[key].append(time.perf_counter() - start)
+    # ratios are paired: the median of per-round ratios to the first model (the original)
     out = {
-        model: {f"latency_{level}_s": statistics.median(times[(model, level)]) for level in LEVELS}
+        model: {
+            **{f"latency_{lv}_s": statistics.median(times[(model, lv)]) for lv in LEVELS},
+            **{
+                f"latency_{lv}_ratio": statistics.median(
+                    a / b for a, b in zip(times[(model, lv)], times[(models[0], lv)], strict=True)
+                )
+                for lv in LEVELS
+            },
+        }
         for model in models
     }
     Path(result).write_text(json.dumps({"runs": runs, "models": out}))
+
+
+def openvino_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("openvino") is not None
+
+
+def openvino(result: str, budget_s: float, inputs: str, models: list[str]) -> None:
+    from opfuse.measure import ORIGINAL, measure
+    from opfuse.runtime import get_runtime
+
+    labels = {f"model{i}": m for i, m in enumerate(models[1:])}
+    found = measure(
+        models[0], labels, get_runtime("openvino", threads=1), seconds=budget_s,
+        feeds=_load(Path(inputs)),
+    )  # fmt: skip
+    medians = [found.medians[ORIGINAL]] + [found.medians[k] for k in labels]
+    ratios = [1.0] + [found.ratio(k) for k in labels]
+    doc = {"runtime": found.runtime, "noise": found.noise, "medians_s": medians, "ratios": ratios}
+    Path(result).write_text(json.dumps(doc))
 
 
 def main(argv: list[str]) -> int:
@@ -264,6 +311,9 @@ def main(argv: list[str]) -> int:
     elif mode == "latency":
         result, budget, inputs, *models = args
         latency(result, float(budget), inputs, models)
+    elif mode == "openvino":
+        result, budget, inputs, *models = args
+        openvino(result, float(budget), inputs, models)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     return 0

@@ -30,7 +30,7 @@ from opfuse.registry import PassInfo, all_passes, get_pass
 from opfuse.rewrite.context import Options, PassContext
 from opfuse.rewrite.driver import Driver
 from opfuse.rewrite.stats import EffectLog
-from opfuse.shapes import infer_shapes
+from opfuse.shapes import declare_static_inputs, infer_shapes
 from opfuse.switch import SwitchTable, parse_switch_file, resolve
 from opfuse.verdict import failure_message, inputs_text, worst_share
 from opfuse.verify import VerifyReport, check_feeds, compare_files
@@ -303,9 +303,12 @@ def optimize_file(
     save_failing_inputs: str | os.PathLike[str] | None = None,
     bisect: bool = True,
     phases: Phases | None = None,
+    static_shapes: bool = False,
 ) -> OptimizeResult[ir.Model]:
     """Load, optimize, verify against the input and write atomically.
 
+    ``static_shapes``: re-declare the inputs with ``input_shapes`` first (all shape
+    arithmetic then folds; the output accepts only those shapes).
     Bad input raises OpfuseError before anything is written; a failed verification
     raises VerificationError naming the first pass to blame (``bisect``), saves the
     inputs to ``save_failing_inputs`` when given, and writes nothing else.
@@ -322,8 +325,18 @@ def optimize_file(
     select_passes(switch_table, enable, disable, where=str(fusion_switch_file or "switch file"))
     if verify and (input_shapes or inputs_npz is not None):
         check_feeds(input_path, input_shapes, inputs_npz)
+    if static_shapes and not input_shapes:
+        raise OpfuseError("--static-shapes needs --input-shape NAME:D0,D1,... for the inputs")
+
+    def load() -> ir.Model:
+        """The input model, its inputs re-declared static with ``static_shapes``."""
+        loaded = io.load_model(input_path, infer=not static_shapes)
+        if static_shapes:
+            declare_static_inputs(loaded, dict(input_shapes or {}))
+        return loaded
+
     with phases("load"):
-        model = io.load_model(input_path, infer=True)
+        model = load()
     external = io.has_external_data(model) or None  # keep external data external
     try:
         with phases("optimize"):
@@ -333,7 +346,7 @@ def optimize_file(
                 enable=enable,
                 disable=disable,
                 options=options,
-                shapes_inferred=True,
+                shapes_inferred=not static_shapes,
                 phases=phases,
             )
     except OpfuseError as exc:  # e.g. --keep-inputs/--keep-outputs naming no tensor: name the file
@@ -341,6 +354,9 @@ def optimize_file(
             raise
         raise type(exc)(f"{input_path}: {exc}") from None
     model = result.model
+    if static_shapes:
+        for name, dims in (input_shapes or {}).items():
+            result.notes.append(f"input {name!r} is now static {list(dims)}: feed only that shape")
     compare = functools.partial(
         compare_files,
         rtol=rtol,
@@ -354,12 +370,12 @@ def optimize_file(
         """Re-optimize the input with ``disabled`` off too: does verification fail?"""
         phases.tell(f"bisect: {len(disabled)} passes off")
         again = optimize_model(
-            io.load_model(input_path, infer=True),
+            load(),
             switch_table=switch_table,
             enable=enable,
             disable=disable + disabled,
             options=options,
-            shapes_inferred=True,
+            shapes_inferred=not static_shapes,
         )
         with tempfile.TemporaryDirectory(prefix="opfuse-bisect-") as tmp:
             staged = io.save_model(again.model, Path(tmp) / "bisect.onnx", external=external)

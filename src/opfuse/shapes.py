@@ -12,6 +12,7 @@ import logging
 import onnx
 import onnx_ir as ir
 
+from opfuse.errors import OpfuseError
 from opfuse.graphs import all_graphs
 
 try:  # onnx-ir's helper that strips large initializers before calling onnx's C API
@@ -150,3 +151,30 @@ def _may_know_more(inferred: onnx.TensorShapeProto, shape: ir.Shape | None) -> b
         return False
     known = sum(1 for d in dims if d.HasField("dim_value"))
     return known > sum(1 for d in shape if isinstance(d, int))
+
+
+def declare_static_inputs(model: ir.Model, shapes: dict[str, list[int]]) -> None:
+    """Re-declare graph inputs with the given dims (``--static-shapes``): every dim the
+    model fixes must be kept, the rank too. Shape inference then knows every dim and the
+    shape arithmetic folds; the model only accepts those shapes afterwards."""
+    inputs = {v.name or "": v for v in model.graph.inputs}
+    for name, dims in shapes.items():
+        value = inputs.get(name)
+        if value is None:
+            raise OpfuseError(
+                f"--input-shape names {name!r}, which is not a model input ({', '.join(inputs)})"
+            )
+        declared = list(value.shape) if value.shape is not None else None
+        given = f"--input-shape {name}:{','.join(map(str, dims))}"
+        if declared is not None and len(declared) != len(dims):
+            raise OpfuseError(f"{given}: input {name!r} has rank {len(declared)}")
+        for i, (d, g) in enumerate(zip(declared or [], dims, strict=False)):
+            if isinstance(d, int) and d != g:
+                raise OpfuseError(f"{given}: input {name!r} has dim {i} fixed at {d}")
+        value.shape = ir.Shape(dims)
+    # intermediate shapes that name the old symbolic dims would contradict the new ones
+    for graph in all_graphs(model.graph):
+        for node in graph:
+            for out in node.outputs:
+                if out.shape is not None and not all(isinstance(d, int) for d in out.shape):
+                    out.shape = None
