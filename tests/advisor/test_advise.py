@@ -253,7 +253,7 @@ OP_KEYS = {
     "mte3_ratio",
     "duration_us",
 }
-HINT_KEYS = {"kind", "node", "op_type", "message", "duration_us", "opfuse"}
+HINT_KEYS = {"kind", "node", "op_type", "message", "duration_us", "gain_us", "opfuse"}
 HINT_KINDS = {"alignment", "replace", "resize_align_corners", "fallback"}
 VERDICT_KEYS = {"pass", "available", "fires", "reason"}
 GRAPH_FUSION_KEYS = {"pass", "section", "matched", "effected", "reasons"}

@@ -15,6 +15,7 @@ import onnx_ir as ir
 
 from opfuse import io
 from opfuse.advisor import constraints
+from opfuse.advisor.activations import find_activations
 from opfuse.advisor.attribution import Resolver, attribute, original_nodes, runtime_kernels
 from opfuse.advisor.graph import OpGraph, from_chain, from_model
 from opfuse.advisor.groups import Group, grow_groups, rank_groups
@@ -29,6 +30,7 @@ from opfuse.advisor.profile import (
     run_onnxruntime,
     top_nodes,
 )
+from opfuse.advisor.ran import RanGraph, ran_graph
 from opfuse.advisor.target import load_target
 from opfuse.advisor.trial import AIPP_PASS, Refusal, Trial, registered
 from opfuse.errors import OpfuseError
@@ -141,11 +143,19 @@ class Advisor:
                 self.original = None
                 self.trial = None
             self.profile = self._profile(model_path, profile_path, op_summary)
+            self.ran: RanGraph | None = None
             if model_path is None:
                 recs = self.profile.records
                 self.graph = from_chain([r.name for r in recs], [r.op_type for r in recs])
                 self.resolver = Resolver(self.graph)
-            self.times = attribute(self.profile.records, self.resolver)
+                self.times = attribute(self.profile.records, self.resolver)
+            elif op_summary is not None:  # groups of the operators that ran, by their names
+                self.ran = ran_graph(self.original_graph, self.profile.records)
+                self.graph, self.times = self.ran.graph, self.ran.times
+                self.resolver = Resolver(self.graph)
+            else:
+                self.times = attribute(self.profile.records, self.resolver)
+            self.node_of = self._node_index()
             if self.times.aligned:
                 self.profile.notes.append(
                     f"{len(self.times.aligned)} kernels onnxruntime named itself (inlined "
@@ -153,7 +163,7 @@ class Advisor:
                     "order to the node without a time of its own that follows"
                 )
             self.runtime_kernels: dict[int, list[str]] | None = None
-            if model_path is not None and o.compare_onnxruntime:
+            if model_path is not None and o.compare_onnxruntime and self.ran is None:
                 self.step("onnxruntime graph at ORT_ENABLE_ALL", 0, 1)
                 runtime = _ort_graph(self.analysed_path, "all", o.provider, tmp)
                 self.runtime_kernels = runtime_kernels(Resolver(self.graph, runtime=runtime))
@@ -220,6 +230,22 @@ class Advisor:
 
     # --- helpers over the analysed graph -------------------------------------------------
 
+    def _node_index(self) -> dict[str, int]:
+        """The model's node names -> the analysed node that holds their time (the operator
+        that ran them with an op summary)."""
+        if self.ran is not None:
+            return self.ran.owner()
+        return dict(self.graph.by_name)
+
+    def _removed_us(self, members: list[int]) -> float | None:
+        """The measured time of the operators whose model nodes opfuse's default passes all
+        remove (Casts, Transposes, BatchNorm small ops); None where the profile is of the
+        graph after those passes."""
+        if self.ran is None or self.trial is None:
+            return None
+        kept = self.trial.node_types
+        return sum(self._time(m) for m in members if not any(n in kept for n in self.ran.runs[m]))
+
     def _record(self, index: int) -> OpRecord | None:
         return self.times.record.get(index)
 
@@ -260,12 +286,14 @@ class Advisor:
     # --- sections ----------------------------------------------------------------------------
 
     def _ub(self) -> tuple[list[Group], list[dict[str, object]]]:
-        groups = grow_groups(self.graph, self.target.ub_limits, self._other_unit())
+        acts = find_activations(self.graph)
+        groups = grow_groups(self.graph, self.target.ub_limits, self._other_unit(), acts)
         for grp in groups:
             grp.duration_us = sum(self._time(m) for m in grp.members)
         groups = rank_groups(groups)
         ub_passes = [p.name for p in all_passes() if p.section == "UBFusion"]
         refused = self._refusals()
+        total = self.profile.total_us or 1.0
         rows = []
         for grp in groups:
             opfuse: dict[str, object] = {
@@ -275,7 +303,7 @@ class Advisor:
                 "reason": "a UB fusion is the backend's: opfuse keeps the graph in standard "
                 "ONNX ops" + (f" (UBFusion passes: {', '.join(ub_passes)})" if ub_passes else ""),
             }
-            hit = self._refusal_about(grp.names, refused)
+            hit = self._refusal_about(grp.names, refused, self.graph)
             if hit is not None:  # a pass matched the group (not just one node) and gave up
                 opfuse = {
                     "pass": hit.pass_name,
@@ -283,18 +311,31 @@ class Advisor:
                     "fires": False,
                     "reason": hit.reason,
                 }
+            removed = self._removed_us(grp.members)
             row: dict[str, object] = {
                 "subgraph": 0,
                 "fusion_type": grp.fusion_type,
                 "kind": grp.kind_name,
                 "nodes": grp.names,
                 "op_types": grp.op_types,
+                "model_nodes": [
+                    self.ran.runs[m] if self.ran is not None else [self.graph.nodes[m].name]
+                    for m in grp.members
+                ],
+                "activations": [
+                    {"name": a.name, "nodes": [self.graph.nodes[i].name for i in a.nodes]}
+                    for a in grp.activations
+                ],
                 "edges": self._edges(grp.members),
                 "duration_us": round(grp.duration_us, 3),
+                "share": round(grp.duration_us / total, 6),
+                "opfuse_removes_us": round(removed, 3) if removed is not None else None,
                 "opfuse": opfuse,
                 "onnxruntime": self._ort_fuses(grp.members),
             }
             rows.append(row)
+        # groups the runtime does not fuse first (in rank order), those it fuses last
+        rows.sort(key=lambda r: runtime_fuses(r))
         return groups, rows
 
     def _graph_info(self) -> dict[str, object]:
@@ -303,12 +344,23 @@ class Advisor:
                 "analysed": "op summary in execution order (each op assumed to feed the next)",
                 "nodes_original": None,
                 "nodes_analysed": len(self.graph.nodes),
+                "constant_nodes_counted": False,
                 "subgraphs": 0,
             }
+        if self.ran is not None:
+            analysed = "the operators of the op summary, on the model's edges (the graph that ran)"
+        elif self.profile.source == "onnxruntime":
+            analysed = (
+                "the model after opfuse's default passes, profiled at onnxruntime graph "
+                f"optimization '{self.profile.graph_opt}'"
+            )
+        else:
+            analysed = "the model after opfuse's default passes, times mapped from the profile"
         return {
-            "analysed": "the model after opfuse's default passes",
+            "analysed": analysed,
             "nodes_original": len(self.original_graph.nodes),
             "nodes_analysed": len(self.graph.nodes),
+            "constant_nodes_counted": False,
             "subgraphs": sum(1 for _ in self.original.graph.subgraphs()),
         }
 
@@ -323,14 +375,20 @@ class Advisor:
         return refused
 
     @staticmethod
-    def _refusal_about(names: list[str], refused: dict[str, list[Refusal]]) -> Refusal | None:
+    def _refusal_about(
+        names: list[str], refused: dict[str, list[Refusal]], g: OpGraph
+    ) -> Refusal | None:
         """The first refusal whose pattern is about fusing this group: a UBFusion pass's on
         a member, or a match that covers two or more members. A refusal on one member by
-        an unrelated pattern (a Pad before the group's Conv) says nothing about the group."""
+        an unrelated pattern (a Pad before the group's Conv) says nothing about the group;
+        nor does a fold across a value read outside the match (HardSwish's ``x + 3`` into
+        the Conv's bias: ``x`` is read again), which is never valid."""
         members = set(names)
         for name in names:
             for r in refused.get(name, []):
-                if r.section == "UBFusion" or len(r.nodes & members) >= 2:
+                if r.section == "UBFusion" or (
+                    len(r.nodes & members) >= 2 and not read_outside(g, r.nodes)
+                ):
                     return r
         return None
 
@@ -392,7 +450,7 @@ class Advisor:
             types = [g.nodes[i].op_type for i in chain]
             if self.original is not None:
                 dur = sum(
-                    self._time(self.graph.by_name[n]) for n in names if n in self.graph.by_name
+                    self._time(i) for i in {self.node_of[n] for n in names if n in self.node_of}
                 )
                 verdict = (
                     trial.verdict(AIPP_PASS, [*names, conv.name], self.original_types)
@@ -527,13 +585,20 @@ class Advisor:
 
     def _hints(self) -> list[dict[str, object]]:
         times = self.times.time_us
-        hints = constraints.alignment_hints(self.graph, times, self.target.alignment)
-        hints += constraints.resize_hints(self.graph, times)
+        if self.ran is not None:  # weights and shapes are the model's: an operator's time
+            g = self.original_graph  # goes to each model node it ran
+            times = {
+                n.index: self._time(self.node_of[n.name]) for n in g.nodes if n.name in self.node_of
+            }
+        else:
+            g = self.graph
+        hints = constraints.alignment_hints(g, times, self.target.alignment)
+        hints += constraints.resize_hints(g, times)
         if self.original is not None and self.trial is not None:
             orig_times = {
-                n.index: self._time(self.graph.by_name[n.name])
+                n.index: self._time(self.node_of[n.name])
                 for n in self.original_graph.nodes
-                if n.name in self.graph.by_name
+                if n.name in self.node_of
             }
             for hint in constraints.replace_hints(self.original_graph, orig_times):
                 if hint.opfuse_pass:
@@ -611,6 +676,24 @@ class Advisor:
             "hints": hints,
             "graph_fusion": self.trial.pass_summary() if self.trial is not None else [],
         }
+
+
+def runtime_fuses(group: Mapping[str, object]) -> bool:
+    """Whether onnxruntime already runs the group as one kernel."""
+    ort = group.get("onnxruntime")
+    return isinstance(ort, dict) and ort.get("fuses") == "yes"
+
+
+def read_outside(g: OpGraph, names: frozenset[str]) -> bool:
+    """Whether a tensor made by one of these nodes and read by another is also read by a
+    node outside them (or is a graph output): folding them would lose that value."""
+    inside = {g.by_name[n] for n in names if n in g.by_name}
+    for i in inside:
+        for t in g.nodes[i].outputs:
+            readers = set(g.consumers.get(t, ()))
+            if readers & inside and (readers - inside or t in g.graph_outputs):
+                return True
+    return False
 
 
 def _prod(shape: list[int]) -> int:
