@@ -1,14 +1,15 @@
 """The advisor's pipeline: profile (or read a profile), map times onto the graph opfuse would
 deploy, grow and rank fusion groups, check constraints, and ask opfuse's passes and
 onnxruntime whether each recommendation is already applied. Returns the JSON report
-(schema ``opfuse.advise/1``, see docs/ADVISOR.md); report.py and html.py render it."""
+(schema ``opfuse.advise/2``, see docs/ADVISOR.md); report.py and html.py render it."""
 
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx_ir as ir
@@ -17,13 +18,15 @@ from opfuse import io
 from opfuse.advisor import constraints
 from opfuse.advisor.activations import find_activations
 from opfuse.advisor.attribution import Resolver, attribute, original_nodes, runtime_kernels
+from opfuse.advisor.calibrate import Measure, Peaks, machine_peaks
 from opfuse.advisor.graph import OpGraph, from_chain, from_model
 from opfuse.advisor.groups import Group, grow_groups, rank_groups
-from opfuse.advisor.l2 import ABOVE_PEAK, RATIO_KEYS, estimate_ratios, l2_chains
+from opfuse.advisor.l2 import RATIO_KEYS, estimate_ratios, l2_chains
 from opfuse.advisor.opkinds import Kind, classify
 from opfuse.advisor.profile import (
     OpRecord,
     Profile,
+    iqr,
     op_statistic,
     read_op_summary,
     read_ort_profile,
@@ -37,7 +40,12 @@ from opfuse.errors import OpfuseError
 from opfuse.registry import all_passes
 from opfuse.shapes import infer_shapes
 
-SCHEMA = "opfuse.advise/1"
+SCHEMA = "opfuse.advise/2"
+# built-in targets whose peaks are measured on this machine (their files' are approximate)
+CALIBRATED = frozenset({"builtin:cpu", "builtin:cuda"})
+VARIANCE_NODE = 0.25  # a node's IQR over its median above which runs are called unsteady
+VARIANCE_TOTAL = 0.10  # the same for the sum of all nodes per run
+VARIANCE_MIN_SHARE = 0.01  # nodes below this share of the time are not worth a warning
 # ops that hardware preprocessing (AIPP) can take over in front of the first Conv
 PREPROCESS = frozenset(
     {
@@ -70,6 +78,14 @@ class AdviseOptions:
     input_shapes: Mapping[str, list[int]] | None = None
     top: int = 10
     compare_onnxruntime: bool = True
+    calibrate: bool = True  # cpu/cuda: this machine's peaks instead of the file's
+    measure_peaks: Measure | None = None  # calibrate.measure_onnxruntime unless given
+
+
+def ort_providers() -> list[str]:
+    import onnxruntime as ort
+
+    return list(ort.get_available_providers())
 
 
 def default_target(provider: str, op_summary: bool) -> str:
@@ -135,6 +151,17 @@ class Advisor:
             raise OpfuseError("--profile needs the MODEL that produced it")
         o = self.opts
         self.target = load_target(o.target or default_target(o.provider, op_summary is not None))
+        self.peaks: Peaks | None = None
+        if o.calibrate and self.target.source in CALIBRATED and o.provider in ort_providers():
+            self.step("measuring this machine's peaks", 0, 1)
+            self.peaks = machine_peaks(o.provider, o.threads, o.measure_peaks)
+            self.target = replace(
+                self.target,
+                peak_flops=self.peaks.flops,
+                vector_flops=self.peaks.flops,
+                bandwidth_bytes_per_s=self.peaks.bandwidth,
+            )
+            self.step("measuring this machine's peaks", 1, 1)
         with tempfile.TemporaryDirectory(prefix="opfuse-advise-") as tmp:
             self.tmp = tmp
             if model_path is not None:
@@ -503,7 +530,7 @@ class Advisor:
             ch.duration_us = sum(self._time(m) for m in ch.members)
         chains.sort(key=lambda ch: -ch.duration_us)
         rows = []
-        for ch in chains[: self.opts.top]:
+        for ch in chains:
             ops = []
             sources = set()
             for m in ch.members:
@@ -568,20 +595,74 @@ class Advisor:
                     },
                 }
             )
-        above = [
-            (k, float(op[k]), str(op["name"]))
-            for row in rows
-            for op in row["ops"]  # type: ignore[attr-defined]
-            for k in RATIO_KEYS
-            if isinstance(op[k], float) and op[k] > 1
-        ]
-        if above:
-            key, value, name = max(above, key=lambda a: a[1])
-            self.profile.notes.append(
-                f"{len(above)} L2 ratio estimates above 1 (largest: {key} {value:.2f} of "
-                f"{name}): {ABOVE_PEAK} (target {self.target.name})"
-            )
         return rows
+
+    def _ascend_sections(self) -> bool:
+        """L2 fusion (and its AOE advice) is Ascend's: shown for the ascend targets, or when
+        the profile has msprof's counters."""
+        counters = any(r.ratios for r in self.profile.records)
+        return self.target.name.startswith("ascend") or counters
+
+    def _variance(self) -> str | None:
+        """A warning when the runs disagree: the sum per run, or a node that matters."""
+        p = self.profile
+        totals = p.run_totals_us()
+        if totals and p.total_us and iqr(totals) > VARIANCE_TOTAL * statistics.median(totals):
+            return (
+                f"runs vary: the time per run spreads {iqr(totals):.1f} us (IQR) around "
+                f"{statistics.median(totals):.1f} us; another process may share the machine "
+                "(rerun with more --runs, or on a quiet machine)"
+            )
+        total = p.total_us or 1.0
+        noisy = [
+            r
+            for r in p.records
+            if r.duration_us >= VARIANCE_MIN_SHARE * total
+            and r.iqr_us > VARIANCE_NODE * r.duration_us
+        ]
+        if noisy:
+            worst = max(noisy, key=lambda r: r.iqr_us / max(r.duration_us, 1e-9))
+            return (
+                f"runs vary: {len(noisy)} node(s) with at least {VARIANCE_MIN_SHARE:.0%} of "
+                f"the time spread more than {VARIANCE_NODE:.0%} of their median over the runs "
+                f"({worst.name}: {worst.duration_us:.1f} us, IQR {worst.iqr_us:.1f} us); "
+                "rerun with more --runs, or on a quiet machine"
+            )
+        return None
+
+    def _top_node(self, r: OpRecord, total: float) -> dict[str, object]:
+        if self.ran is not None:
+            op = self.graph.by_name.get(r.name)
+            nodes = self.ran.runs[op] if op is not None else []
+        else:
+            nodes = original_nodes(r.name, self.resolver, self.times)
+        est = (
+            estimate_ratios(
+                r.op_type,
+                r.input_shapes,
+                r.output_shapes,
+                r.duration_us / max(r.calls, 1),
+                self.target,
+                self.target.dtype_bytes,
+            )
+            if r.input_shapes and r.output_shapes
+            else None
+        )
+        return {
+            "name": r.name,
+            "op_type": r.op_type,
+            "duration_us": round(r.duration_us, 3),
+            "iqr_us": round(r.iqr_us, 3),
+            "share": round(r.duration_us / total, 6),
+            "provider": r.provider or None,
+            "nodes": nodes,
+            "of_peak": {
+                "flops": round(est["mac_ratio"] + 0.0, 6),
+                "bandwidth": round(est["mte2_ratio"] + est["mte3_ratio"], 6),
+            }
+            if est is not None and not r.ratios
+            else None,
+        }
 
     def _hints(self) -> list[dict[str, object]]:
         times = self.times.time_us
@@ -626,7 +707,7 @@ class Advisor:
         self.step("grouping", 0, 1)
         groups, ub = self._ub()
         aipp = self._aipp()
-        l2 = self._l2(groups)
+        l2 = self._l2(groups) if self._ascend_sections() else []
         hints = self._hints()
         self.step("grouping", 1, 1)
         p = self.profile
@@ -634,7 +715,12 @@ class Advisor:
         return {
             "schema": SCHEMA,
             "model": str(model_path) if model_path is not None else None,
-            "target": self.target.to_json(),
+            "target": {
+                **self.target.to_json(),
+                "peaks": "measured" if self.peaks is not None else "file",
+                "peaks_measured_on": self.peaks.key if self.peaks is not None else None,
+            },
+            "ascend_sections": self._ascend_sections(),
             "graph": self._graph_info(),
             "profile": {
                 "source": p.source,
@@ -644,8 +730,10 @@ class Advisor:
                 "provider": p.provider or None,
                 "graph_opt": p.graph_opt or None,
                 "total_us": round(p.total_us, 3),
+                "total_iqr_us": round(iqr(p.run_totals_us()), 3),
+                "variance_warning": self._variance(),
                 "unmapped_us": round(self.times.unmapped_us, 3),
-                "unmapped_nodes": [r.name for r in self.times.unmapped][:20],
+                "unmapped_nodes": [r.name for r in self.times.unmapped],
                 "missing_columns": p.missing_columns,
                 "notes": p.notes,
             },
@@ -659,17 +747,7 @@ class Advisor:
                 }
                 for s in op_statistic(p.records)
             ],
-            "top_nodes": [
-                {
-                    "name": r.name,
-                    "op_type": r.op_type,
-                    "duration_us": round(r.duration_us, 3),
-                    "share": round(r.duration_us / total, 6),
-                    "provider": r.provider or None,
-                    "nodes": original_nodes(r.name, self.resolver, self.times),
-                }
-                for r in top_nodes(p.records, self.opts.top)
-            ],
+            "top_nodes": [self._top_node(r, total) for r in top_nodes(p.records, len(p.records))],
             "ub_fusion": ub,
             "aipp_fusion": aipp,
             "l2_fusion": l2,
@@ -711,5 +789,5 @@ def advise(
     options: AdviseOptions | None = None,
     step: Step | None = None,
 ) -> dict[str, object]:
-    """The advisor report as a JSON-ready dict (schema opfuse.advise/1)."""
+    """The advisor report as a JSON-ready dict (schema opfuse.advise/2)."""
     return Advisor(options or AdviseOptions(), step).run(model_path, profile_path, op_summary)

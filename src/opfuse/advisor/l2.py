@@ -16,7 +16,10 @@ from opfuse.advisor.target import Target
 RATIO_KEYS = ("mac_ratio", "vec_ratio", "mte2_ratio", "mte3_ratio")
 # ops that change only a tensor's shape metadata: charged no data traffic
 NO_COPY = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
-ABOVE_PEAK = "above the target's peak: the target file's peak is too low for this machine"
+ABOVE_PEAK = (
+    "an estimate above 1: the op ran faster than the peak assumed (data served from a cache "
+    "moves faster than the measured memory bandwidth)"
+)
 
 
 @dataclass
