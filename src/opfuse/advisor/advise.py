@@ -22,6 +22,7 @@ from opfuse.advisor.calibrate import Measure, Peaks, machine_peaks
 from opfuse.advisor.graph import OpGraph, from_chain, from_model
 from opfuse.advisor.groups import Group, grow_groups, rank_groups
 from opfuse.advisor.l2 import RATIO_KEYS, estimate_ratios, l2_chains
+from opfuse.advisor.nextsteps import Compare, candidates, compare_onnxruntime, dominant, trial
 from opfuse.advisor.opkinds import Kind, classify
 from opfuse.advisor.profile import (
     OpRecord,
@@ -80,6 +81,8 @@ class AdviseOptions:
     compare_onnxruntime: bool = True
     calibrate: bool = True  # cpu/cuda: this machine's peaks instead of the file's
     measure_peaks: Measure | None = None  # calibrate.measure_onnxruntime unless given
+    next_steps: bool = True  # the short trial of opfuse's commands
+    compare: Compare | None = None  # nextsteps.compare_onnxruntime unless given
 
 
 def ort_providers() -> list[str]:
@@ -597,6 +600,34 @@ class Advisor:
             )
         return rows
 
+    def _next_steps(
+        self, model_path: str | os.PathLike[str] | None, stats: list[dict[str, object]]
+    ) -> dict[str, object]:
+        o = self.opts
+        skipped = None
+        if model_path is None or self.original is None:
+            skipped = "no model given"
+        elif self.profile.source == "op_summary":
+            skipped = "the profile is from Ascend: a trial on this machine would not measure it"
+        elif not o.next_steps:
+            skipped = "turned off (--no-trial)"
+        commands: list[dict[str, object]] = []
+        if skipped is None:
+            assert model_path is not None and self.original is not None
+            compare = o.compare or compare_onnxruntime(o.provider, o.threads)
+            commands = trial(model_path, candidates(self.original), compare, self.step)
+            commands.sort(key=lambda c: c["ratio"] if isinstance(c["ratio"], float) else 9e9)
+        helps = any(c["helps"] for c in commands)
+        return {
+            "trial": "each command's output against the model, one run of each in turn "
+            "at onnxruntime's ORT_ENABLE_ALL on this machine (ratio: median time "
+            "optimized / original; noise: IQR of the per-pair ratios)",
+            "skipped": skipped,
+            "commands": commands,
+            "helps": helps,
+            "dominant": dominant(stats),
+        }
+
     def _ascend_sections(self) -> bool:
         """L2 fusion (and its AOE advice) is Ascend's: shown for the ascend targets, or when
         the profile has msprof's counters."""
@@ -712,6 +743,17 @@ class Advisor:
         self.step("grouping", 1, 1)
         p = self.profile
         total = p.total_us or 1.0
+        stats: list[dict[str, object]] = [
+            {
+                "op_type": s.op_type,
+                "count": s.count,
+                "total_us": round(s.total_us, 3),
+                "mean_us": round(s.mean_us, 3),
+                "share": round(s.share, 6),
+            }
+            for s in op_statistic(p.records)
+        ]
+        next_steps = self._next_steps(model_path, stats)
         return {
             "schema": SCHEMA,
             "model": str(model_path) if model_path is not None else None,
@@ -721,6 +763,7 @@ class Advisor:
                 "peaks_measured_on": self.peaks.key if self.peaks is not None else None,
             },
             "ascend_sections": self._ascend_sections(),
+            "next_steps": next_steps,
             "graph": self._graph_info(),
             "profile": {
                 "source": p.source,
@@ -737,16 +780,7 @@ class Advisor:
                 "missing_columns": p.missing_columns,
                 "notes": p.notes,
             },
-            "op_statistic": [
-                {
-                    "op_type": s.op_type,
-                    "count": s.count,
-                    "total_us": round(s.total_us, 3),
-                    "mean_us": round(s.mean_us, 3),
-                    "share": round(s.share, 6),
-                }
-                for s in op_statistic(p.records)
-            ],
+            "op_statistic": stats,
             "top_nodes": [self._top_node(r, total) for r in top_nodes(p.records, len(p.records))],
             "ub_fusion": ub,
             "aipp_fusion": aipp,

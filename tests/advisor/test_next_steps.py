@@ -1,0 +1,99 @@
+"""Next steps: each suggested command is measured with the runtime given (here a fake one:
+a cost per op type, no clock), and running the command as printed reproduces its ratio."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from advisor_models import make_model
+from click.testing import CliRunner
+from onnx import helper
+
+from opfuse.advisor.advise import AdviseOptions, advise
+from opfuse.advisor.nextsteps import Ratio, dominant, options_for
+from opfuse.cli import app
+
+N = helper.make_node
+COST = {"Transpose": 30.0, "Conv": 50.0, "Relu": 5.0, "Add": 1.0, "Mul": 1.0}
+
+
+def cost(path: Path) -> float:
+    """The fake runtime: a fixed cost per op type, summed over the graph."""
+    return sum(COST.get(n.op_type, 2.0) for n in onnx.load(str(path)).graph.node)
+
+
+def fake_compare(original: Path, optimized: Path) -> Ratio:
+    return Ratio(cost(optimized) / cost(original), 0.0, 1)
+
+
+def nhwc_model() -> onnx.ModelProto:
+    """An NHWC image input: Transpose to NCHW -> Conv -> Relu -> output."""
+    inits = {"W": np.random.default_rng(0).standard_normal((8, 3, 1, 1)).astype(np.float32)}
+    nodes = [
+        N("Transpose", ["x"], ["t"], name="to_nchw", perm=[0, 3, 1, 2]),
+        N("Conv", ["t", "W"], ["c"], name="conv"),
+        N("Relu", ["c"], ["y"], name="relu"),
+    ]
+    return make_model(nodes, {"x": [1, 6, 6, 3]}, {"y": [1, 8, 6, 6]}, inits)
+
+
+def test_suggested_commands_reproduce_their_ratio(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    model = tmp_path / "nhwc.onnx"
+    onnx.save(nhwc_model(), model)
+    options = AdviseOptions(runs=1, warmup=0, compare=fake_compare, compare_onnxruntime=False)
+    report = advise(model, options=options)
+    steps = report["next_steps"]
+    assert steps["skipped"] is None
+    commands = {tuple(c["flags"]): c for c in steps["commands"]}
+    assert set(commands) == {(), ("--layout", "nchw")}
+    layout = commands[("--layout", "nchw")]
+    assert layout["ratio"] == pytest.approx(55 / 85, abs=1e-4) and layout["helps"] is True
+    assert "Transpose -1" in layout["effect"]
+    assert commands[()]["ratio"] == pytest.approx(1.0) and commands[()]["helps"] is False
+    assert steps["commands"][0] is layout  # the best first
+    assert steps["helps"] is True
+    monkeypatch.chdir(tmp_path)
+    for c in steps["commands"]:  # run as printed
+        args = shlex.split(c["command"])
+        assert args[:2] == ["opfuse", "optimize"]
+        result = CliRunner().invoke(app, args[1:])
+        assert result.exit_code == 0, result.output
+        out = tmp_path / args[args.index("-o") + 1]
+        assert cost(out) / cost(model) == pytest.approx(c["ratio"], abs=1e-4)
+
+
+def test_nothing_helps_names_the_dominant_ops(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    inits = {"W": np.ones((8, 8, 1, 1), np.float32)}
+    nodes = [N("Conv", ["x", "W"], ["c"], name="conv"), N("Relu", ["c"], ["y"], name="relu")]
+    model = tmp_path / "plain.onnx"
+    onnx.save(make_model(nodes, {"x": [1, 8, 6, 6]}, {"y": [1, 8, 6, 6]}, inits), model)
+    options = AdviseOptions(runs=1, warmup=0, compare=fake_compare, compare_onnxruntime=False)
+    steps = advise(model, options=options)["next_steps"]
+    assert [c["flags"] for c in steps["commands"]] == [[]]
+    assert steps["helps"] is False
+    assert steps["dominant"] and steps["dominant"][0]["suggestion"]
+
+
+def test_dominant_and_options_for() -> None:
+    stats = [
+        {"op_type": "Gemm", "share": 0.46},
+        {"op_type": "Reshape", "share": 0.2},
+        {"op_type": "Add", "share": 0.05},
+    ]
+    rows = dominant(stats)
+    assert [r["op_type"] for r in rows] == ["Gemm", "Reshape"]
+    assert "quantize" in str(rows[0]["suggestion"])
+    assert options_for(["--layout", "nchw", "--target-opset", "20"]).target_opset == 20
+    with pytest.raises(ValueError):
+        options_for(["--disable", "X"])
+
+
+def test_op_summary_skips_the_trial(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from advisor_models import FIXTURES
+
+    steps = advise(None, op_summary=FIXTURES / "op_summary_0_1.csv")["next_steps"]
+    assert steps["skipped"] == "no model given" and steps["commands"] == []
