@@ -193,6 +193,8 @@ SCHEMA_KEYS = {
     "l2_fusion",
     "hints",
     "graph_fusion",
+    "ascend_sections",
+    "next_steps",
 }
 TARGET_KEYS = {
     "name",
@@ -203,8 +205,16 @@ TARGET_KEYS = {
     "vector_flops",
     "bandwidth_bytes_per_s",
     "ub_limits",
+    "peaks",
+    "peaks_measured_on",
 }
-GRAPH_KEYS = {"analysed", "nodes_original", "nodes_analysed", "subgraphs"}
+GRAPH_KEYS = {
+    "analysed",
+    "nodes_original",
+    "nodes_analysed",
+    "constant_nodes_counted",
+    "subgraphs",
+}
 PROFILE_KEYS = {
     "source",
     "path",
@@ -213,21 +223,42 @@ PROFILE_KEYS = {
     "provider",
     "graph_opt",
     "total_us",
+    "total_iqr_us",
+    "variance_warning",
     "unmapped_us",
     "unmapped_nodes",
     "missing_columns",
     "notes",
 }
 STAT_KEYS = {"op_type", "count", "total_us", "mean_us", "share"}
-TOP_KEYS = {"name", "op_type", "duration_us", "share", "provider", "nodes"}
+TOP_KEYS = {"name", "op_type", "duration_us", "iqr_us", "share", "provider", "nodes", "of_peak"}
+OF_PEAK_KEYS = {"flops", "bandwidth"}
+STEPS_KEYS = {"trial", "skipped", "commands", "helps", "dominant"}
+COMMAND_KEYS = {
+    "command",
+    "flags",
+    "why",
+    "ratio",
+    "noise",
+    "runs",
+    "effect",
+    "helps",
+    "error",
+}
+DOMINANT_KEYS = {"op_type", "share", "suggestion"}
+ACTIVATION_KEYS = {"name", "nodes"}
 UB_KEYS = {
     "subgraph",
     "fusion_type",
     "kind",
     "nodes",
     "op_types",
+    "model_nodes",
+    "activations",
     "edges",
     "duration_us",
+    "share",
+    "opfuse_removes_us",
     "opfuse",
     "onnxruntime",
 }
@@ -278,6 +309,8 @@ def schema_reports(tmp_path) -> list[dict]:  # type: ignore[no-untyped-def]
     onnx.save(swish_net(), swish)
     prof = write_json(tmp_path / "p.json", ort_profile(TIMES, runs=2))
     reports = [advise(swish, profile_path=prof, options=OPTS)]
+    ascend = AdviseOptions(target="ascend310", warmup=1, compare_onnxruntime=False)
+    reports.append(advise(swish, profile_path=prof, options=ascend))
     hints = hint_model()
     hints.graph.node.append(helper.make_node("ReduceL2", ["x"], ["n2"], name="norm", axes=[1]))
     hints.graph.output.append(
@@ -310,13 +343,16 @@ def test_json_schema_is_stable_and_documented(tmp_path) -> None:  # type: ignore
     report = reports[0]
     assert report["schema"] == SCHEMA == "opfuse.advise/2"
     assert report["graph"] == {
-        "analysed": "the model after opfuse's default passes",
+        "analysed": "the model after opfuse's default passes, times mapped from the profile",
         "nodes_original": 8,
         "nodes_analysed": 8,
+        "constant_nodes_counted": False,
         "subgraphs": 0,
     }
-    assert report["l2_fusion"], "the small net has an L2 chain"
-    assert report["l2_fusion"][0]["ratios_source"] == "estimate"
+    assert report["next_steps"]["commands"], "the trial ran"
+    assert not report["l2_fusion"] and not report["ascend_sections"]  # cpu: not Ascend's
+    assert reports[1]["l2_fusion"], "the small net has an L2 chain on an Ascend target"
+    assert reports[1]["l2_fusion"][0]["ratios_source"] == "estimate"
     kinds = {h["kind"] for r in reports for h in r["hints"]}
     assert kinds == HINT_KINDS, "every hint kind is checked"
     assert any(r["aipp_fusion"] for r in reports)
@@ -328,8 +364,15 @@ def test_json_schema_is_stable_and_documented(tmp_path) -> None:  # type: ignore
         assert set(r["profile"]) == PROFILE_KEYS
         assert all(set(s) == STAT_KEYS for s in r["op_statistic"])
         assert all(set(n) == TOP_KEYS for n in r["top_nodes"])
+        assert all(
+            n["of_peak"] is None or set(n["of_peak"]) == OF_PEAK_KEYS for n in r["top_nodes"]
+        )
+        assert set(r["next_steps"]) == STEPS_KEYS
+        assert all(set(c) == COMMAND_KEYS for c in r["next_steps"]["commands"])
+        assert all(set(d) == DOMINANT_KEYS for d in r["next_steps"]["dominant"])
         for g in r["ub_fusion"]:
             assert set(g) == UB_KEYS
+            assert all(set(a) == ACTIVATION_KEYS for a in g["activations"])
             assert g["onnxruntime"] is None or set(g["onnxruntime"]) == ORT_KEYS
             check_verdict(g["opfuse"])
         for a in r["aipp_fusion"]:
@@ -357,7 +400,8 @@ def test_json_schema_is_stable_and_documented(tmp_path) -> None:  # type: ignore
         SCHEMA_KEYS | TARGET_KEYS | GRAPH_KEYS | PROFILE_KEYS | STAT_KEYS | TOP_KEYS | UB_KEYS
     )
     documented |= ORT_KEYS | AIPP_KEYS | L2_KEYS | OP_KEYS | HINT_KEYS | HINT_KINDS
-    documented |= VERDICT_KEYS | GRAPH_FUSION_KEYS | REASON_KEYS
+    documented |= VERDICT_KEYS | GRAPH_FUSION_KEYS | REASON_KEYS | OF_PEAK_KEYS | STEPS_KEYS
+    documented |= COMMAND_KEYS | DOMINANT_KEYS | ACTIVATION_KEYS
     for key in documented:
         assert f"`{key}`" in doc, f"docs/ADVISOR.md does not document {key}"
 

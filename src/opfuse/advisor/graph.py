@@ -127,11 +127,6 @@ def from_model(model: ir.Model) -> OpGraph:
     )
 
 
-def count_nodes(model: ir.Model) -> int:
-    """The main graph's nodes as every command counts them: Constant nodes not counted."""
-    return len(from_model(model).nodes)
-
-
 def from_chain(names: Sequence[str], op_types: Sequence[str]) -> OpGraph:
     """Operators in execution order, each assumed to feed the next (no edges known)."""
     nodes = [
