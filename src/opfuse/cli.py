@@ -17,6 +17,14 @@ from rich.table import Table
 
 from opfuse import __version__
 from opfuse.errors import OpfuseError
+from opfuse.tune_cli import (
+    benchmark_lines,
+    opset_hints,
+    refuse_without_benchmark,
+    runtime_options,
+    settings_from,
+    tune,
+)
 
 # piped output keeps whole names (rich would cut tables at 80 columns)
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 240)
@@ -110,6 +118,8 @@ def verifier_options(f):  # type: ignore[no-untyped-def]
     help="Layout of image inputs/outputs; nchw changes the model's interface.",
 )
 @click.option("--target", help="Runtime whose UBFusion passes may run.")
+@click.option("--benchmark", is_flag=True, help="Measure the original and the output's latency.")
+@runtime_options
 def optimize(
     model: Path,
     output: Path,
@@ -129,6 +139,8 @@ def optimize(
     target_opset: int | None,
     layout: str,
     target: str | None,
+    benchmark: bool,
+    **runtime: object,
 ) -> None:
     """Fuse and simplify MODEL, verify it, and write it to OUTPUT."""
     from opfuse.api import optimize_file
@@ -136,6 +148,10 @@ def optimize(
     from opfuse.verify import parse_input_shapes
 
     _check_verifier_options(verify, verify_inputs, "--verify-inputs", input_shape)
+    refuse_without_benchmark(benchmark)
+    settings = settings_from(runtime)
+    if benchmark:
+        settings.make()  # a bad --runtime/--provider fails before the work
     options = Options(
         fold_size_limit=fold_size_limit,
         target_opset=target_opset,
@@ -176,6 +192,16 @@ def optimize(
                 markup=False,
             )
     _print_summary(result, model, output)
+    for line in opset_hints(result.model):
+        out.print(f"note: {line}", markup=False)
+    if benchmark:
+        lines, warnings = benchmark_lines(
+            model, output, settings, parse_input_shapes(list(input_shape)), verify_inputs
+        )
+        for line in lines:
+            out.print(line, markup=False, soft_wrap=True)
+        for warning in warnings:
+            err.print(f"opfuse: warning: {warning}", markup=False, soft_wrap=True)
 
 
 def _check_verifier_options(
@@ -316,6 +342,7 @@ from opfuse.advisor.cli import advise, profile  # noqa: E402  (the advisor's com
 
 app.add_command(profile)
 app.add_command(advise)
+app.add_command(tune)
 
 
 def main() -> None:
