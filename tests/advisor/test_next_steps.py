@@ -1,5 +1,6 @@
-"""Next steps: each suggested command is measured with the runtime given (here a fake one:
-a cost per op type, no clock), and running the command as printed reproduces its ratio."""
+"""Next steps: each suggested command is measured with the runtime given (here the fake one:
+a cost per op type, its clock advanced only by runs), and running the command as printed
+reproduces its ratio."""
 
 from __future__ import annotations
 
@@ -14,20 +15,20 @@ from click.testing import CliRunner
 from onnx import helper
 
 from opfuse.advisor.advise import AdviseOptions, advise
-from opfuse.advisor.nextsteps import Ratio, dominant, options_for
+from opfuse.advisor.nextsteps import dominant
 from opfuse.cli import app
+from opfuse.runtime.fake import FakeRuntime
 
 N = helper.make_node
-COST = {"Transpose": 30.0, "Conv": 50.0, "Relu": 5.0, "Add": 1.0, "Mul": 1.0}
+COST = {"Transpose": 30.0, "Conv": 50.0, "Relu": 5.0}
+
+
+def fake() -> FakeRuntime:
+    return FakeRuntime(COST, default=2.0)
 
 
 def cost(path: Path) -> float:
-    """The fake runtime: a fixed cost per op type, summed over the graph."""
-    return sum(COST.get(n.op_type, 2.0) for n in onnx.load(str(path)).graph.node)
-
-
-def fake_compare(original: Path, optimized: Path) -> Ratio:
-    return Ratio(cost(optimized) / cost(original), 0.0, 1)
+    return fake().latency(path)
 
 
 def nhwc_model() -> onnx.ModelProto:
@@ -44,12 +45,12 @@ def nhwc_model() -> onnx.ModelProto:
 def test_suggested_commands_reproduce_their_ratio(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     model = tmp_path / "nhwc.onnx"
     onnx.save(nhwc_model(), model)
-    options = AdviseOptions(runs=1, warmup=0, compare=fake_compare, compare_onnxruntime=False)
+    options = AdviseOptions(runs=1, warmup=0, runtime=fake(), compare_onnxruntime=False)
     report = advise(model, options=options)
     steps = report["next_steps"]
     assert steps["skipped"] is None
     commands = {tuple(c["flags"]): c for c in steps["commands"]}
-    assert set(commands) == {(), ("--layout", "nchw")}
+    assert ("--layout", "nchw") in commands and () in commands
     layout = commands[("--layout", "nchw")]
     assert layout["ratio"] == pytest.approx(55 / 85, abs=1e-4) and layout["helps"] is True
     assert "Transpose -1" in layout["effect"]
@@ -71,14 +72,14 @@ def test_nothing_helps_names_the_dominant_ops(tmp_path) -> None:  # type: ignore
     nodes = [N("Conv", ["x", "W"], ["c"], name="conv"), N("Relu", ["c"], ["y"], name="relu")]
     model = tmp_path / "plain.onnx"
     onnx.save(make_model(nodes, {"x": [1, 8, 6, 6]}, {"y": [1, 8, 6, 6]}, inits), model)
-    options = AdviseOptions(runs=1, warmup=0, compare=fake_compare, compare_onnxruntime=False)
+    options = AdviseOptions(runs=1, warmup=0, runtime=fake(), compare_onnxruntime=False)
     steps = advise(model, options=options)["next_steps"]
     assert [c["flags"] for c in steps["commands"]] == [[]]
     assert steps["helps"] is False
     assert steps["dominant"] and steps["dominant"][0]["suggestion"]
 
 
-def test_dominant_and_options_for() -> None:
+def test_dominant_ops_get_the_guides_suggestion() -> None:
     stats = [
         {"op_type": "Gemm", "share": 0.46},
         {"op_type": "Reshape", "share": 0.2},
@@ -87,9 +88,6 @@ def test_dominant_and_options_for() -> None:
     rows = dominant(stats)
     assert [r["op_type"] for r in rows] == ["Gemm", "Reshape"]
     assert "quantize" in str(rows[0]["suggestion"])
-    assert options_for(["--layout", "nchw", "--target-opset", "20"]).target_opset == 20
-    with pytest.raises(ValueError):
-        options_for(["--disable", "X"])
 
 
 def test_op_summary_skips_the_trial(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -97,3 +95,33 @@ def test_op_summary_skips_the_trial(tmp_path) -> None:  # type: ignore[no-untype
 
     steps = advise(None, op_summary=FIXTURES / "op_summary_0_1.csv")["next_steps"]
     assert steps["skipped"] == "no model given" and steps["commands"] == []
+
+
+def test_opset_upgrade_is_suggested_where_a_pass_needs_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An erf GELU at opset 17: --target-opset 20 lets GeluFusionPass fuse it."""
+    rng = np.random.default_rng(0)
+    inits = {
+        "W": rng.standard_normal((8, 8)).astype(np.float32),
+        "sqrt2": np.array(1.4142135, np.float32),
+        "one": np.array(1.0, np.float32),
+        "half": np.array(0.5, np.float32),
+    }
+    nodes = [
+        N("MatMul", ["x", "W"], ["h"], name="mm"),
+        N("Div", ["h", "sqrt2"], ["d"], name="div"),
+        N("Erf", ["d"], ["e"], name="erf"),
+        N("Add", ["e", "one"], ["p"], name="add1"),
+        N("Mul", ["h", "p"], ["m"], name="mul"),
+        N("Mul", ["m", "half"], ["y"], name="half"),
+    ]
+    model = tmp_path / "gelu.onnx"
+    onnx.save(make_model(nodes, {"x": [2, 8]}, {"y": [2, 8]}, inits), model)
+    options = AdviseOptions(runs=1, warmup=0, runtime=fake(), compare_onnxruntime=False)
+    report = advise(model, options=options)
+    (group,) = report["ub_fusion"]
+    assert group["activations"][0]["name"] == "GELU"
+    commands = {tuple(c["flags"]): c for c in report["next_steps"]["commands"]}
+    upgrade = commands[("--target-opset", "20")]
+    assert "GeluFusionPass: 1 matches" in upgrade["why"]
+    assert "Gelu +1" in upgrade["effect"] and upgrade["helps"] is True
+    assert upgrade["ratio"] == pytest.approx((50.0 * 0 + 2.0 * 2) / (2.0 * 6), abs=1e-4)

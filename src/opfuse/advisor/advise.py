@@ -22,7 +22,7 @@ from opfuse.advisor.calibrate import Measure, Peaks, machine_peaks
 from opfuse.advisor.graph import OpGraph, from_chain, from_model
 from opfuse.advisor.groups import Group, grow_groups, rank_groups
 from opfuse.advisor.l2 import RATIO_KEYS, estimate_ratios, l2_chains
-from opfuse.advisor.nextsteps import Compare, candidates, compare_onnxruntime, dominant, trial
+from opfuse.advisor.nextsteps import TRIAL_SECONDS, dominant, trial
 from opfuse.advisor.opkinds import Kind, classify
 from opfuse.advisor.profile import (
     OpRecord,
@@ -39,6 +39,7 @@ from opfuse.advisor.target import load_target
 from opfuse.advisor.trial import AIPP_PASS, Refusal, Trial, registered
 from opfuse.errors import OpfuseError
 from opfuse.registry import all_passes
+from opfuse.runtime import Runtime, get_runtime
 from opfuse.shapes import infer_shapes
 
 SCHEMA = "opfuse.advise/2"
@@ -82,7 +83,8 @@ class AdviseOptions:
     calibrate: bool = True  # cpu/cuda: this machine's peaks instead of the file's
     measure_peaks: Measure | None = None  # calibrate.measure_onnxruntime unless given
     next_steps: bool = True  # the short trial of opfuse's commands
-    compare: Compare | None = None  # nextsteps.compare_onnxruntime unless given
+    runtime: Runtime | None = None  # the trial's runtime: onnxruntime at ORT_ENABLE_ALL
+    trial_seconds: float = TRIAL_SECONDS
 
 
 def ort_providers() -> list[str]:
@@ -611,17 +613,25 @@ class Advisor:
             skipped = "the profile is from Ascend: a trial on this machine would not measure it"
         elif not o.next_steps:
             skipped = "turned off (--no-trial)"
+        elif o.runtime is None and o.provider not in ort_providers():
+            skipped = f"{o.provider} is not available on this machine"
         commands: list[dict[str, object]] = []
+        runtime: Runtime | None = None
         if skipped is None:
             assert model_path is not None and self.original is not None
-            compare = o.compare or compare_onnxruntime(o.provider, o.threads)
-            commands = trial(model_path, candidates(self.original), compare, self.step)
+            runtime = o.runtime or get_runtime(provider=o.provider, threads=o.threads or 1)
+            commands = trial(model_path, self.original, runtime, o.trial_seconds, self.step)
             commands.sort(key=lambda c: c["ratio"] if isinstance(c["ratio"], float) else 9e9)
         helps = any(c["helps"] for c in commands)
         return {
-            "trial": "each command's output against the model, one run of each in turn "
-            "at onnxruntime's ORT_ENABLE_ALL on this machine (ratio: median time "
-            "optimized / original; noise: IQR of the per-pair ratios)",
+            "trial": (
+                f"each command's output (verified) against the model, interleaved rounds of "
+                f"about {o.trial_seconds:g} s in all on {runtime.describe()} (ratio: median "
+                "time optimized / original; noise: the difference between two copies of the "
+                "original)"
+            )
+            if skipped is None
+            else None,
             "skipped": skipped,
             "commands": commands,
             "helps": helps,

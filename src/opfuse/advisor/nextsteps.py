@@ -1,34 +1,28 @@
 """Next steps: the ``opfuse optimize`` commands worth trying on this model, each measured in a
-short trial on this machine (the command's output against the model, paired and
-interleaved), and, when none helps, the ops that dominate with what the tuning guide
-suggests for them.
+short trial on this machine, and, when none helps, the ops that dominate with what the
+tuning guide suggests for them.
 
-The measurement is one injectable callable, ``Compare(original, optimized) -> Ratio``, so
-the section is tested with a fake runtime; ``compare_onnxruntime`` is the real one. A
-candidate's flags are printed in its command exactly as they were measured: ``options_for``
-turns the same flags into the options ``opfuse optimize`` builds from them."""
+Built on the tune machinery: ``opfuse.variants.probe`` says which settings apply (a layout
+that re-declares an input, an opset upgrade that lets a pass run), ``variants.build``
+optimizes and verifies each as ``opfuse optimize`` does, and ``opfuse.measure.measure``
+times them paired and interleaved with the original on a ``Runtime`` (onnxruntime at
+ORT_ENABLE_ALL; ``FakeRuntime`` in tests). A candidate's command prints exactly the options
+it was built with."""
 
 from __future__ import annotations
 
 import os
 import shlex
-import statistics
 import tempfile
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import onnx_ir as ir
 
-from opfuse.advisor.activations import find_activations
-from opfuse.advisor.graph import from_model
-from opfuse.errors import OpfuseError
-from opfuse.rewrite.context import Options
+from opfuse.runtime import Runtime
+from opfuse.variants import DEFAULT, Variant, build, probe
 
-GELU_OPSET = 20  # ONNX's Gelu op: onnxruntime runs it as one kernel
-HELPS = 0.02  # a ratio must beat 1 by more than this and the noise to count as helping
-TRIAL_PAIRS = 15  # interleaved original/optimized runs in a trial
+TRIAL_SECONDS = 3.0  # the measurement's budget (at least 5 interleaved rounds)
 DOMINANT_SHARE = 0.10  # op types above this share of the time are named when nothing helps
 
 # op type -> what the tuning guide suggests when opfuse cannot make it faster
@@ -48,105 +42,73 @@ GUIDE = {
 GUIDE_DEFAULT = "split the op, or change its parameters (sizes, dtype)"
 
 
-@dataclass(frozen=True)
-class Ratio:
-    value: float  # optimized time / original time (median over the pairs)
-    noise: float  # the spread of the per-pair ratios (IQR)
-    runs: int
-
-
-# (original model, optimized model) -> the measured ratio
-Compare = Callable[[Path, Path], Ratio]
-
-
-@dataclass(frozen=True)
-class Candidate:
-    flags: tuple[str, ...]
-    why: str
-
-
-def options_for(flags: Sequence[str]) -> Options:
-    """The options ``opfuse optimize`` builds from these flags (the ones advised here)."""
-    options = Options()
-    it = iter(flags)
-    for flag in it:
-        value = next(it)
-        if flag == "--layout":
-            options.layout = value
-        elif flag == "--target-opset":
-            options.target_opset = int(value)
-        else:
-            raise ValueError(f"next steps do not advise {flag}")
-    return options
-
-
-def candidates(model: ir.Model) -> list[Candidate]:
-    """The default passes, and the options that change the interface or opset where the
-    model shows what they fix."""
-    out = [Candidate((), "opfuse's default passes")]
-    graph = model.graph
-    for value in graph.inputs:
-        uses = [u.node for u in value.uses()]
-        perm = uses[0].attributes.get("perm") if len(uses) == 1 else None
-        if (
-            uses
-            and uses[0].op_type == "Transpose"
-            and perm is not None
-            and list(perm.value) == [0, 3, 1, 2]
-        ):
-            out.append(Candidate(("--layout", "nchw"), f"input {value.name} is NHWC"))
-            break
-    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
-    if opset < GELU_OPSET:
-        gelus = sum(
-            1 for a in set(find_activations(from_model(model)).values()) if a.name == "GELU"
-        )
-        if gelus:
-            out.append(
-                Candidate(
-                    ("--target-opset", str(GELU_OPSET)),
-                    f"{gelus} GELU written out at opset {opset}",
-                )
-            )
+def flags(variant: Variant) -> list[str]:
+    """The ``opfuse optimize`` options that build the variant (next steps use no switches)."""
+    out = []
+    if variant.layout != "keep":
+        out += ["--layout", variant.layout]
+    if variant.target_opset is not None:
+        out += ["--target-opset", str(variant.target_opset)]
     return out
 
 
-def command(model: str, output: str, flags: Sequence[str]) -> str:
-    return shlex.join(["opfuse", "optimize", model, "-o", output, *flags])
+def candidates(model: ir.Model) -> list[tuple[Variant, str]]:
+    """The default passes, each layout that re-declares an input, each opset upgrade that
+    lets a pass run: with what in the model each is for."""
+    found = probe(model)
+    out = [(DEFAULT, "opfuse's default passes")]
+    out += [
+        (Variant(layout=layout), f"an input is re-declared {layout.upper()}, its Transposes go")
+        for layout in found.layouts
+    ]
+    for opset in sorted({o for o, _ in found.upgrades.values()}):
+        passes = [f"{name}: {n} matches" for name, (o, n) in found.upgrades.items() if o == opset]
+        out.append((Variant(target_opset=opset), f"at opset {opset}, {', '.join(passes)}"))
+    return out
+
+
+def command(model: str, output: str, options: Sequence[str]) -> str:
+    return shlex.join(["opfuse", "optimize", model, "-o", output, *options])
 
 
 def effect(before: dict[str, int], after: dict[str, int]) -> str:
-    """What changed in the op counts: 'Transpose -2, Gelu +18'."""
+    """What changed in the op counts, what appeared first: 'Gelu +18, Mul -36, Erf -18'."""
     changes = []
     for op in sorted(set(before) | set(after)):
         d = after.get(op, 0) - before.get(op, 0)
         if d:
-            changes.append((abs(d), f"{op} {d:+d}"))
-    changes.sort(key=lambda c: -c[0])
-    return ", ".join(text for _, text in changes[:4]) or "no change to the graph"
+            changes.append((d < 0, -abs(d), f"{op} {d:+d}"))
+    changes.sort(key=lambda c: c[:2])
+    return ", ".join(text for *_, text in changes[:5]) or "no change to the graph"
 
 
 def trial(
     model_path: str | os.PathLike[str],
-    found: Sequence[Candidate],
-    compare: Compare,
+    model: ir.Model,
+    runtime: Runtime,
+    seconds: float = TRIAL_SECONDS,
     step: Callable[[str, int, int], None] | None = None,
 ) -> list[dict[str, object]]:
-    """Each candidate optimized (as its command would) and compared with the model."""
-    from opfuse.api import optimize_file
+    """Each candidate built (optimized and verified, as its command does) and measured
+    against the model in one paired, interleaved run."""
+    from opfuse.api import op_counts
+    from opfuse.measure import ORIGINAL, measure
 
+    found = candidates(model)
+    before = dict(op_counts(model))
     stem = Path(model_path).stem
     rows: list[dict[str, object]] = []
+    built: dict[str, Path] = {}
     with tempfile.TemporaryDirectory(prefix="opfuse-next-") as tmp:
-        for i, cand in enumerate(found):
+        for i, (variant, why) in enumerate(found):
             if step:
-                step("next steps: trial runs", i, len(found))
-            out = Path(tmp) / f"{i}.onnx"
-            suffix = "".join(f".{f.lstrip('-')}" for f in cand.flags) or ".opt"
+                step("next steps: building the candidates", i, len(found))
+            options = flags(variant)
+            suffix = "".join(f".{o.lstrip('-')}" for o in options) or ".opt"
             row: dict[str, object] = {
-                "command": command(str(model_path), f"{stem}{suffix}.onnx", cand.flags),
-                "flags": list(cand.flags),
-                "why": cand.why,
+                "command": command(str(model_path), f"{stem}{suffix}.onnx", options),
+                "flags": options,
+                "why": why,
                 "ratio": None,
                 "noise": None,
                 "runs": 0,
@@ -154,23 +116,28 @@ def trial(
                 "helps": False,
                 "error": None,
             }
-            try:
-                result = optimize_file(model_path, out, options=options_for(cand.flags))
-                ratio = compare(Path(model_path), out)
-            except OpfuseError as exc:
-                row["error"] = str(exc).splitlines()[0]
-                rows.append(row)
-                continue
-            row.update(
-                ratio=round(ratio.value, 4),
-                noise=round(ratio.noise, 4),
-                runs=ratio.runs,
-                effect=effect(dict(result.before), dict(result.after)),
-                helps=ratio.value < 1 - max(HELPS, ratio.noise),
-            )
             rows.append(row)
+            result = build(model_path, variant, Path(tmp) / f"{i}.onnx")
+            if not result.ok:
+                row["error"] = result.failure.splitlines()[0]
+                continue
+            built[variant.label] = result.path
+            row["effect"] = effect(before, dict(op_counts(ir.load(result.path))))
         if step:
-            step("next steps: trial runs", len(found), len(found))
+            step("next steps: measuring", 0, 1)
+        if built:
+            m = measure(model_path, built, runtime, seconds=seconds)
+            labels = [v.label for v, _ in found]
+            for row, label in zip(rows, labels, strict=True):
+                if label in built:
+                    row.update(
+                        ratio=round(m.ratio(label), 4),
+                        noise=round(m.noise, 4),
+                        runs=m.rounds,
+                        helps=m.faster(label, ORIGINAL),
+                    )
+        if step:
+            step("next steps: measuring", 1, 1)
     return rows
 
 
@@ -188,41 +155,3 @@ def dominant(op_statistic: Sequence[dict[str, object]]) -> list[dict[str, object
         if len(rows) == 3:
             break
     return rows
-
-
-def compare_onnxruntime(
-    provider: str = "CPUExecutionProvider", threads: int = 0, pairs: int = TRIAL_PAIRS
-) -> Compare:
-    """Both models at ORT_ENABLE_ALL (what a user deploys), one run of each in turn after a
-    warm-up, on seeded random inputs; the ratio's median and IQR over the pairs."""
-
-    def compare(original: Path, optimized: Path) -> Ratio:
-        import onnxruntime as ort
-
-        from opfuse.advisor.profile import iqr
-        from opfuse.verify import make_inputs, run_model
-
-        def session(path: Path) -> tuple[ort.InferenceSession, dict]:  # type: ignore[type-arg]
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads = threads
-            opts.log_severity_level = 3
-            providers = [provider] + (
-                ["CPUExecutionProvider"] if provider != "CPUExecutionProvider" else []
-            )
-            sess = ort.InferenceSession(str(path), opts, providers=providers)
-            feeds = make_inputs(sess, model=path)
-            run_model(sess, feeds, path)  # warm-up
-            return sess, feeds
-
-        sessions = [(session(original), original), (session(optimized), optimized)]
-        ratios = []
-        for _ in range(pairs):
-            took = []
-            for (sess, feeds), path in sessions:
-                start = time.perf_counter()
-                run_model(sess, feeds, path)
-                took.append(time.perf_counter() - start)
-            ratios.append(took[1] / max(took[0], 1e-12))
-        return Ratio(statistics.median(ratios), iqr(ratios), pairs)
-
-    return compare
