@@ -223,6 +223,7 @@ PROFILE_KEYS = {
     "provider",
     "graph_opt",
     "total_us",
+    "run_total_median_us",
     "total_iqr_us",
     "variance_warning",
     "unmapped_us",

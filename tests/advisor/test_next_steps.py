@@ -125,3 +125,36 @@ def test_opset_upgrade_is_suggested_where_a_pass_needs_it(tmp_path) -> None:  # 
     assert "GeluFusionPass: 1 matches" in upgrade["why"]
     assert "Gelu +1" in upgrade["effect"] and upgrade["helps"] is True
     assert upgrade["ratio"] == pytest.approx((50.0 * 0 + 2.0 * 2) / (2.0 * 6), abs=1e-4)
+
+
+def test_first_screen_has_next_steps_and_the_groups_the_runtime_does_not_fuse(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """swish_net on the cpu target: onnxruntime fuses Conv+Relu itself, not the Conv+SiLU;
+    the text report shows Next steps, then the unfused group with its share, and counts
+    the fused one in one line after it."""
+    from io import StringIO
+
+    from advisor_models import swish_net
+    from rich.console import Console
+
+    from opfuse.advisor.report import render_text
+
+    model = tmp_path / "swish.onnx"
+    onnx.save(swish_net(), model)
+    options = AdviseOptions(runs=2, warmup=1, runtime=fake())
+    report = advise(model, options=options)
+    fuses = [g["onnxruntime"]["fuses"] for g in report["ub_fusion"]]
+    # ranked by time the fused Conv+Relu (55 us) comes before GlobalAveragePool+Add+Relu
+    # (12 us); it is listed after every group onnxruntime does not fuse
+    assert fuses[-1] == "yes" and "yes" not in fuses[:-1]
+    assert report["ub_fusion"][-1]["fusion_type"] == "Conv+Relu"
+    buf = StringIO()
+    render_text(report, Console(file=buf, width=300, color_system=None), top=3)
+    lines = buf.getvalue().splitlines()
+    steps = lines.index("====Next steps====")
+    ub = lines.index("====UBModel====")
+    assert steps < ub < 30  # both on the first screen
+    assert lines[steps + 1].startswith("  opfuse optimize ") and "x time" in lines[steps + 1]
+    listed = [ln for ln in lines if ln.startswith("Fusion Type: ")]
+    unfused = [g for g in report["ub_fusion"] if g["onnxruntime"]["fuses"] != "yes"]
+    assert len(listed) == len(unfused) and "% of the time)" in listed[0]
+    assert any("group(s) onnxruntime already runs as one kernel" in ln for ln in lines)

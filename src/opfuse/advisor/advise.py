@@ -764,6 +764,7 @@ class Advisor:
             for s in op_statistic(p.records)
         ]
         next_steps = self._next_steps(model_path, stats)
+        totals = p.run_totals_us()
         return {
             "schema": SCHEMA,
             "model": str(model_path) if model_path is not None else None,
@@ -783,7 +784,8 @@ class Advisor:
                 "provider": p.provider or None,
                 "graph_opt": p.graph_opt or None,
                 "total_us": round(p.total_us, 3),
-                "total_iqr_us": round(iqr(p.run_totals_us()), 3),
+                "run_total_median_us": round(statistics.median(totals), 3) if totals else None,
+                "total_iqr_us": round(iqr(totals), 3),
                 "variance_warning": self._variance(),
                 "unmapped_us": round(self.times.unmapped_us, 3),
                 "unmapped_nodes": [r.name for r in self.times.unmapped],

@@ -15,6 +15,7 @@ from opfuse.advisor.report import (
     ORIGINAL,
     RUNS_NOTE,
     above_peak,
+    fused_text,
     header_lines,
     more,
     nodes_text,
@@ -254,37 +255,37 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
         )
     )
     out.append(_cards(unfused, top))
-    out.append(
-        _table(
-            [
-                "Fusion Type",
-                "Fusion Operator Detail",
-                "Duration (us per run)",
-                "Share (%)",
-                "opfuse removes (us)",
-                "opfuse",
-                "onnxruntime",
-            ],
-            [
-                (
-                    g["fusion_type"],
-                    ", ".join(g["nodes"]),
-                    g["duration_us"],
-                    100 * g["share"],
-                    g["opfuse_removes_us"] if g["opfuse_removes_us"] is not None else "n/a",
-                    verdict_text(g["opfuse"]),
-                    ort_text(g["onnxruntime"]),
-                )
-                for g in unfused
-            ],
-            EMPTY["ub_fusion"] if not fused else None,
-            top,
-        )
+    ub_table = _table(
+        [
+            "Fusion Type",
+            "Fusion Operator Detail",
+            "Duration (us per run)",
+            "Share (%)",
+            "opfuse removes (us)",
+            "opfuse",
+            "onnxruntime",
+        ],
+        [
+            (
+                g["fusion_type"],
+                ", ".join(g["nodes"]),
+                g["duration_us"],
+                100 * g["share"],
+                g["opfuse_removes_us"] if g["opfuse_removes_us"] is not None else "n/a",
+                verdict_text(g["opfuse"]),
+                ort_text(g["onnxruntime"]),
+            )
+            for g in unfused
+        ],
+        EMPTY["ub_fusion"],
+        top,
     )
+    out.append(ub_table if unfused or not fused else "")
     if fused:
         out.append(
-            f'<p class="dim">{len(fused)} more group(s) onnxruntime already runs as one kernel '
-            f"({sum(g['duration_us'] for g in fused):.1f} us per run): listed in --format json</p>"
+            f'<p class="dim">{len(fused)} {"other " if unfused else ""}group(s) onnxruntime '
+            f"already runs as one kernel ({escape(fused_text(fused))} per run): listed in "
+            "--format json</p>"
         )
     out.append(_title("time"))
     out.append(

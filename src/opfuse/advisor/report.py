@@ -115,8 +115,14 @@ def header_lines(report: Mapping[str, Any]) -> list[str]:
             f"; {graph['subgraphs']} If/Loop/Scan bodies not analysed" if graph["subgraphs"] else ""
         ),
         f"profile: {prof['source']}; onnxruntime graph optimization level: {level}; "
-        f"{prof['runs']} run(s) after {prof['warmup']} warm-up; total {prof['total_us']:.1f} us "
-        f"per run (IQR over runs {prof['total_iqr_us']:.1f} us)",
+        f"{prof['runs']} run(s) after {prof['warmup']} warm-up; {prof['total_us']:.1f} us per "
+        "run (the sum of the nodes' medians)"
+        + (
+            f"; the nodes' sum in each run: median {prof['run_total_median_us']:.1f} us, "
+            f"IQR {prof['total_iqr_us']:.1f} us"
+            if prof["run_total_median_us"] is not None
+            else ""
+        ),
     ]
     if prof["variance_warning"]:
         lines.append(f"warning: {prof['variance_warning']}")
@@ -145,6 +151,11 @@ def split_ub(
     """Groups onnxruntime does not fuse (report order), and those it already runs as one."""
     fused = [g for g in groups if (g.get("onnxruntime") or {}).get("fuses") == "yes"]
     return [g for g in groups if g not in fused], fused
+
+
+def fused_text(fused: list[Mapping[str, Any]]) -> str:
+    us = sum(g["duration_us"] for g in fused)
+    return f"{us:.1f} us, {100 * sum(g['share'] for g in fused):.1f}% of the time"
 
 
 def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> None:
@@ -181,7 +192,13 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
     unfused, fused = split_ub(groups)
     p("")
     p("====UBModel====")
-    if groups:
+    if groups and not unfused:
+        p(
+            f"onnxruntime already runs each of the {len(fused)} group(s) as one kernel "
+            f"({fused_text(fused)}): nothing to fuse here (listed in --format json).",
+            markup=False,
+        )
+    elif groups:
         p("UB fusion operators need to be optimized")
         p(
             "Identifications of UB fusion operators: the following operators can be used for UB fusion:"
@@ -222,11 +239,9 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
         if (line := more(top, len(unfused))) is not None:
             p(line)
         if fused:
-            fused_us = sum(g["duration_us"] for g in fused)
             p(
-                f"{len(fused)} more group(s) onnxruntime already runs as one kernel "
-                f"({fused_us:.1f} us, {100 * sum(g['share'] for g in fused):.1f}% of the time): "
-                "listed in --format json",
+                f"{len(fused)} other group(s) onnxruntime already runs as one kernel "
+                f"({fused_text(fused)}): listed in --format json",
                 markup=False,
             )
         p(
