@@ -22,7 +22,6 @@ from opfuse.advisor.report import (
     ort_text,
     ratio_text,
     split_ub,
-    step_text,
     verdict_text,
 )
 
@@ -397,10 +396,17 @@ def _steps(steps: Mapping[str, Any], top: int) -> str:
     if steps["commands"]:
         items = []
         for c in steps["commands"][:top]:
-            mark = ' class="good"' if c["helps"] else ""
-            items.append(
-                f"<li><code>{escape(c['command'])}</code> <span{mark}>{escape(step_text(c)[len(c['command']) + 2 :])}</span></li>"
-            )
+            if c["error"]:
+                result = f'<span class="warn">fails: {escape(c["error"])}</span>'
+            else:
+                mark = ' class="good"' if c["helps"] else ""
+                result = (
+                    f"<span{mark}>{c['ratio']:.2f}x time</span> "
+                    f'<span class="dim">(noise &plusmn;{c["noise"]:.2f}, {c["runs"]} runs; '
+                    f"{'faster' if c['helps'] else 'no gain beyond the noise'}; "
+                    f"{escape(c['effect'])})</span>"
+                )
+            items.append(f"<li><code>{escape(c['command'])}</code>: {result}</li>")
         out.append('<ul class="steps">' + "".join(items) + "</ul>")
         out.append(_more(min(top, len(steps["commands"])), len(steps["commands"])))
         out.append(f'<p class="dim">{escape(steps["trial"])}</p>')
