@@ -176,6 +176,7 @@ class Advisor:
                 self.trial = None
             self.profile = self._profile(model_path, profile_path, op_summary)
             self.ran: RanGraph | None = None
+            self.ran_kernels_fused = False
             if model_path is None:
                 recs = self.profile.records
                 self.graph = from_chain([r.name for r in recs], [r.op_type for r in recs])
@@ -183,6 +184,10 @@ class Advisor:
                 self.times = attribute(self.profile.records, self.resolver)
             elif op_summary is not None:  # groups of the operators that ran, by their names
                 self.ran = ran_graph(self.original_graph, self.profile.records)
+                self.graph, self.times = self.ran.graph, self.ran.times
+                self.resolver = Resolver(self.graph)
+            elif profile_path is not None:  # groups of the kernels that ran
+                self.ran = self._ran_kernels(model_path)
                 self.graph, self.times = self.ran.graph, self.ran.times
                 self.resolver = Resolver(self.graph)
             else:
@@ -195,9 +200,12 @@ class Advisor:
                     "order to the node without a time of its own that follows"
                 )
             self.runtime_kernels: dict[int, list[str]] | None = None
-            if model_path is not None and o.compare_onnxruntime and self.ran is None:
+            compare: str | os.PathLike[str] | None = None  # the model onnxruntime would fuse
+            if model_path is not None and op_summary is None and not self.ran_kernels_fused:
+                compare = self.analysed_path if self.ran is None else model_path
+            if compare is not None and o.compare_onnxruntime:
                 self.step("onnxruntime graph at ORT_ENABLE_ALL", 0, 1)
-                runtime = _ort_graph(self.analysed_path, "all", o.provider, tmp)
+                runtime = _ort_graph(compare, "all", o.provider, tmp)
                 self.runtime_kernels = runtime_kernels(Resolver(self.graph, runtime=runtime))
                 self.step("onnxruntime graph at ORT_ENABLE_ALL", 1, 1)
             return self._report(model_path)
@@ -232,17 +240,6 @@ class Advisor:
         if profile_path is not None:
             profile = read_ort_profile(profile_path, o.warmup)
             profile.provider = o.provider
-            unresolved = [r for r in profile.records if self.resolver.node(r.name) is None]
-            if unresolved:  # fused names: map them through the graph onnxruntime ran
-                self.step("onnxruntime graph of the profiled model", 0, 1)
-                level = o.graph_opt if o.graph_opt != "disable" else "all"
-                assert model_path is not None
-                runtime = _ort_graph(model_path, level, o.provider, self.tmp)
-                self.resolver = Resolver(self.graph, self.original_graph, runtime)
-                profile.notes.append(
-                    f"{len(unresolved)} profiled names mapped through onnxruntime's "
-                    f"ORT_ENABLE_{level.upper()} graph"
-                )
             return profile
         profile = run_onnxruntime(
             self.analysed_path,
@@ -259,6 +256,35 @@ class Advisor:
             runtime = from_model(ir.load(profile.ort_optimized_model))
             self.resolver = Resolver(self.graph, None, runtime)
         return profile
+
+    def _ran_kernels(self, model_path: str | os.PathLike[str]) -> RanGraph:
+        """The graph an onnxruntime profile ran: the model's own nodes where every name is
+        one of them (a profile at ORT_DISABLE_ALL), else the graph onnxruntime builds at
+        ``--graph-opt`` (``all`` by default) whose kernels the names are, each kernel
+        mapped to the model's nodes it runs."""
+        g = self.original_graph
+        self.ran_kernels_fused = False
+        own = Resolver(g)
+        records = self.profile.records
+        as_model = RanGraph(g, {n.index: [n.name] for n in g.nodes}, attribute(records, own))
+        unknown = [r.name for r in records if r.name not in g.by_name]
+        if not unknown:
+            return as_model
+        level = self.opts.graph_opt if self.opts.graph_opt != "disable" else "all"
+        self.step("onnxruntime graph of the profiled model", 0, 1)
+        runtime = _ort_graph(model_path, level, self.opts.provider, self.tmp)
+        self.step("onnxruntime graph of the profiled model", 1, 1)
+        if not any(name in runtime.by_name for name in unknown):
+            return as_model  # names of neither graph stay unmapped
+        self.ran_kernels_fused = True
+        self.profile.graph_opt = self.profile.graph_opt or level
+        mapper = Resolver(g, runtime=runtime)
+        runs = {n.index: mapper.kernel_nodes(n.name) or [n.name] for n in runtime.nodes}
+        self.profile.notes.append(
+            f"the profiled names are onnxruntime's kernels at ORT_ENABLE_{level.upper()}: "
+            "groups are grown on that graph, each kernel mapped to the model's nodes it runs"
+        )
+        return RanGraph(runtime, runs, attribute(records, Resolver(runtime)))
 
     # --- helpers over the analysed graph -------------------------------------------------
 
@@ -379,8 +405,15 @@ class Advisor:
                 "constant_nodes_counted": False,
                 "subgraphs": 0,
             }
-        if self.ran is not None:
+        if self.ran is not None and self.profile.source == "op_summary":
             analysed = "the operators of the op summary, on the model's edges (the graph that ran)"
+        elif self.ran is not None and self.ran_kernels_fused:
+            analysed = (
+                "the kernels of the profile: onnxruntime's graph of the model at "
+                f"'{self.profile.graph_opt}' (the graph that ran)"
+            )
+        elif self.ran is not None:
+            analysed = "the model's nodes, as profiled (the graph that ran)"
         elif self.profile.source == "onnxruntime":
             analysed = (
                 "the model after opfuse's default passes, profiled at onnxruntime graph "
