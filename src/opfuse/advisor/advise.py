@@ -706,7 +706,7 @@ class Advisor:
 
     def _top_node(self, r: OpRecord, total: float) -> dict[str, object]:
         if self.ran is not None:
-            op = self.graph.by_name.get(r.name)
+            op = self.graph.by_name.get(self.times.placed.get(r.name, r.name))
             nodes = self.ran.runs[op] if op is not None else []
         else:
             nodes = original_nodes(r.name, self.resolver, self.times)
@@ -731,7 +731,7 @@ class Advisor:
             "provider": r.provider or None,
             "nodes": nodes,
             "of_peak": {
-                "flops": round(est["mac_ratio"] + 0.0, 6),
+                "flops": round(est["mac_ratio"], 6),
                 "bandwidth": round(est["mte2_ratio"] + est["mte3_ratio"], 6),
             }
             if est is not None and not r.ratios
