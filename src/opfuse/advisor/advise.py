@@ -1,6 +1,7 @@
-"""The advisor's pipeline: profile (or read a profile), map times onto the graph opfuse would
-deploy, grow and rank fusion groups, check constraints, and ask opfuse's passes and
-onnxruntime whether each recommendation is already applied. Returns the JSON report
+"""The advisor's pipeline: profile (or read a profile), map times onto the graph that ran (a
+given profile's operators or kernels; when opfuse profiles, the graph opfuse would deploy),
+grow and rank fusion groups, check constraints, ask opfuse's passes and onnxruntime whether
+each recommendation is already applied, and measure the next steps. Returns the JSON report
 (schema ``opfuse.advise/2``, see docs/ADVISOR.md); report.py and html.py render it."""
 
 from __future__ import annotations
@@ -175,23 +176,7 @@ class Advisor:
                 self.original = None
                 self.trial = None
             self.profile = self._profile(model_path, profile_path, op_summary)
-            self.ran: RanGraph | None = None
-            self.ran_kernels_fused = False
-            if model_path is None:
-                recs = self.profile.records
-                self.graph = from_chain([r.name for r in recs], [r.op_type for r in recs])
-                self.resolver = Resolver(self.graph)
-                self.times = attribute(self.profile.records, self.resolver)
-            elif op_summary is not None:  # groups of the operators that ran, by their names
-                self.ran = ran_graph(self.original_graph, self.profile.records)
-                self.graph, self.times = self.ran.graph, self.ran.times
-                self.resolver = Resolver(self.graph)
-            elif profile_path is not None:  # groups of the kernels that ran
-                self.ran = self._ran_kernels(model_path)
-                self.graph, self.times = self.ran.graph, self.ran.times
-                self.resolver = Resolver(self.graph)
-            else:
-                self.times = attribute(self.profile.records, self.resolver)
+            self._place(model_path, profile_path, op_summary)
             self.node_of = self._node_index()
             if self.times.aligned:
                 self.profile.notes.append(
@@ -256,6 +241,29 @@ class Advisor:
             runtime = from_model(ir.load(profile.ort_optimized_model))
             self.resolver = Resolver(self.graph, None, runtime)
         return profile
+
+    def _place(
+        self,
+        model_path: str | os.PathLike[str] | None,
+        profile_path: str | os.PathLike[str] | None,
+        op_summary: str | os.PathLike[str] | None,
+    ) -> None:
+        """Choose the graph the groups are grown on and put the profile's times on it."""
+        self.ran: RanGraph | None = None
+        self.ran_kernels_fused = False
+        records = self.profile.records
+        if model_path is None:  # msprof alone: the operators in execution order
+            self.graph = from_chain([r.name for r in records], [r.op_type for r in records])
+            self.resolver = Resolver(self.graph)
+        elif op_summary is not None:  # the operators that ran, by their names
+            self.ran = ran_graph(self.original_graph, records)
+        elif profile_path is not None:  # the kernels that ran
+            self.ran = self._ran_kernels(model_path)
+        if self.ran is not None:
+            self.graph, self.times = self.ran.graph, self.ran.times
+            self.resolver = Resolver(self.graph)
+        else:
+            self.times = attribute(records, self.resolver)
 
     def _ran_kernels(self, model_path: str | os.PathLike[str]) -> RanGraph:
         """The graph an onnxruntime profile ran: the model's own nodes where every name is
