@@ -104,3 +104,25 @@ def test_split_fused_name() -> None:
     assert split_fused_name("a/bc/d", known) == [0, 2]
     assert split_fused_name("a/bce", known) == [1, 3]
     assert split_fused_name("a/bcx", known) is None
+
+
+def test_text_report_shows_the_removal_apart(report) -> None:  # type: ignore[no-untyped-def]
+    from io import StringIO
+
+    from rich.console import Console
+
+    from opfuse.advisor.report import render_text
+
+    buf = StringIO()
+    render_text(report, Console(file=buf, width=400, color_system=None))
+    text = buf.getvalue()
+    assert (
+        f"Fusion Type: DepthwiseConv2D+Mul; Fusion Operator Detail: {FUSED}, "
+        "block2a_se_excite/mul; Fusion Operator Duration: 120.750000;" in text
+    )
+    line = next(ln for ln in text.splitlines() if "Operator Detail: block2a_project" in ln)
+    following = text.splitlines()[text.splitlines().index(line) + 1]
+    assert "opfuse removes 7.000 us of this group" in following
+    assert "Fusion Operator Duration: 37.000000;" in line  # measured, the Cast included
+    assert "time not mapped onto the graph: 2.0 us per run, 1 name(s): trans_TransData_9" in text
+    assert "No trial: the profile is from Ascend" in text
