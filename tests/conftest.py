@@ -23,3 +23,11 @@ def zoo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         [sys.executable, str(ZOO / "materialize.py"), str(out)], check=True, capture_output=True
     )
     return out
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _calibration_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The advisor's machine calibration is cached in a temp folder, not the user's home."""
+    import os
+
+    os.environ["OPFUSE_CACHE_DIR"] = str(tmp_path_factory.mktemp("opfuse-cache"))

@@ -119,7 +119,7 @@ def test_constraint_hints_and_pass_verdicts(tmp_path) -> None:  # type: ignore[n
     # PowToMulFusionPass's refusal covers the one Pow: it says nothing about fusing the group
     (group,) = report["ub_fusion"]
     assert group["nodes"] == ["conv10", "pow_square", "pow_odd"]
-    assert group["op_types"] == ["Conv", "Mul", "Pow"]  # the square already became a Mul
+    assert group["op_types"] == ["Conv", "Pow", "Pow"]  # the graph that ran, as profiled
     assert group["opfuse"]["pass"] is None and group["opfuse"]["fires"] is None
 
 
@@ -193,6 +193,8 @@ SCHEMA_KEYS = {
     "l2_fusion",
     "hints",
     "graph_fusion",
+    "ascend_sections",
+    "next_steps",
 }
 TARGET_KEYS = {
     "name",
@@ -203,8 +205,16 @@ TARGET_KEYS = {
     "vector_flops",
     "bandwidth_bytes_per_s",
     "ub_limits",
+    "peaks",
+    "peaks_measured_on",
 }
-GRAPH_KEYS = {"analysed", "nodes_original", "nodes_analysed", "subgraphs"}
+GRAPH_KEYS = {
+    "analysed",
+    "nodes_original",
+    "nodes_analysed",
+    "constant_nodes_counted",
+    "subgraphs",
+}
 PROFILE_KEYS = {
     "source",
     "path",
@@ -213,21 +223,43 @@ PROFILE_KEYS = {
     "provider",
     "graph_opt",
     "total_us",
+    "run_total_median_us",
+    "total_iqr_us",
+    "variance_warning",
     "unmapped_us",
     "unmapped_nodes",
     "missing_columns",
     "notes",
 }
 STAT_KEYS = {"op_type", "count", "total_us", "mean_us", "share"}
-TOP_KEYS = {"name", "op_type", "duration_us", "share", "provider", "nodes"}
+TOP_KEYS = {"name", "op_type", "duration_us", "iqr_us", "share", "provider", "nodes", "of_peak"}
+OF_PEAK_KEYS = {"flops", "bandwidth"}
+STEPS_KEYS = {"trial", "skipped", "commands", "helps", "dominant"}
+COMMAND_KEYS = {
+    "command",
+    "flags",
+    "why",
+    "ratio",
+    "noise",
+    "runs",
+    "effect",
+    "helps",
+    "error",
+}
+DOMINANT_KEYS = {"op_type", "share", "suggestion"}
+ACTIVATION_KEYS = {"name", "nodes"}
 UB_KEYS = {
     "subgraph",
     "fusion_type",
     "kind",
     "nodes",
     "op_types",
+    "model_nodes",
+    "activations",
     "edges",
     "duration_us",
+    "share",
+    "opfuse_removes_us",
     "opfuse",
     "onnxruntime",
 }
@@ -253,7 +285,7 @@ OP_KEYS = {
     "mte3_ratio",
     "duration_us",
 }
-HINT_KEYS = {"kind", "node", "op_type", "message", "duration_us", "opfuse"}
+HINT_KEYS = {"kind", "node", "op_type", "message", "duration_us", "gain_us", "opfuse"}
 HINT_KINDS = {"alignment", "replace", "resize_align_corners", "fallback"}
 VERDICT_KEYS = {"pass", "available", "fires", "reason"}
 GRAPH_FUSION_KEYS = {"pass", "section", "matched", "effected", "reasons"}
@@ -278,6 +310,8 @@ def schema_reports(tmp_path) -> list[dict]:  # type: ignore[no-untyped-def]
     onnx.save(swish_net(), swish)
     prof = write_json(tmp_path / "p.json", ort_profile(TIMES, runs=2))
     reports = [advise(swish, profile_path=prof, options=OPTS)]
+    ascend = AdviseOptions(target="ascend310", warmup=1, compare_onnxruntime=False)
+    reports.append(advise(swish, profile_path=prof, options=ascend))
     hints = hint_model()
     hints.graph.node.append(helper.make_node("ReduceL2", ["x"], ["n2"], name="norm", axes=[1]))
     hints.graph.output.append(
@@ -308,15 +342,18 @@ def schema_reports(tmp_path) -> list[dict]:  # type: ignore[no-untyped-def]
 def test_json_schema_is_stable_and_documented(tmp_path) -> None:  # type: ignore[no-untyped-def]
     reports = schema_reports(tmp_path)
     report = reports[0]
-    assert report["schema"] == SCHEMA == "opfuse.advise/1"
+    assert report["schema"] == SCHEMA == "opfuse.advise/2"
     assert report["graph"] == {
-        "analysed": "the model after opfuse's default passes",
+        "analysed": "the model's nodes, as profiled (the graph that ran)",
         "nodes_original": 8,
         "nodes_analysed": 8,
+        "constant_nodes_counted": False,
         "subgraphs": 0,
     }
-    assert report["l2_fusion"], "the small net has an L2 chain"
-    assert report["l2_fusion"][0]["ratios_source"] == "estimate"
+    assert report["next_steps"]["commands"], "the trial ran"
+    assert not report["l2_fusion"] and not report["ascend_sections"]  # cpu: not Ascend's
+    assert reports[1]["l2_fusion"], "the small net has an L2 chain on an Ascend target"
+    assert reports[1]["l2_fusion"][0]["ratios_source"] == "estimate"
     kinds = {h["kind"] for r in reports for h in r["hints"]}
     assert kinds == HINT_KINDS, "every hint kind is checked"
     assert any(r["aipp_fusion"] for r in reports)
@@ -328,8 +365,15 @@ def test_json_schema_is_stable_and_documented(tmp_path) -> None:  # type: ignore
         assert set(r["profile"]) == PROFILE_KEYS
         assert all(set(s) == STAT_KEYS for s in r["op_statistic"])
         assert all(set(n) == TOP_KEYS for n in r["top_nodes"])
+        assert all(
+            n["of_peak"] is None or set(n["of_peak"]) == OF_PEAK_KEYS for n in r["top_nodes"]
+        )
+        assert set(r["next_steps"]) == STEPS_KEYS
+        assert all(set(c) == COMMAND_KEYS for c in r["next_steps"]["commands"])
+        assert all(set(d) == DOMINANT_KEYS for d in r["next_steps"]["dominant"])
         for g in r["ub_fusion"]:
             assert set(g) == UB_KEYS
+            assert all(set(a) == ACTIVATION_KEYS for a in g["activations"])
             assert g["onnxruntime"] is None or set(g["onnxruntime"]) == ORT_KEYS
             check_verdict(g["opfuse"])
         for a in r["aipp_fusion"]:
@@ -357,7 +401,8 @@ def test_json_schema_is_stable_and_documented(tmp_path) -> None:  # type: ignore
         SCHEMA_KEYS | TARGET_KEYS | GRAPH_KEYS | PROFILE_KEYS | STAT_KEYS | TOP_KEYS | UB_KEYS
     )
     documented |= ORT_KEYS | AIPP_KEYS | L2_KEYS | OP_KEYS | HINT_KEYS | HINT_KINDS
-    documented |= VERDICT_KEYS | GRAPH_FUSION_KEYS | REASON_KEYS
+    documented |= VERDICT_KEYS | GRAPH_FUSION_KEYS | REASON_KEYS | OF_PEAK_KEYS | STEPS_KEYS
+    documented |= COMMAND_KEYS | DOMINANT_KEYS | ACTIVATION_KEYS
     for key in documented:
         assert f"`{key}`" in doc, f"docs/ADVISOR.md does not document {key}"
 
@@ -432,7 +477,7 @@ def test_user_target_file_sets_limits_alignment_and_l2(tmp_path) -> None:  # typ
     """A dynamic batch of 4 and an L2 that holds one sample's tensors: the L2 chain gets a
     batch split; the alignment and UB limits of the file apply."""
     target = json.loads((FIXTURES.parents[2] / "src/opfuse/targets/ascend310.json").read_text())
-    target.update(name="tiny", alignment=32, l2_bytes=16 * 8 * 8 * 4 * 2)
+    target.update(name="ascend-tiny", alignment=32, l2_bytes=16 * 8 * 8 * 4 * 2)
     target["ub_limits"]["conv_elementwise"] = 1
     target_path = write_json(tmp_path / "tiny.json", target)
     model = swish_net()
@@ -450,9 +495,10 @@ def test_user_target_file_sets_limits_alignment_and_l2(tmp_path) -> None:  # typ
             compare_onnxruntime=False,
         ),
     )
-    assert report["target"]["name"] == "tiny" and report["target"]["l2_bytes"] == 8192
+    assert report["target"]["name"] == "ascend-tiny" and report["target"]["l2_bytes"] == 8192
     types = {g["fusion_type"] for g in report["ub_fusion"]}
-    assert "Conv+Relu" in types and "Conv+Sigmoid+Mul" not in types  # limit 1 follower
+    # limit 1 follower: a written-out SiLU is one member, Relu after it would be a second
+    assert "Conv+Relu" in types and "Conv+Sigmoid+Mul" in types
     assert any(
         h["kind"] == "alignment" and "16 not a multiple of 32" in h["message"]
         for h in report["hints"]
@@ -473,8 +519,13 @@ def test_profile_of_onnxruntimes_fused_graph_maps_back(swish, tmp_path) -> None:
     report = advise(swish, profile_path=raw, options=AdviseOptions(warmup=1))
     prof = report["profile"]
     assert prof["unmapped_us"] == 0, prof["unmapped_nodes"]
-    grouped = sum(g["duration_us"] for g in report["ub_fusion"])
-    assert grouped == pytest.approx(prof["total_us"], abs=0.01)  # every node is in a group
+    assert "(the graph that ran)" in report["graph"]["analysed"]
+    # groups are of the kernels that ran: each group's time is the sum of its kernels'
+    times = {r["name"]: r["duration_us"] for r in report["top_nodes"]}
+    assert report["ub_fusion"], "the NCHWc Conv and the QuickGelu kernel make a group"
+    for g in report["ub_fusion"]:
+        assert g["duration_us"] == pytest.approx(sum(times[n] for n in g["nodes"]), abs=0.01)
+        assert g["onnxruntime"] is None  # they are onnxruntime's kernels already
     assert any(n not in SWISH_TIMES for n in (r["name"] for r in report["top_nodes"]))
     # the fused kernels' names map back to the model's nodes, each node once (a layout
     # reorder names the node it converts)
@@ -515,35 +566,37 @@ def test_a_pass_applies_it_only_where_it_changed_the_nodes(tmp_path) -> None:  #
     assert "other passes rewrite these nodes (pow_const)" in folded["reason"]
 
 
-def test_l2_estimates_above_the_targets_peak_are_kept_and_flagged(swish, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """A target file whose peaks are far below what was measured: the ratios are not capped
-    at 1, and the text, HTML and notes say the target's peak is too low."""
+def test_l2_estimates_above_the_assumed_peak_are_kept_and_marked(swish, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An Ascend-style target file with peaks far below what was measured: the ratios are
+    not capped at 1 and are marked as estimates above the assumed peak; no report says a
+    built-in target is too low for the machine."""
     import html
     from io import StringIO
 
     from rich.console import Console
 
     from opfuse.advisor.html import render_html
+    from opfuse.advisor.l2 import ABOVE_PEAK
     from opfuse.advisor.report import render_text
 
     target = json.loads((FIXTURES.parents[2] / "src/opfuse/targets/cpu.json").read_text())
-    target.update(name="slow", peak_flops=1e3, vector_flops=1e3, bandwidth_bytes_per_s=1e3)
+    target.update(name="ascend-slow", peak_flops=1e3, vector_flops=1e3, bandwidth_bytes_per_s=1e3)
     target_path = write_json(tmp_path / "slow.json", target)
     prof = write_json(tmp_path / "p.json", ort_profile(TIMES, runs=2))
     options = AdviseOptions(target=str(target_path), warmup=1, compare_onnxruntime=False)
     report = advise(swish, profile_path=prof, options=options)
+    assert report["target"]["peaks"] == "file"  # a user's file is taken as it is
     ops = [op for c in report["l2_fusion"] for op in c["ops"]]
     conv1 = next(op for op in ops if op["name"] == "conv1")
     # 2 * 16*8*8 outputs * 27 MACs = 55296 FLOPs in 100 us at 1e3 FLOP/s
     assert conv1["mac_ratio"] == pytest.approx(55296 / 1e3 / 100e-6, rel=1e-6)
-    flag = "above the target's peak: the target file's peak is too low for this machine"
-    assert any(flag in note and "target slow" in note for note in report["profile"]["notes"])
     buf = StringIO()
     render_text(report, Console(file=buf, width=400, color_system=None))
     text = buf.getvalue()
-    assert f"mac_ratio: {conv1['mac_ratio']:.6f}*;" in text and f"* {flag}" in text
+    assert f"mac_ratio: {conv1['mac_ratio']:.6f}*;" in text and f"* {ABOVE_PEAK}" in text
     page = html.unescape(render_html(report))
-    assert f"{conv1['mac_ratio']:.6f}*" in page and flag in page
+    assert f"{conv1['mac_ratio']:.6f}*" in page and ABOVE_PEAK in page
+    assert "too low" not in text + page + json.dumps(report)
 
 
 def text_of(report: dict) -> str:

@@ -97,7 +97,7 @@ def test_advise_writes_text_json_and_html(tmp_path) -> None:  # type: ignore[no-
         assert result.output == ""  # the report went to the file
         text = out.read_text()
         if fmt == "json":
-            assert json.loads(text)["schema"] == "opfuse.advise/1"
+            assert json.loads(text)["schema"] == "opfuse.advise/2"
         elif fmt == "html":
             assert text.startswith("<!DOCTYPE html>") and "<svg" in text
         else:
@@ -193,7 +193,7 @@ def test_profile_and_advise_write_their_files_atomically(tmp_path) -> None:  # t
         app, ["advise", str(model), "--profile", str(prof), "--format", "json", "-o", str(report)]
     )
     assert result.exit_code == 0, result.output
-    assert json.loads(report.read_text())["schema"] == "opfuse.advise/1"
+    assert json.loads(report.read_text())["schema"] == "opfuse.advise/2"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json", "r.json", "swish.onnx"]
 
 

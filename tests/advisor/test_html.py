@@ -66,19 +66,29 @@ def test_html_report_renders_in_chromium(source, tmp_path) -> None:  # type: ign
         )
     page = tmp_path / "report.html"
     page.write_text(render_html(report), "utf-8")
-    assert not re.search(r"(src|href)=\"(https?:)?//", page.read_text()), "not self-contained"
+    text = page.read_text()
+    assert not re.search(r"(src|href)=\"(https?:)?//", text), "not self-contained"
     dom, log, shot = render(page, tmp_path)
     assert "Uncaught" not in log and 'data-error="' not in dom
-    rendered = re.search(r'data-rendered="bars=(\d+);groups=(\d+);chart-in-view=(\w+)"', dom)
+    rendered = re.search(
+        r'data-rendered="bars=(\d+);groups=(\d+);chart-in-view=(\w+);steps-top=(\d+)"', dom
+    )
     assert rendered, "the page's load script did not run"
     bars, groups, in_view = int(rendered[1]), int(rendered[2]), rendered[3]
     top = report["ub_fusion"]
-    assert groups == min(10, len(top)) and bars >= len(top)
+    assert groups == min(10, len({g["fusion_type"] for g in top}))  # one card per type
+    assert bars >= min(10, len(top))
     assert in_view == "yes"  # the group chart is in the screenshot's first screen
+    # Next steps come first: above the group chart, in the first screen
+    assert 0 < int(rendered[4]) < 900
+    assert text.index('id="steps"') < text.index('id="group-chart"')
     chart = dom[dom.index('id="group-chart"') :]
     chart = chart[: chart.index("</svg>")]
     for g in top:
         assert g["fusion_type"] in chart
+    # human titles with msadvisor's names as subtitles, a legend, units
+    assert 'Groups a backend could fuse</h2><p class="sub">msadvisor: UBModel' in text
+    assert 'class="legend"' in text and "us per run" in text
     png = shot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", png[16:24]) == (1200, 900)
@@ -112,7 +122,7 @@ def svg(page: str, start: str) -> str:
     return chart[: chart.index("</svg>")]
 
 
-def test_chart_and_drawings_show_the_largest_groups(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_chart_and_cards_show_the_largest_groups(tmp_path) -> None:  # type: ignore[no-untyped-def]
     report = many_groups(tmp_path)
     ub = report["ub_fusion"]
     assert ub[0]["fusion_type"] == "Conv+Relu" and ub[-1]["fusion_type"] == "Conv+Tanh"
@@ -122,8 +132,29 @@ def test_chart_and_drawings_show_the_largest_groups(tmp_path) -> None:  # type: 
     wanted = sorted((g["duration_us"] for g in ub), reverse=True)[:10]
     assert values == pytest.approx(wanted) and values[0] == pytest.approx(100.0)
     assert "Top 10 UB fusion groups by duration" in chart and "Conv+Tanh: conv_t" in chart
-    drawn = re.findall(r'<div class="group"><div><b>([^<]+)</b> ([\d.]+) us', page)
-    assert drawn[0] == ("Conv+Tanh", "100.0") and len(drawn) == 10
+    # one card per fusion type, with the count of its groups and their summed time
+    cards = re.findall(r'<div class="group"><div><b>([^<]+)</b> &times; (\d+): ([\d.]+) us', page)
+    assert cards == [("Conv+Relu", "11", "110.0"), ("Conv+Tanh", "1", "100.0")]
+
+
+def test_top_limits_every_list(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from io import StringIO
+
+    from rich.console import Console
+
+    from opfuse.advisor.report import render_text
+
+    report = many_groups(tmp_path)
+    page = render_html(report, top=3)
+    for table in re.findall(r"<table>.*?</table>", page):
+        assert table.count("<tr>") <= 1 + 3
+    assert page.count('<div class="group">') <= 3
+    assert "... and 9 more (see --format json)" in page  # 12 UB groups, 3 shown
+    buf = StringIO()
+    render_text(report, Console(file=buf, width=300, color_system=None), top=3)
+    text = buf.getvalue()
+    assert text.count("Fusion Type: ") == 3 and "... and 9 more (see --format json)" in text
+    assert len(report["ub_fusion"]) == 12 and len(report["top_nodes"]) == 24  # JSON complete
 
 
 def test_svg_ids_are_unique_and_markers_resolve(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -157,9 +188,10 @@ def test_empty_sections_say_so_as_the_text_report_does(tmp_path) -> None:  # typ
     for message in (
         "No UB fusion group found.",
         "No preprocessing chain in front of the first Conv.",
-        "No L2 fusion chain found.",
         "No operator constraint hints.",
     ):
         assert message in text and f'<p class="empty">{message}</p>' in page
+    # the L2 section is Ascend's: not shown for the cpu target
+    assert "L2Model" not in text and "L2Model" not in page and "AOE" not in text
     assert "Fusion Operator Detail" not in page  # no bare table header
     assert page.count("<table>") == 2  # the op statistic and the slow nodes only

@@ -1,41 +1,54 @@
-"""The advisor's pipeline: profile (or read a profile), map times onto the graph opfuse would
-deploy, grow and rank fusion groups, check constraints, and ask opfuse's passes and
-onnxruntime whether each recommendation is already applied. Returns the JSON report
-(schema ``opfuse.advise/1``, see docs/ADVISOR.md); report.py and html.py render it."""
+"""The advisor's pipeline: profile (or read a profile), map times onto the graph that ran (a
+given profile's operators or kernels; when opfuse profiles, the graph opfuse would deploy),
+grow and rank fusion groups, check constraints, ask opfuse's passes and onnxruntime whether
+each recommendation is already applied, and measure the next steps. Returns the JSON report
+(schema ``opfuse.advise/2``, see docs/ADVISOR.md); report.py and html.py render it."""
 
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx_ir as ir
 
 from opfuse import io
 from opfuse.advisor import constraints
+from opfuse.advisor.activations import find_activations
 from opfuse.advisor.attribution import Resolver, attribute, original_nodes, runtime_kernels
+from opfuse.advisor.calibrate import Measure, Peaks, machine_peaks
 from opfuse.advisor.graph import OpGraph, from_chain, from_model
 from opfuse.advisor.groups import Group, grow_groups, rank_groups
-from opfuse.advisor.l2 import ABOVE_PEAK, RATIO_KEYS, estimate_ratios, l2_chains
+from opfuse.advisor.l2 import RATIO_KEYS, estimate_ratios, l2_chains
+from opfuse.advisor.nextsteps import TRIAL_SECONDS, dominant, trial
 from opfuse.advisor.opkinds import Kind, classify
 from opfuse.advisor.profile import (
     OpRecord,
     Profile,
+    iqr,
     op_statistic,
     read_op_summary,
     read_ort_profile,
     run_onnxruntime,
     top_nodes,
 )
+from opfuse.advisor.ran import RanGraph, ran_graph
 from opfuse.advisor.target import load_target
 from opfuse.advisor.trial import AIPP_PASS, Refusal, Trial, registered
 from opfuse.errors import OpfuseError
 from opfuse.registry import all_passes
+from opfuse.runtime import Runtime, get_runtime
 from opfuse.shapes import infer_shapes
 
-SCHEMA = "opfuse.advise/1"
+SCHEMA = "opfuse.advise/2"
+# built-in targets whose peaks are measured on this machine (their files' are approximate)
+CALIBRATED = frozenset({"builtin:cpu", "builtin:cuda"})
+VARIANCE_NODE = 0.25  # a node's IQR over its median above which runs are called unsteady
+VARIANCE_TOTAL = 0.10  # the same for the sum of all nodes per run
+VARIANCE_MIN_SHARE = 0.01  # nodes below this share of the time are not worth a warning
 # ops that hardware preprocessing (AIPP) can take over in front of the first Conv
 PREPROCESS = frozenset(
     {
@@ -68,6 +81,17 @@ class AdviseOptions:
     input_shapes: Mapping[str, list[int]] | None = None
     top: int = 10
     compare_onnxruntime: bool = True
+    calibrate: bool = True  # cpu/cuda: this machine's peaks instead of the file's
+    measure_peaks: Measure | None = None  # calibrate.measure_onnxruntime unless given
+    next_steps: bool = True  # the short trial of opfuse's commands
+    runtime: Runtime | None = None  # the trial's runtime: onnxruntime at ORT_ENABLE_ALL
+    trial_seconds: float = TRIAL_SECONDS
+
+
+def ort_providers() -> list[str]:
+    import onnxruntime as ort
+
+    return list(ort.get_available_providers())
 
 
 def default_target(provider: str, op_summary: bool) -> str:
@@ -133,6 +157,17 @@ class Advisor:
             raise OpfuseError("--profile needs the MODEL that produced it")
         o = self.opts
         self.target = load_target(o.target or default_target(o.provider, op_summary is not None))
+        self.peaks: Peaks | None = None
+        if o.calibrate and self.target.source in CALIBRATED and o.provider in ort_providers():
+            self.step("measuring this machine's peaks", 0, 1)
+            self.peaks = machine_peaks(o.provider, o.threads, o.measure_peaks)
+            self.target = replace(
+                self.target,
+                peak_flops=self.peaks.flops,
+                vector_flops=self.peaks.flops,
+                bandwidth_bytes_per_s=self.peaks.bandwidth,
+            )
+            self.step("measuring this machine's peaks", 1, 1)
         with tempfile.TemporaryDirectory(prefix="opfuse-advise-") as tmp:
             self.tmp = tmp
             if model_path is not None:
@@ -141,11 +176,8 @@ class Advisor:
                 self.original = None
                 self.trial = None
             self.profile = self._profile(model_path, profile_path, op_summary)
-            if model_path is None:
-                recs = self.profile.records
-                self.graph = from_chain([r.name for r in recs], [r.op_type for r in recs])
-                self.resolver = Resolver(self.graph)
-            self.times = attribute(self.profile.records, self.resolver)
+            self._place(model_path, profile_path, op_summary)
+            self.node_of = self._node_index()
             if self.times.aligned:
                 self.profile.notes.append(
                     f"{len(self.times.aligned)} kernels onnxruntime named itself (inlined "
@@ -153,9 +185,12 @@ class Advisor:
                     "order to the node without a time of its own that follows"
                 )
             self.runtime_kernels: dict[int, list[str]] | None = None
-            if model_path is not None and o.compare_onnxruntime:
+            compare: str | os.PathLike[str] | None = None  # the model onnxruntime would fuse
+            if model_path is not None and op_summary is None and not self.ran_kernels_fused:
+                compare = self.analysed_path if self.ran is None else model_path
+            if compare is not None and o.compare_onnxruntime:
                 self.step("onnxruntime graph at ORT_ENABLE_ALL", 0, 1)
-                runtime = _ort_graph(self.analysed_path, "all", o.provider, tmp)
+                runtime = _ort_graph(compare, "all", o.provider, tmp)
                 self.runtime_kernels = runtime_kernels(Resolver(self.graph, runtime=runtime))
                 self.step("onnxruntime graph at ORT_ENABLE_ALL", 1, 1)
             return self._report(model_path)
@@ -190,17 +225,6 @@ class Advisor:
         if profile_path is not None:
             profile = read_ort_profile(profile_path, o.warmup)
             profile.provider = o.provider
-            unresolved = [r for r in profile.records if self.resolver.node(r.name) is None]
-            if unresolved:  # fused names: map them through the graph onnxruntime ran
-                self.step("onnxruntime graph of the profiled model", 0, 1)
-                level = o.graph_opt if o.graph_opt != "disable" else "all"
-                assert model_path is not None
-                runtime = _ort_graph(model_path, level, o.provider, self.tmp)
-                self.resolver = Resolver(self.graph, self.original_graph, runtime)
-                profile.notes.append(
-                    f"{len(unresolved)} profiled names mapped through onnxruntime's "
-                    f"ORT_ENABLE_{level.upper()} graph"
-                )
             return profile
         profile = run_onnxruntime(
             self.analysed_path,
@@ -218,7 +242,75 @@ class Advisor:
             self.resolver = Resolver(self.graph, None, runtime)
         return profile
 
+    def _place(
+        self,
+        model_path: str | os.PathLike[str] | None,
+        profile_path: str | os.PathLike[str] | None,
+        op_summary: str | os.PathLike[str] | None,
+    ) -> None:
+        """Choose the graph the groups are grown on and put the profile's times on it."""
+        self.ran: RanGraph | None = None
+        self.ran_kernels_fused = False
+        records = self.profile.records
+        if model_path is None:  # msprof alone: the operators in execution order
+            self.graph = from_chain([r.name for r in records], [r.op_type for r in records])
+            self.resolver = Resolver(self.graph)
+        elif op_summary is not None:  # the operators that ran, by their names
+            self.ran = ran_graph(self.original_graph, records)
+        elif profile_path is not None:  # the kernels that ran
+            self.ran = self._ran_kernels(model_path)
+        if self.ran is not None:
+            self.graph, self.times = self.ran.graph, self.ran.times
+            self.resolver = Resolver(self.graph)
+        else:
+            self.times = attribute(records, self.resolver)
+
+    def _ran_kernels(self, model_path: str | os.PathLike[str]) -> RanGraph:
+        """The graph an onnxruntime profile ran: the model's own nodes where every name is
+        one of them (a profile at ORT_DISABLE_ALL), else the graph onnxruntime builds at
+        ``--graph-opt`` (``all`` by default) whose kernels the names are, each kernel
+        mapped to the model's nodes it runs."""
+        g = self.original_graph
+        self.ran_kernels_fused = False
+        own = Resolver(g)
+        records = self.profile.records
+        as_model = RanGraph(g, {n.index: [n.name] for n in g.nodes}, attribute(records, own))
+        unknown = [r.name for r in records if r.name not in g.by_name]
+        if not unknown:
+            return as_model
+        level = self.opts.graph_opt if self.opts.graph_opt != "disable" else "all"
+        self.step("onnxruntime graph of the profiled model", 0, 1)
+        runtime = _ort_graph(model_path, level, self.opts.provider, self.tmp)
+        self.step("onnxruntime graph of the profiled model", 1, 1)
+        if not any(name in runtime.by_name for name in unknown):
+            return as_model  # names of neither graph stay unmapped
+        self.ran_kernels_fused = True
+        self.profile.graph_opt = self.profile.graph_opt or level
+        mapper = Resolver(g, runtime=runtime)
+        runs = {n.index: mapper.kernel_nodes(n.name) or [n.name] for n in runtime.nodes}
+        self.profile.notes.append(
+            f"the profiled names are onnxruntime's kernels at ORT_ENABLE_{level.upper()}: "
+            "groups are grown on that graph, each kernel mapped to the model's nodes it runs"
+        )
+        return RanGraph(runtime, runs, attribute(records, Resolver(runtime)))
+
     # --- helpers over the analysed graph -------------------------------------------------
+
+    def _node_index(self) -> dict[str, int]:
+        """The model's node names -> the analysed node that holds their time (the operator
+        that ran them with an op summary)."""
+        if self.ran is not None:
+            return self.ran.owner()
+        return dict(self.graph.by_name)
+
+    def _removed_us(self, members: list[int]) -> float | None:
+        """The measured time of the operators whose model nodes opfuse's default passes all
+        remove (Casts, Transposes, BatchNorm small ops); None where the profile is of the
+        graph after those passes."""
+        if self.ran is None or self.trial is None:
+            return None
+        kept = self.trial.node_types
+        return sum(self._time(m) for m in members if not any(n in kept for n in self.ran.runs[m]))
 
     def _record(self, index: int) -> OpRecord | None:
         return self.times.record.get(index)
@@ -260,12 +352,14 @@ class Advisor:
     # --- sections ----------------------------------------------------------------------------
 
     def _ub(self) -> tuple[list[Group], list[dict[str, object]]]:
-        groups = grow_groups(self.graph, self.target.ub_limits, self._other_unit())
+        acts = find_activations(self.graph)
+        groups = grow_groups(self.graph, self.target.ub_limits, self._other_unit(), acts)
         for grp in groups:
             grp.duration_us = sum(self._time(m) for m in grp.members)
         groups = rank_groups(groups)
         ub_passes = [p.name for p in all_passes() if p.section == "UBFusion"]
         refused = self._refusals()
+        total = self.profile.total_us or 1.0
         rows = []
         for grp in groups:
             opfuse: dict[str, object] = {
@@ -275,7 +369,7 @@ class Advisor:
                 "reason": "a UB fusion is the backend's: opfuse keeps the graph in standard "
                 "ONNX ops" + (f" (UBFusion passes: {', '.join(ub_passes)})" if ub_passes else ""),
             }
-            hit = self._refusal_about(grp.names, refused)
+            hit = self._refusal_about(grp.names, refused, self.graph)
             if hit is not None:  # a pass matched the group (not just one node) and gave up
                 opfuse = {
                     "pass": hit.pass_name,
@@ -283,18 +377,31 @@ class Advisor:
                     "fires": False,
                     "reason": hit.reason,
                 }
+            removed = self._removed_us(grp.members)
             row: dict[str, object] = {
                 "subgraph": 0,
                 "fusion_type": grp.fusion_type,
                 "kind": grp.kind_name,
                 "nodes": grp.names,
                 "op_types": grp.op_types,
+                "model_nodes": [
+                    self.ran.runs[m] if self.ran is not None else [self.graph.nodes[m].name]
+                    for m in grp.members
+                ],
+                "activations": [
+                    {"name": a.name, "nodes": [self.graph.nodes[i].name for i in a.nodes]}
+                    for a in grp.activations
+                ],
                 "edges": self._edges(grp.members),
                 "duration_us": round(grp.duration_us, 3),
+                "share": round(grp.duration_us / total, 6),
+                "opfuse_removes_us": round(removed, 3) if removed is not None else None,
                 "opfuse": opfuse,
                 "onnxruntime": self._ort_fuses(grp.members),
             }
             rows.append(row)
+        # groups the runtime does not fuse first (in rank order), those it fuses last
+        rows.sort(key=lambda r: runtime_fuses(r))
         return groups, rows
 
     def _graph_info(self) -> dict[str, object]:
@@ -303,12 +410,30 @@ class Advisor:
                 "analysed": "op summary in execution order (each op assumed to feed the next)",
                 "nodes_original": None,
                 "nodes_analysed": len(self.graph.nodes),
+                "constant_nodes_counted": False,
                 "subgraphs": 0,
             }
+        if self.ran is not None and self.profile.source == "op_summary":
+            analysed = "the operators of the op summary, on the model's edges (the graph that ran)"
+        elif self.ran is not None and self.ran_kernels_fused:
+            analysed = (
+                "the kernels of the profile: onnxruntime's graph of the model at "
+                f"'{self.profile.graph_opt}' (the graph that ran)"
+            )
+        elif self.ran is not None:
+            analysed = "the model's nodes, as profiled (the graph that ran)"
+        elif self.profile.source == "onnxruntime":
+            analysed = (
+                "the model after opfuse's default passes, profiled at onnxruntime graph "
+                f"optimization '{self.profile.graph_opt}'"
+            )
+        else:
+            analysed = "the model after opfuse's default passes, times mapped from the profile"
         return {
-            "analysed": "the model after opfuse's default passes",
+            "analysed": analysed,
             "nodes_original": len(self.original_graph.nodes),
             "nodes_analysed": len(self.graph.nodes),
+            "constant_nodes_counted": False,
             "subgraphs": sum(1 for _ in self.original.graph.subgraphs()),
         }
 
@@ -323,14 +448,20 @@ class Advisor:
         return refused
 
     @staticmethod
-    def _refusal_about(names: list[str], refused: dict[str, list[Refusal]]) -> Refusal | None:
+    def _refusal_about(
+        names: list[str], refused: dict[str, list[Refusal]], g: OpGraph
+    ) -> Refusal | None:
         """The first refusal whose pattern is about fusing this group: a UBFusion pass's on
         a member, or a match that covers two or more members. A refusal on one member by
-        an unrelated pattern (a Pad before the group's Conv) says nothing about the group."""
+        an unrelated pattern (a Pad before the group's Conv) says nothing about the group;
+        nor does a fold across a value read outside the match (HardSwish's ``x + 3`` into
+        the Conv's bias: ``x`` is read again), which is never valid."""
         members = set(names)
         for name in names:
             for r in refused.get(name, []):
-                if r.section == "UBFusion" or len(r.nodes & members) >= 2:
+                if r.section == "UBFusion" or (
+                    len(r.nodes & members) >= 2 and not read_outside(g, r.nodes)
+                ):
                     return r
         return None
 
@@ -392,7 +523,7 @@ class Advisor:
             types = [g.nodes[i].op_type for i in chain]
             if self.original is not None:
                 dur = sum(
-                    self._time(self.graph.by_name[n]) for n in names if n in self.graph.by_name
+                    self._time(i) for i in {self.node_of[n] for n in names if n in self.node_of}
                 )
                 verdict = (
                     trial.verdict(AIPP_PASS, [*names, conv.name], self.original_types)
@@ -445,7 +576,7 @@ class Advisor:
             ch.duration_us = sum(self._time(m) for m in ch.members)
         chains.sort(key=lambda ch: -ch.duration_us)
         rows = []
-        for ch in chains[: self.opts.top]:
+        for ch in chains:
             ops = []
             sources = set()
             for m in ch.members:
@@ -510,30 +641,127 @@ class Advisor:
                     },
                 }
             )
-        above = [
-            (k, float(op[k]), str(op["name"]))
-            for row in rows
-            for op in row["ops"]  # type: ignore[attr-defined]
-            for k in RATIO_KEYS
-            if isinstance(op[k], float) and op[k] > 1
-        ]
-        if above:
-            key, value, name = max(above, key=lambda a: a[1])
-            self.profile.notes.append(
-                f"{len(above)} L2 ratio estimates above 1 (largest: {key} {value:.2f} of "
-                f"{name}): {ABOVE_PEAK} (target {self.target.name})"
-            )
         return rows
+
+    def _next_steps(
+        self, model_path: str | os.PathLike[str] | None, stats: list[dict[str, object]]
+    ) -> dict[str, object]:
+        o = self.opts
+        skipped = None
+        if model_path is None or self.original is None:
+            skipped = "no model given"
+        elif self.profile.source == "op_summary":
+            skipped = "the profile is from Ascend: a trial on this machine would not measure it"
+        elif not o.next_steps:
+            skipped = "turned off (--no-trial)"
+        elif o.runtime is None and o.provider not in ort_providers():
+            skipped = f"{o.provider} is not available on this machine"
+        commands: list[dict[str, object]] = []
+        runtime: Runtime | None = None
+        if skipped is None:
+            assert model_path is not None and self.original is not None
+            runtime = o.runtime or get_runtime(provider=o.provider, threads=o.threads or 1)
+            commands = trial(model_path, self.original, runtime, o.trial_seconds, self.step)
+            commands.sort(key=lambda c: c["ratio"] if isinstance(c["ratio"], float) else 9e9)
+        helps = any(c["helps"] for c in commands)
+        return {
+            "trial": (
+                f"each command's output (verified) against the model, interleaved rounds of "
+                f"about {o.trial_seconds:g} s in all on {runtime.describe()} (ratio: median "
+                "time optimized / original; noise: the difference between two copies of the "
+                "original)"
+            )
+            if skipped is None
+            else None,
+            "skipped": skipped,
+            "commands": commands,
+            "helps": helps,
+            "dominant": dominant(stats),
+        }
+
+    def _ascend_sections(self) -> bool:
+        """L2 fusion (and its AOE advice) is Ascend's: shown for the ascend targets, or when
+        the profile has msprof's counters."""
+        counters = any(r.ratios for r in self.profile.records)
+        return self.target.name.startswith("ascend") or counters
+
+    def _variance(self) -> str | None:
+        """A warning when the runs disagree: the sum per run, or a node that matters."""
+        p = self.profile
+        totals = p.run_totals_us()
+        if totals and p.total_us and iqr(totals) > VARIANCE_TOTAL * statistics.median(totals):
+            return (
+                f"runs vary: the time per run spreads {iqr(totals):.1f} us (IQR) around "
+                f"{statistics.median(totals):.1f} us; another process may share the machine "
+                "(rerun with more --runs, or on a quiet machine)"
+            )
+        total = p.total_us or 1.0
+        noisy = [
+            r
+            for r in p.records
+            if r.duration_us >= VARIANCE_MIN_SHARE * total
+            and r.iqr_us > VARIANCE_NODE * r.duration_us
+        ]
+        if noisy:
+            worst = max(noisy, key=lambda r: r.iqr_us / max(r.duration_us, 1e-9))
+            return (
+                f"runs vary: {len(noisy)} node(s) with at least {VARIANCE_MIN_SHARE:.0%} of "
+                f"the time spread more than {VARIANCE_NODE:.0%} of their median over the runs "
+                f"({worst.name}: {worst.duration_us:.1f} us, IQR {worst.iqr_us:.1f} us); "
+                "rerun with more --runs, or on a quiet machine"
+            )
+        return None
+
+    def _top_node(self, r: OpRecord, total: float) -> dict[str, object]:
+        if self.ran is not None:
+            op = self.graph.by_name.get(self.times.placed.get(r.name, r.name))
+            nodes = self.ran.runs[op] if op is not None else []
+        else:
+            nodes = original_nodes(r.name, self.resolver, self.times)
+        est = (
+            estimate_ratios(
+                r.op_type,
+                r.input_shapes,
+                r.output_shapes,
+                r.duration_us / max(r.calls, 1),
+                self.target,
+                self.target.dtype_bytes,
+            )
+            if r.input_shapes and r.output_shapes
+            else None
+        )
+        return {
+            "name": r.name,
+            "op_type": r.op_type,
+            "duration_us": round(r.duration_us, 3),
+            "iqr_us": round(r.iqr_us, 3),
+            "share": round(r.duration_us / total, 6),
+            "provider": r.provider or None,
+            "nodes": nodes,
+            "of_peak": {
+                "flops": round(est["mac_ratio"], 6),
+                "bandwidth": round(est["mte2_ratio"] + est["mte3_ratio"], 6),
+            }
+            if est is not None and not r.ratios
+            else None,
+        }
 
     def _hints(self) -> list[dict[str, object]]:
         times = self.times.time_us
-        hints = constraints.alignment_hints(self.graph, times, self.target.alignment)
-        hints += constraints.resize_hints(self.graph, times)
+        if self.ran is not None:  # weights and shapes are the model's: an operator's time
+            g = self.original_graph  # goes to each model node it ran
+            times = {
+                n.index: self._time(self.node_of[n.name]) for n in g.nodes if n.name in self.node_of
+            }
+        else:
+            g = self.graph
+        hints = constraints.alignment_hints(g, times, self.target.alignment)
+        hints += constraints.resize_hints(g, times)
         if self.original is not None and self.trial is not None:
             orig_times = {
-                n.index: self._time(self.graph.by_name[n.name])
+                n.index: self._time(self.node_of[n.name])
                 for n in self.original_graph.nodes
-                if n.name in self.graph.by_name
+                if n.name in self.node_of
             }
             for hint in constraints.replace_hints(self.original_graph, orig_times):
                 if hint.opfuse_pass:
@@ -561,15 +789,33 @@ class Advisor:
         self.step("grouping", 0, 1)
         groups, ub = self._ub()
         aipp = self._aipp()
-        l2 = self._l2(groups)
+        l2 = self._l2(groups) if self._ascend_sections() else []
         hints = self._hints()
         self.step("grouping", 1, 1)
         p = self.profile
         total = p.total_us or 1.0
+        stats: list[dict[str, object]] = [
+            {
+                "op_type": s.op_type,
+                "count": s.count,
+                "total_us": round(s.total_us, 3),
+                "mean_us": round(s.mean_us, 3),
+                "share": round(s.share, 6),
+            }
+            for s in op_statistic(p.records)
+        ]
+        next_steps = self._next_steps(model_path, stats)
+        totals = p.run_totals_us()
         return {
             "schema": SCHEMA,
             "model": str(model_path) if model_path is not None else None,
-            "target": self.target.to_json(),
+            "target": {
+                **self.target.to_json(),
+                "peaks": "measured" if self.peaks is not None else "file",
+                "peaks_measured_on": self.peaks.key if self.peaks is not None else None,
+            },
+            "ascend_sections": self._ascend_sections(),
+            "next_steps": next_steps,
             "graph": self._graph_info(),
             "profile": {
                 "source": p.source,
@@ -579,38 +825,40 @@ class Advisor:
                 "provider": p.provider or None,
                 "graph_opt": p.graph_opt or None,
                 "total_us": round(p.total_us, 3),
+                "run_total_median_us": round(statistics.median(totals), 3) if totals else None,
+                "total_iqr_us": round(iqr(totals), 3),
+                "variance_warning": self._variance(),
                 "unmapped_us": round(self.times.unmapped_us, 3),
-                "unmapped_nodes": [r.name for r in self.times.unmapped][:20],
+                "unmapped_nodes": [r.name for r in self.times.unmapped],
                 "missing_columns": p.missing_columns,
                 "notes": p.notes,
             },
-            "op_statistic": [
-                {
-                    "op_type": s.op_type,
-                    "count": s.count,
-                    "total_us": round(s.total_us, 3),
-                    "mean_us": round(s.mean_us, 3),
-                    "share": round(s.share, 6),
-                }
-                for s in op_statistic(p.records)
-            ],
-            "top_nodes": [
-                {
-                    "name": r.name,
-                    "op_type": r.op_type,
-                    "duration_us": round(r.duration_us, 3),
-                    "share": round(r.duration_us / total, 6),
-                    "provider": r.provider or None,
-                    "nodes": original_nodes(r.name, self.resolver, self.times),
-                }
-                for r in top_nodes(p.records, self.opts.top)
-            ],
+            "op_statistic": stats,
+            "top_nodes": [self._top_node(r, total) for r in top_nodes(p.records, len(p.records))],
             "ub_fusion": ub,
             "aipp_fusion": aipp,
             "l2_fusion": l2,
             "hints": hints,
             "graph_fusion": self.trial.pass_summary() if self.trial is not None else [],
         }
+
+
+def runtime_fuses(group: Mapping[str, object]) -> bool:
+    """Whether onnxruntime already runs the group as one kernel."""
+    ort = group.get("onnxruntime")
+    return isinstance(ort, dict) and ort.get("fuses") == "yes"
+
+
+def read_outside(g: OpGraph, names: frozenset[str]) -> bool:
+    """Whether a tensor made by one of these nodes and read by another is also read by a
+    node outside them (or is a graph output): folding them would lose that value."""
+    inside = {g.by_name[n] for n in names if n in g.by_name}
+    for i in inside:
+        for t in g.nodes[i].outputs:
+            readers = set(g.consumers.get(t, ()))
+            if readers & inside and (readers - inside or t in g.graph_outputs):
+                return True
+    return False
 
 
 def _prod(shape: list[int]) -> int:
@@ -628,5 +876,5 @@ def advise(
     options: AdviseOptions | None = None,
     step: Step | None = None,
 ) -> dict[str, object]:
-    """The advisor report as a JSON-ready dict (schema opfuse.advise/1)."""
+    """The advisor report as a JSON-ready dict (schema opfuse.advise/2)."""
     return Advisor(options or AdviseOptions(), step).run(model_path, profile_path, op_summary)

@@ -174,6 +174,8 @@ def profile(
         out.print_json(
             json.dumps(
                 {
+                    "nodes": len(graph.nodes),
+                    "graph_opt": graph_opt,
                     "runs": prof.runs,
                     "warmup": prof.warmup,
                     "total_us": prof.total_us,
@@ -205,8 +207,9 @@ def profile(
         )
         return
     out.print(
-        f"{model.name}: {prof.runs} runs after {prof.warmup} warm-up, "
-        f"{prof.total_us:.1f} us per run ({provider}, graph optimization {graph_opt})",
+        f"{model.name}: {len(graph.nodes)} nodes (Constant nodes not counted, as advise counts "
+        f"them); {prof.runs} runs after {prof.warmup} warm-up, {prof.total_us:.1f} us per run "
+        f"({provider}, onnxruntime graph optimization level {graph_opt})",
         markup=False,
     )
     # per run, as advise prints it: counts per run, each node's median time over the runs
@@ -306,6 +309,11 @@ def profile(
     is_flag=True,
     help="Do not check which groups onnxruntime fuses itself.",
 )
+@click.option(
+    "--no-trial",
+    is_flag=True,
+    help="Skip Next steps' short trial of opfuse optimize commands on this machine.",
+)
 def advise(
     model: Path | None,
     profile_path: Path | None,
@@ -321,6 +329,7 @@ def advise(
     fmt: str,
     output: Path | None,
     no_onnxruntime_compare: bool,
+    no_trial: bool,
 ) -> None:
     """Rank the operator groups of MODEL a backend could fuse (UB, first-layer AIPP, L2)."""
     from opfuse.advisor.advise import AdviseOptions
@@ -343,6 +352,7 @@ def advise(
         input_shapes=_shapes(input_shape),
         top=top,
         compare_onnxruntime=not no_onnxruntime_compare,
+        next_steps=not no_trial,
     )
     with _progress() as step:
         report = run_advise(

@@ -33,6 +33,7 @@ class OpGraph:
     shapes: dict[str, Shape] = field(default_factory=dict)
     itemsize: dict[str, int] = field(default_factory=dict)
     chain: bool = False  # edges assumed from execution order (no model given)
+    scalars: dict[str, float] = field(default_factory=dict)  # one-element constants
 
     def __post_init__(self) -> None:
         self.producer: dict[str, int] = {}
@@ -80,13 +81,25 @@ def from_model(model: ir.Model) -> OpGraph:
             with contextlib.suppress(Exception):  # string and other non-numeric types
                 itemsize[value.name] = int(value.dtype.itemsize)
 
+    scalars: dict[str, float] = {}
+
+    def scalar(name: str, tensor: object) -> None:
+        with contextlib.suppress(Exception):  # strings, sparse or external data
+            array = tensor.numpy()  # type: ignore[attr-defined]
+            if array.size == 1 and array.dtype.kind in "fiu":
+                scalars[name] = float(array.reshape(()))
+
     for value in graph.inputs:
         note(value)
     for value in graph.initializers.values():
         note(value)
+        if value.name and value.const_value is not None:
+            scalar(value.name, value.const_value)
     for node in graph:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             constants.update(o.name for o in node.outputs if o.name)
+            if "value" in node.attributes and node.outputs[0].name:
+                scalar(node.outputs[0].name, node.attributes["value"].value)
             continue
         data = [v.name for v in node.inputs if v is not None and v.name and v.name not in constants]
         consts = [v.name for v in node.inputs if v is not None and v.name in constants]
@@ -110,6 +123,7 @@ def from_model(model: ir.Model) -> OpGraph:
         {v.name for v in graph.outputs if v.name},
         shapes,
         itemsize,
+        scalars=scalars,
     )
 
 

@@ -15,34 +15,55 @@ from opfuse.advisor.report import (
     ORIGINAL,
     RUNS_NOTE,
     above_peak,
+    fused_text,
+    header_lines,
+    more,
     nodes_text,
     ort_text,
     ratio_text,
+    split_ub,
     verdict_text,
 )
 
 CSS = """
-body{font-family:system-ui,sans-serif;margin:24px;color:#222}
-h1{font-size:20px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ccc}
+body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1180px}
+h1{font-size:20px;margin-bottom:4px}h2{font-size:17px;margin:28px 0 2px;border-bottom:1px solid #ccc}
+.sub{color:#777;font-size:12px;margin:0 0 8px}.head p{margin:2px 0;font-size:13px}
 table{border-collapse:collapse;font-size:12px;margin:8px 0}
 td,th{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}
 th{background:#f3f3f3}.num{text-align:right}.dim{color:#666;font-size:12px}
-.group{display:inline-block;margin:6px;padding:6px;border:1px solid #ddd;border-radius:4px}
+.warn{color:#a33;font-size:13px}.more{color:#666;font-size:12px;font-style:italic}
+.steps li{margin:3px 0}.good{color:#176b2c;font-weight:bold}
+.cards{display:flex;flex-wrap:wrap;gap:8px}
+.group{border:1px solid #ddd;border-radius:4px;padding:6px;font-size:12px;max-width:560px}
+.legend span{display:inline-block;margin-right:14px;font-size:12px}
+.legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:middle}
 """
 SCRIPT = """
 window.addEventListener('error', function (e) {
   document.body.setAttribute('data-error', String(e.message));
 });
 window.addEventListener('load', function () {
-  var charts = document.querySelectorAll('svg.chart rect.bar').length;
+  var bars = document.querySelectorAll('svg.chart rect.bar').length;
   var graphs = document.querySelectorAll('svg.group-graph').length;
   var chart = document.getElementById('group-chart');
   var box = chart ? chart.getBoundingClientRect() : null;
   var seen = box && box.width > 0 && box.top >= 0 && box.bottom <= window.innerHeight;
-  document.body.setAttribute('data-rendered', 'bars=' + charts + ';groups=' + graphs +
-    ';chart-in-view=' + (seen ? 'yes' : 'no'));
+  var steps = document.getElementById('steps').getBoundingClientRect().top;
+  document.body.setAttribute('data-rendered', 'bars=' + bars + ';groups=' + graphs +
+    ';chart-in-view=' + (seen ? 'yes' : 'no') + ';steps-top=' + Math.round(steps));
 });
 """
+# human title -> msadvisor's own section name (shown as the subtitle)
+TITLES = {
+    "steps": ("Next steps", "measured on this machine"),
+    "ub": ("Groups a backend could fuse", "msadvisor: UBModel"),
+    "aipp": ("Input conversion before the first convolution", "msadvisor: AippFusionModel"),
+    "l2": ("Chains whose intermediates could stay in L2", "msadvisor: L2Model"),
+    "time": ("Where the time goes", "msadvisor: Op Statistic"),
+    "hints": ("Operator constraints", "Atlas tuning guide"),
+    "passes": ("opfuse passes on this model", "CANN: GraphFusion"),
+}
 COLORS = {"conv": "#4e79a7", "elementwise": "#f28e2b", "reduce": "#59a14f", "other": "#9c9c9c"}
 
 
@@ -121,47 +142,110 @@ def group_graph(group: Mapping[str, Any], uid: int = 0) -> str:
     return "".join(parts)
 
 
+def _cell(c: object) -> str:
+    if isinstance(c, float):
+        return f'<td class="num">{c:.3f}</td>'
+    if isinstance(c, int) and not isinstance(c, bool):
+        return f'<td class="num">{c}</td>'
+    return f"<td>{escape(str(c))}</td>"
+
+
 def _table(
-    headers: Sequence[str], rows: Sequence[Sequence[object]], empty: str | None = None
+    headers: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    empty: str | None = None,
+    top: int | None = None,
 ) -> str:
-    """A table, or the ``empty`` message (as the text report prints it) when no rows."""
+    """A table (its first ``top`` rows and a line saying how many more), or the ``empty``
+    message (as the text report prints it) when no rows."""
     if not rows and empty is not None:
         return f'<p class="empty">{escape(empty)}</p>'
+    shown = rows if top is None else rows[:top]
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
-    body = "".join(
-        "<tr>"
+    body = "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in shown)
+    return f"<table><tr>{head}</tr>{body}</table>" + _more(len(shown), len(rows))
+
+
+def _more(shown: int, total: int) -> str:
+    line = more(shown, total)
+    return f'<p class="more">{escape(line)}</p>' if line else ""
+
+
+def _title(key: str) -> str:
+    title, sub = TITLES[key]
+    return f'<h2 id="{key}">{escape(title)}</h2><p class="sub">{escape(sub)}</p>'
+
+
+def _legend() -> str:
+    names = {
+        "conv": "Conv-like",
+        "elementwise": "elementwise",
+        "reduce": "reduce",
+        "other": "other",
+    }
+    return (
+        '<p class="legend">'
         + "".join(
-            f'<td class="num">{c:.3f}</td>'
-            if isinstance(c, float)
-            else f"<td>{escape(str(c))}</td>"
-            for c in row
+            f'<span><i style="background:{COLORS[k]}"></i>{escape(v)}</span>'
+            for k, v in names.items()
         )
-        + "</tr>"
-        for row in rows
+        + "</p>"
     )
-    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _cards(groups: Sequence[Mapping[str, Any]], top: int) -> str:
+    """One card per fusion type (the largest group of the type drawn), with how many groups
+    of that type there are and their summed time."""
+    by_type: dict[str, list[Mapping[str, Any]]] = {}
+    for g in groups:
+        by_type.setdefault(g["fusion_type"], []).append(g)
+    kinds = sorted(by_type.values(), key=lambda gs: -sum(g["duration_us"] for g in gs))
+    out = ['<div class="cards">']
+    for i, gs in enumerate(kinds[:top]):
+        big = max(gs, key=lambda g: g["duration_us"])
+        total = sum(g["duration_us"] for g in gs)
+        acts = ", ".join(a["name"] for a in big["activations"])
+        out.append(
+            f'<div class="group"><div><b>{escape(big["fusion_type"])}</b> &times; {len(gs)}: '
+            f"{total:.1f} us per run ({100 * sum(g['share'] for g in gs):.1f}% of the time)"
+            + (f"; activation {escape(acts)}" if acts else "")
+            + f"</div>{group_graph(big, i)}"
+            f'<div class="dim">largest: {escape(", ".join(big["nodes"]))} '
+            f"({big['duration_us']:.1f} us)</div></div>"
+        )
+    out.append("</div>")
+    return "".join(out) + _more(min(top, len(kinds)), len(kinds))
 
 
 def render_html(report: Mapping[str, Any], top: int = 10) -> str:
     prof, tgt = report["profile"], report["target"]
     ub = report["ub_fusion"]
+    unfused, fused = split_ub(ub)
+    name = escape(str(report["model"] or "op summary"))
     out = [
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
-        f"<title>opfuse advise: {escape(str(report['model'] or 'op summary'))}</title>",
+        f"<title>opfuse advise: {name}</title>",
         f"<style>{CSS}</style><script>{SCRIPT}</script></head><body>",
-        f"<h1>opfuse advise: {escape(str(report['model'] or 'op summary'))}</h1>",
-        f'<p class="dim">target {escape(tgt["name"])}; profile {escape(prof["source"])}, '
-        f"{prof['runs']} run(s), total {prof['total_us']:.1f} us per run; "
-        f"unmapped {prof['unmapped_us']:.1f} us</p>",
+        f"<h1>opfuse advise: {name}</h1>",
+        '<div class="head">'
+        + "".join(
+            f'<p class="{"warn" if line.startswith("warning") else "dim"}">{escape(line)}</p>'
+            for line in header_lines(report)
+        )
+        + "".join(f'<p class="dim">note: {escape(n)}</p>' for n in prof["notes"][:top])
+        + _more(min(top, len(prof["notes"])), len(prof["notes"]))
+        + "</div>",
     ]
-    for note in prof["notes"]:
-        out.append(f'<p class="dim">note: {escape(note)}</p>')
-    out.append("<h2>Op time</h2>")
-    # the report lists groups of one type together; the chart and drawings show the largest
-    largest = sorted(ub, key=lambda g: -g["duration_us"])[:top]
+    out.append(_title("steps"))
+    out.append(_steps(report["next_steps"], top))
+    out.append(_title("ub"))
+    out.append(_legend())
+    # the report lists groups of one type together; the chart shows the largest ones the
+    # runtime does not already fuse
+    largest = sorted(unfused, key=lambda g: -g["duration_us"])[:top]
     out.append(
         bar_chart(
-            f"Top {len(largest)} UB fusion groups by duration",
+            f"Top {len(largest)} UB fusion groups by duration (us per run)",
             [
                 (f"{g['fusion_type']}: {g['nodes'][0]}", g["duration_us"], _color(g["op_types"][0]))
                 for g in largest
@@ -169,75 +253,83 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
             "group-chart",
         )
     )
+    out.append(_cards(unfused, top))
+    ub_table = _table(
+        [
+            "Fusion Type",
+            "Fusion Operator Detail",
+            "Duration (us per run)",
+            "Share (%)",
+            "opfuse removes (us)",
+            "opfuse",
+            "onnxruntime",
+        ],
+        [
+            (
+                g["fusion_type"],
+                ", ".join(g["nodes"]),
+                g["duration_us"],
+                100 * g["share"],
+                g["opfuse_removes_us"] if g["opfuse_removes_us"] is not None else "n/a",
+                verdict_text(g["opfuse"]),
+                ort_text(g["onnxruntime"]),
+            )
+            for g in unfused
+        ],
+        EMPTY["ub_fusion"],
+        top,
+    )
+    out.append(ub_table if unfused or not fused else "")
+    if fused:
+        out.append(
+            f'<p class="dim">{len(fused)} {"other " if unfused else ""}group(s) onnxruntime '
+            f"already runs as one kernel ({escape(fused_text(fused))} per run): listed in "
+            "--format json</p>"
+        )
+    out.append(_title("time"))
     out.append(
         bar_chart(
-            "Time per op type",
+            "Time per op type (us per run)",
             [
                 (s["op_type"], s["total_us"], _color(s["op_type"]))
-                for s in report["op_statistic"][:15]
+                for s in report["op_statistic"][:top]
             ],
             "op-chart",
         )
     )
-    out.append(f"<h2>Op Statistic (per run, {escape(RUNS_NOTE)})</h2>")
     out.append(
         _table(
-            ["OP Type", "Count", "Total Time(us)", "Avg Time(us)", "Ratio(%)"],
+            ["OP Type", "Count (per run)", "Total (us)", "Mean (us)", "Share (%)"],
             [
                 (s["op_type"], s["count"], s["total_us"], s["mean_us"], 100 * s["share"])
                 for s in report["op_statistic"]
             ],
+            top=top,
         )
     )
+    out.append(f'<p class="dim">{escape(RUNS_NOTE)}; IQR: the spread over the runs</p>')
     out.append(
         _table(
-            ["Op Name", "OP Type", "Duration(us)", "Ratio(%)", ORIGINAL],
+            ["Op Name", "OP Type", "Duration (us)", "IQR (us)", "Share (%)", ORIGINAL],
             [
                 (
                     n["name"],
                     n["op_type"],
                     n["duration_us"],
+                    n["iqr_us"],
                     100 * n["share"],
                     nodes_text(n["name"], n["nodes"]),
                 )
                 for n in report["top_nodes"]
             ],
+            top=top,
         )
     )
     out.append(f'<p class="dim">{escape(CAPTION)}</p>')
-    out.append("<h2>====UBModel====</h2>")
-    for i, g in enumerate(largest):
-        out.append(
-            f'<div class="group"><div><b>{escape(g["fusion_type"])}</b> '
-            f"{g['duration_us']:.1f} us</div>{group_graph(g, i)}"
-            f'<div class="dim">{escape(g["nodes"][0])}</div></div>'
-        )
+    out.append(_title("aipp"))
     out.append(
         _table(
-            [
-                "Fusion Type",
-                "Fusion Operator Detail",
-                "Fusion Operator Duration",
-                "opfuse",
-                "onnxruntime",
-            ],
-            [
-                (
-                    g["fusion_type"],
-                    ", ".join(g["nodes"]),
-                    g["duration_us"],
-                    verdict_text(g["opfuse"]),
-                    ort_text(g["onnxruntime"]),
-                )
-                for g in ub
-            ],
-            EMPTY["ub_fusion"],
-        )
-    )
-    out.append("<h2>====AippFusionModel====</h2>")
-    out.append(
-        _table(
-            ["#", "Operators", "First Conv", "Normalization", "Duration(us)", "opfuse"],
+            ["#", "Operators", "First Conv", "Normalization", "Duration (us)", "opfuse"],
             [
                 (
                     i,
@@ -250,12 +342,96 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
                 for i, a in enumerate(report["aipp_fusion"], 1)
             ],
             EMPTY["aipp_fusion"],
+            top,
         )
     )
-    out.append("<h2>====L2Model====</h2>")
-    if not report["l2_fusion"]:
-        out.append(f'<p class="empty">{escape(EMPTY["l2_fusion"])}</p>')
-    for i, c in enumerate(report["l2_fusion"], 1):
+    if report["ascend_sections"]:
+        out.append(_title("l2"))
+        out.append(_l2(report["l2_fusion"], tgt, top))
+    out.append(_title("hints"))
+    out.append(
+        _table(
+            ["Kind", "Node", "OP Type", "Duration (us)", "Est. gain (us)", "Hint", "opfuse"],
+            [
+                (
+                    HINT_TITLES.get(h["kind"], h["kind"]),
+                    h["node"],
+                    h["op_type"],
+                    h["duration_us"],
+                    h["gain_us"] if h["gain_us"] is not None else "n/a",
+                    h["message"],
+                    verdict_text(h["opfuse"]),
+                )
+                for h in report["hints"]
+            ],
+            EMPTY["hints"],
+            top,
+        )
+    )
+    if report["graph_fusion"]:
+        out.append(_title("passes"))
+        out.append(
+            _table(
+                ["Pass", "matched", "effected", "not applied because"],
+                [
+                    (
+                        r["pass"],
+                        r["matched"],
+                        r["effected"],
+                        "; ".join(f"{x['reason']} ({x['count']}x)" for x in r["reasons"]),
+                    )
+                    for r in report["graph_fusion"]
+                ],
+                top=top,
+            )
+        )
+    out.append("</body></html>\n")
+    return "\n".join(out)
+
+
+def _steps(steps: Mapping[str, Any], top: int) -> str:
+    out = []
+    if steps["skipped"]:
+        out.append(f'<p class="dim">No trial: {escape(steps["skipped"])}.</p>')
+    if steps["commands"]:
+        items = []
+        for c in steps["commands"][:top]:
+            if c["error"]:
+                result = f'<span class="warn">fails: {escape(c["error"])}</span>'
+            else:
+                mark = ' class="good"' if c["helps"] else ""
+                result = (
+                    f"<span{mark}>{c['ratio']:.2f}x time</span> "
+                    f'<span class="dim">(noise &plusmn;{c["noise"]:.2f}, {c["runs"]} runs; '
+                    f"{'faster' if c['helps'] else 'no gain beyond the noise'}; "
+                    f"{escape(c['effect'])})</span>"
+                )
+            items.append(f"<li><code>{escape(c['command'])}</code>: {result}</li>")
+        out.append('<ul class="steps">' + "".join(items) + "</ul>")
+        out.append(_more(min(top, len(steps["commands"])), len(steps["commands"])))
+        out.append(f'<p class="dim">{escape(steps["trial"])}</p>')
+    if not steps["helps"]:
+        if steps["commands"]:
+            out.append(
+                "<p>Nothing opfuse does makes this model faster here. Where the time goes:</p>"
+            )
+        out.append(
+            '<ul class="steps">'
+            + "".join(
+                f"<li><b>{escape(d['op_type'])}</b> ({100 * d['share']:.1f}% of the time): "
+                f"{escape(d['suggestion'])}</li>"
+                for d in steps["dominant"][:top]
+            )
+            + "</ul>"
+        )
+    return "".join(out)
+
+
+def _l2(chains: list[Mapping[str, Any]], tgt: Mapping[str, Any], top: int) -> str:
+    if not chains:
+        return f'<p class="empty">{escape(EMPTY["l2_fusion"])}</p>'
+    out = []
+    for i, c in enumerate(chains[:top], 1):
         split = c["batch_split"]
         note = (
             f"; split batch {split['batch']} into {split['runs']} x {split['split_to']}"
@@ -264,7 +440,7 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
         )
         out.append(
             f"<p>{i}. {escape(', '.join(c['nodes']))} "
-            f'<span class="dim">({c["duration_us"]:.1f} us; ratios: '
+            f'<span class="dim">({c["duration_us"]:.1f} us per run; ratios: '
             f"{escape(c['ratios_source'])}{escape(note)})</span></p>"
         )
         out.append(
@@ -287,43 +463,11 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
                     )
                     for op in c["ops"]
                 ],
+                top=top,
             )
         )
-    if above_peak(report["l2_fusion"]):
+    out.append(_more(min(top, len(chains)), len(chains)))
+    if above_peak(chains[:top]):
         out.append(f'<p class="dim">* {escape(ABOVE_PEAK)} (target {escape(tgt["name"])}).</p>')
-    out.append("<h2>Operator constraints</h2>")
-    out.append(
-        _table(
-            ["Kind", "Node", "OP Type", "Duration(us)", "Hint", "opfuse"],
-            [
-                (
-                    HINT_TITLES.get(h["kind"], h["kind"]),
-                    h["node"],
-                    h["op_type"],
-                    h["duration_us"],
-                    h["message"],
-                    verdict_text(h["opfuse"]),
-                )
-                for h in report["hints"]
-            ],
-            EMPTY["hints"],
-        )
-    )
-    if report["graph_fusion"]:
-        out.append("<h2>GraphFusion (opfuse trial run)</h2>")
-        out.append(
-            _table(
-                ["Pass", "matched", "effected", "not applied because"],
-                [
-                    (
-                        r["pass"],
-                        r["matched"],
-                        r["effected"],
-                        "; ".join(f"{x['reason']} ({x['count']}x)" for x in r["reasons"]),
-                    )
-                    for r in report["graph_fusion"]
-                ],
-            )
-        )
-    out.append("</body></html>\n")
-    return "\n".join(out)
+    out.append('<p class="dim">ratios: busy fraction of the unit (1 = its peak)</p>')
+    return "".join(out)

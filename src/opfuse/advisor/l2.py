@@ -14,7 +14,12 @@ from opfuse.advisor.opkinds import Kind, classify
 from opfuse.advisor.target import Target
 
 RATIO_KEYS = ("mac_ratio", "vec_ratio", "mte2_ratio", "mte3_ratio")
-ABOVE_PEAK = "above the target's peak: the target file's peak is too low for this machine"
+# ops that change only a tensor's shape metadata: charged no data traffic
+NO_COPY = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+ABOVE_PEAK = (
+    "an estimate above 1: the op ran faster than the peak assumed (data served from a cache "
+    "moves faster than the measured memory bandwidth)"
+)
 
 
 @dataclass
@@ -136,9 +141,12 @@ def estimate_ratios(
         mac = 2.0 * _numel(inputs[0]) * _numel(inputs[1][1:])
     elif op_type in ("MatMul", "Gemm", "FusedGemm", "FusedMatMul") and inputs[0]:
         mac = 2.0 * out_n * inputs[0][-1]
-    vec = float(max([_numel(s) for s in (*inputs, *outputs)] or [0]))
-    bytes_in = sum(_numel(s) for s in inputs) * itemsize
-    bytes_out = sum(_numel(s) for s in outputs) * itemsize
+    if op_type in NO_COPY:  # a view of its input: no arithmetic, no traffic
+        vec, bytes_in, bytes_out = 0.0, 0, 0
+    else:
+        vec = float(max([_numel(s) for s in (*inputs, *outputs)] or [0]))
+        bytes_in = sum(_numel(s) for s in inputs) * itemsize
+        bytes_out = sum(_numel(s) for s in outputs) * itemsize
     return {
         "mac_ratio": mac / target.peak_flops / seconds,
         "vec_ratio": vec / target.vector_flops / seconds,

@@ -23,6 +23,13 @@ KERNEL_SUFFIX = "_kernel_time"
 GRAPH_OPT_LEVELS = ("disable", "basic", "extended", "all")
 
 
+def iqr(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[2] - q[0]
+
+
 @dataclass
 class OpRecord:
     name: str
@@ -34,6 +41,12 @@ class OpRecord:
     ratios: dict[str, float] = field(default_factory=dict)  # mac, vec, mte2, mte3 (msprof)
     provider: str = ""  # execution provider (onnxruntime) or Task Type (msprof)
     shapes_text: str = ""  # msprof's Input Shapes column as printed
+    runs_us: list[float] = field(default_factory=list)  # its time in each kept run
+
+    @property
+    def iqr_us(self) -> float:
+        """The spread of its per-run times (interquartile range; 0 for fewer than 2 runs)."""
+        return iqr(self.runs_us)
 
 
 @dataclass
@@ -52,6 +65,13 @@ class Profile:
     @property
     def total_us(self) -> float:
         return sum(r.duration_us for r in self.records)
+
+    def run_totals_us(self) -> list[float]:
+        """The sum of the nodes' times in each kept run (empty where runs are not known)."""
+        counts = {len(r.runs_us) for r in self.records}
+        if len(counts) != 1 or 0 in counts:
+            return []
+        return [sum(vals) for vals in zip(*(r.runs_us for r in self.records), strict=True)]
 
 
 def _shapes(entries: object) -> list[list[int]]:
@@ -119,6 +139,7 @@ def parse_ort_events(events: list[dict], warmup: int, source: str = "onnxruntime
         calls[name] += 1
     for name, rec in records.items():
         rec.duration_us = statistics.median(per_run[name])
+        rec.runs_us = per_run[name]
         rec.calls = max(1, round(calls[name] / kept))
     if not records:
         raise OpfuseError("the onnxruntime profile has no node events (was it a profile JSON?)")
@@ -267,14 +288,14 @@ def _csv_shapes(text: str) -> list[list[int]]:
     return shapes
 
 
-def _median_per_run(rows: list[float], runs: int) -> float:
-    """Median over ``runs`` of a node's time per run, its rows taken in execution order as
-    equal consecutive shares (a node called k times per run has k * runs rows); the mean
-    where its rows do not split evenly into the runs."""
+def _per_run(rows: list[float], runs: int) -> list[float]:
+    """A node's time in each of ``runs`` runs, its rows taken in execution order as equal
+    consecutive shares (a node called k times per run has k * runs rows); the mean of each
+    run where its rows do not split evenly into the runs."""
     if len(rows) % runs:
-        return sum(rows) / runs
+        return [sum(rows) / runs] * runs
     k = len(rows) // runs
-    return statistics.median(sum(rows[i : i + k]) for i in range(0, len(rows), k))
+    return [sum(rows[i : i + k]) for i in range(0, len(rows), k)]
 
 
 def read_op_summary(path: str | os.PathLike[str]) -> Profile:
@@ -355,9 +376,11 @@ def read_op_summary(path: str | os.PathLike[str]) -> Profile:
     for name, rec in records.items():
         rec.calls = max(1, round(calls[name] / runs))
         if "infer_id" in column and "" not in run_ids:
-            rec.duration_us = statistics.median(by_run[name].get(i, 0.0) for i in run_ids)
+            rec.runs_us = [by_run[name].get(i, 0.0) for i in run_ids]
         else:
-            rec.duration_us = _median_per_run(durations[name], runs)
+            rec.runs_us = _per_run(durations[name], runs)
+        rec.duration_us = statistics.median(rec.runs_us)
+
         rec.ratios = {k: sum(v) / len(v) for k, v in sums.get(name, {}).items()}
     notes = []
     if missing:

@@ -31,6 +31,7 @@ HINT_TITLES = {
 
 ORIGINAL = "Original Node(s)"
 RUNS_NOTE = "each node's median over the runs"
+NUMBERS = ("Duration(us)", "IQR(us)", "Ratio(%)")
 CAPTION = "Original Node(s): the model's nodes behind a fused kernel's name; = the node itself"
 
 
@@ -87,42 +88,173 @@ def ort_text(ort: Mapping[str, Any] | None) -> str:
     return f"onnxruntime fuses it: {ort['fuses']} (runs {kernels})"
 
 
+def more(shown: int, total: int) -> str | None:
+    """The line that ends a list cut at --top."""
+    return f"... and {total - shown} more (see --format json)" if total > shown else None
+
+
+def header_lines(report: Mapping[str, Any]) -> list[str]:
+    """What was analysed, how, and how often: the same lines in text and HTML."""
+    prof, tgt, graph = report["profile"], report["target"], report["graph"]
+    peaks = (
+        "peaks measured on this machine"
+        if tgt.get("peaks") == "measured"
+        else "peaks from the target file"
+    )
+    level = prof["graph_opt"] or ("(as profiled)" if prof["source"] != "op_summary" else "n/a")
+    counted = "" if graph["constant_nodes_counted"] else ", Constant nodes not counted"
+    nodes = (
+        f"{graph['nodes_original']} model nodes, {graph['nodes_analysed']} analysed{counted}"
+        if graph["nodes_original"] is not None
+        else f"{graph['nodes_analysed']} operators"
+    )
+    lines = [
+        f"model: {report['model'] or '(none)'}; target: {tgt['name']} ({tgt['source']}, {peaks})",
+        f"graph analysed: {graph['analysed']} ({nodes})"
+        + (
+            f"; {graph['subgraphs']} If/Loop/Scan bodies not analysed" if graph["subgraphs"] else ""
+        ),
+        f"profile: {prof['source']}; onnxruntime graph optimization level: {level}; "
+        f"{prof['runs']} run(s) after {prof['warmup']} warm-up; {prof['total_us']:.1f} us per "
+        "run (the sum of the nodes' medians)"
+        + (
+            f"; the nodes' sum in each run: median {prof['run_total_median_us']:.1f} us, "
+            f"IQR {prof['total_iqr_us']:.1f} us"
+            if prof["run_total_median_us"] is not None
+            else ""
+        ),
+    ]
+    if prof["variance_warning"]:
+        lines.append(f"warning: {prof['variance_warning']}")
+    if prof["unmapped_us"]:
+        names = prof["unmapped_nodes"]
+        lines.append(
+            f"time not mapped onto the graph: {prof['unmapped_us']:.1f} us per run, "
+            f"{len(names)} name(s): {', '.join(names[:5])}" + (" ..." if len(names) > 5 else "")
+        )
+    return lines
+
+
+def step_text(c: Mapping[str, Any]) -> str:
+    if c["error"]:
+        return f"{c['command']}: fails ({c['error']})"
+    verdict = "faster" if c["helps"] else "no gain beyond the noise"
+    return (
+        f"{c['command']}: {c['ratio']:.2f}x time (noise +-{c['noise']:.2f}, {c['runs']} runs; "
+        f"{verdict}); {c['effect']}"
+    )
+
+
+def split_ub(
+    groups: list[Mapping[str, Any]],
+) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+    """Groups onnxruntime does not fuse (report order), and those it already runs as one."""
+    fused = [g for g in groups if (g.get("onnxruntime") or {}).get("fuses") == "yes"]
+    return [g for g in groups if g not in fused], fused
+
+
+def fused_text(fused: list[Mapping[str, Any]]) -> str:
+    us = sum(g["duration_us"] for g in fused)
+    return f"{us:.1f} us, {100 * sum(g['share'] for g in fused):.1f}% of the time"
+
+
 def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> None:
     p = console.print
     prof = report["profile"]
     tgt = report["target"]
-    p(
-        f"model: {report['model'] or '(none)'}; target: {tgt['name']} ({tgt['source']}); "
-        f"profile: {prof['source']}, {prof['runs']} run(s) after {prof['warmup']} warm-up, "
-        f"total {prof['total_us']:.1f} us per run",
-        markup=False,
-    )
-    graph = report["graph"]
-    p(
-        f"graph: {graph['analysed']}"
-        + (
-            f" ({graph['nodes_original']} -> {graph['nodes_analysed']} nodes)"
-            if graph["nodes_original"] is not None
-            else f" ({graph['nodes_analysed']} ops)"
-        )
-        + (
-            f"; {graph['subgraphs']} If/Loop/Scan bodies not analysed" if graph["subgraphs"] else ""
-        ),
-        markup=False,
-    )
-    if prof["unmapped_us"]:
+    for text in header_lines(report):
+        p(text, markup=False, soft_wrap=True)
+    for note in prof["notes"][:top]:
+        p(f"note: {note}", markup=False, soft_wrap=True)
+    if (line := more(top, len(prof["notes"]))) is not None:
+        p(line)
+
+    steps = report["next_steps"]
+    p("")
+    p("====Next steps====")
+    if steps["skipped"]:
+        p(f"No trial: {steps['skipped']}.", markup=False)
+    for c in steps["commands"][:top]:
+        p(f"  {step_text(c)}", markup=False, soft_wrap=True)
+    if (line := more(top, len(steps["commands"]))) is not None:
+        p(f"  {line}")
+    if steps["commands"] and not steps["helps"]:
+        p("Nothing opfuse does makes this model faster here. Where the time goes:")
+    if not steps["helps"]:
+        for d in steps["dominant"][:top]:
+            p(
+                f"  {d['op_type']} ({100 * d['share']:.1f}% of the time): {d['suggestion']}",
+                markup=False,
+                soft_wrap=True,
+            )
+
+    groups = report["ub_fusion"]
+    unfused, fused = split_ub(groups)
+    p("")
+    p("====UBModel====")
+    if groups and not unfused:
         p(
-            f"time not mapped onto the graph: {prof['unmapped_us']:.1f} us "
-            f"({', '.join(prof['unmapped_nodes'][:5])})",
+            f"onnxruntime already runs each of the {len(fused)} group(s) as one kernel "
+            f"({fused_text(fused)}): nothing to fuse here (listed in --format json).",
             markup=False,
         )
-    for note in prof["notes"]:
-        p(f"note: {note}", markup=False)
+    elif groups:
+        p("UB fusion operators need to be optimized")
+        p(
+            "Identifications of UB fusion operators: the following operators can be used for UB fusion:"
+        )
+        # the verdict most groups share (no opfuse pass: a UB fusion is the backend's) is
+        # printed once; a group's own line shows only a verdict of its own
+        verdicts = Counter(verdict_text(g["opfuse"]) for g in groups)
+        shared, n = verdicts.most_common(1)[0]
+        common = shared if n > 1 else None
+        if common is not None:
+            p(f"For every group below unless noted, {common}", markup=False, soft_wrap=True)
+        p("List of operators that can be fused in subgraph 0")
+        for g in unfused[:top]:
+            p(
+                f"Fusion Type: {g['fusion_type']}; Fusion Operator Detail: {', '.join(g['nodes'])}; "
+                f"Fusion Operator Duration: {_us(g['duration_us'])}; "
+                f"({100 * g['share']:.1f}% of the time)",
+                markup=False,
+                soft_wrap=True,
+            )
+            verdict = verdict_text(g["opfuse"])
+            extra = [
+                x
+                for x in (
+                    verdict if verdict != common else "",
+                    ort_text(g["onnxruntime"]),
+                    "activation: " + ", ".join(a["name"] for a in g["activations"])
+                    if g["activations"]
+                    else "",
+                    f"opfuse removes {g['opfuse_removes_us']:.3f} us of this group"
+                    if g["opfuse_removes_us"]
+                    else "",
+                )
+                if x
+            ]
+            if extra:
+                p("    " + "; ".join(extra), markup=False, soft_wrap=True, style="dim")
+        if (line := more(top, len(unfused))) is not None:
+            p(line)
+        if fused:
+            p(
+                f"{len(fused)} other group(s) onnxruntime already runs as one kernel "
+                f"({fused_text(fused)}): listed in --format json",
+                markup=False,
+            )
+        p(
+            "Recommendation: fuse the operators of each group (a runtime with UB fusion does it "
+            "when the group is within its limits)."
+        )
+    else:
+        p(EMPTY["ub_fusion"])
 
     table = Table(title=f"Op Statistic (per run, {RUNS_NOTE})", title_justify="left")
     for col in ("OP Type", "Count", "Total Time(us)", "Avg Time(us)", "Ratio(%)"):
         table.add_column(col, justify="left" if col == "OP Type" else "right")
-    for s in report["op_statistic"]:
+    for s in report["op_statistic"][:top]:
         table.add_row(
             s["op_type"],
             str(s["count"]),
@@ -131,57 +263,28 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
             f"{100 * s['share']:.2f}",
         )
     p(table)
+    if (line := more(top, len(report["op_statistic"]))) is not None:
+        p(line)
+    shown = report["top_nodes"][:top]
     table = Table(
-        title=f"Top {len(report['top_nodes'])} slow nodes (per run)",
+        title=f"Top {len(shown)} slow nodes (per run)",
         title_justify="left",
         caption=CAPTION,
     )
-    for col in ("Op Name", "OP Type", "Duration(us)", "Ratio(%)", ORIGINAL):
-        table.add_column(col, justify="right" if col in ("Duration(us)", "Ratio(%)") else "left")
-    for n in report["top_nodes"]:
+    for col in ("Op Name", "OP Type", "Duration(us)", "IQR(us)", "Ratio(%)", ORIGINAL):
+        table.add_column(col, justify="right" if col in NUMBERS else "left")
+    for n in shown:
         table.add_row(
             n["name"],
             n["op_type"],
             f"{n['duration_us']:.3f}",
+            f"{n['iqr_us']:.3f}",
             f"{100 * n['share']:.2f}",
             nodes_text(n["name"], n["nodes"]),
         )
     p(table)
-
-    p("")
-    p("====UBModel====")
-    if report["ub_fusion"]:
-        p("UB fusion operators need to be optimized")
-        p(
-            "Identifications of UB fusion operators: the following operators can be used for UB fusion:"
-        )
-        # the verdict most groups share (no opfuse pass: a UB fusion is the backend's) is
-        # printed once; a group's own line shows only a verdict of its own
-        verdicts = Counter(verdict_text(g["opfuse"]) for g in report["ub_fusion"])
-        shared, n = verdicts.most_common(1)[0]
-        common = shared if n > 1 else None
-        if common is not None:
-            p(f"For every group below unless noted, {common}", markup=False, soft_wrap=True)
-        p("List of operators that can be fused in subgraph 0")
-        for g in report["ub_fusion"]:
-            p(
-                f"Fusion Type: {g['fusion_type']}; Fusion Operator Detail: {', '.join(g['nodes'])}; "
-                f"Fusion Operator Duration: {_us(g['duration_us'])};",
-                markup=False,
-                soft_wrap=True,
-            )
-            verdict = verdict_text(g["opfuse"])
-            extra = [
-                x for x in (verdict if verdict != common else "", ort_text(g["onnxruntime"])) if x
-            ]
-            if extra:
-                p("    " + "; ".join(extra), markup=False, soft_wrap=True, style="dim")
-        p(
-            "Recommendation: fuse the operators of each group (a runtime with UB fusion does it "
-            "when the group is within its limits)."
-        )
-    else:
-        p(EMPTY["ub_fusion"])
+    if (line := more(top, len(report["top_nodes"]))) is not None:
+        p(line)
 
     p("")
     p("====AippFusionModel====")
@@ -191,7 +294,7 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
             "Identifications of AIPP fusion operators: the following operators can be used for AIPP fusion:"
         )
         p("List of operators that can be fused with aipp")
-        for i, a in enumerate(report["aipp_fusion"], 1):
+        for i, a in enumerate(report["aipp_fusion"][:top], 1):
             p(f"{i}. {'+'.join(a['nodes'] + [a['first_conv']])}", markup=False, soft_wrap=True)
             p(
                 f"    op types: {'+'.join(a['op_types'])}+Conv; input normalization: "
@@ -201,6 +304,8 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
                 style="dim",
             )
             p(f"    {verdict_text(a['opfuse'])}", markup=False, soft_wrap=True, style="dim")
+        if (line := more(top, len(report["aipp_fusion"]))) is not None:
+            p(line)
         p(
             "Recommendation: move the input conversion and normalization into hardware "
             "preprocessing (AIPP) or fold it into the first Conv."
@@ -208,17 +313,63 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
     else:
         p(EMPTY["aipp_fusion"])
 
+    if report["ascend_sections"]:
+        render_l2(report["l2_fusion"], tgt, p, top)
+
+    p("")
+    p("====Operator constraints====")
+    if not report["hints"]:
+        p(EMPTY["hints"])
+    else:
+        by_kind: dict[str, list[Mapping[str, Any]]] = {}
+        for h in report["hints"]:
+            by_kind.setdefault(h["kind"], []).append(h)
+        for kind, hints in by_kind.items():
+            p(f"{HINT_TITLES.get(kind, kind)}: {len(hints)}")
+            for h in hints[:top]:
+                p(
+                    f"  {h['node']} ({h['op_type']}, {h['duration_us']:.3f} us): {h['message']}; "
+                    f"{verdict_text(h['opfuse'])}",
+                    markup=False,
+                    soft_wrap=True,
+                )
+            if (line := more(top, len(hints))) is not None:
+                p(f"  {line}")
+    if report["graph_fusion"]:
+        p("")
+        p("====GraphFusion (opfuse trial run)====")
+        for row in report["graph_fusion"][:top]:
+            p(
+                f"{row['pass']}: matched_times={row['matched']}, effected_times={row['effected']}",
+                markup=False,
+            )
+            for r in row["reasons"][:3]:
+                p(
+                    f"    not applied {r['count']}x: {r['reason']} ({', '.join(r['nodes'][:3])})",
+                    markup=False,
+                    soft_wrap=True,
+                    style="dim",
+                )
+        if (line := more(top, len(report["graph_fusion"]))) is not None:
+            p(line)
+
+
+def render_l2(chains: list[Mapping[str, Any]], tgt: Mapping[str, Any], p: Any, top: int) -> None:
+    """msadvisor's L2 section (Ascend's: shown for ascend targets or msprof counters)."""
     p("")
     p("====L2Model====")
-    if report["l2_fusion"]:
+    if chains:
         p("L2 fusion operators need to be optimized")
         p(
             "Identifications of L2 fusion operators: the following operators can be used for L2 fusion:"
         )
         p("List of operators that can be fused in subgraph")
-        for i, c in enumerate(report["l2_fusion"], 1):
+        shown = chains[:top]
+        for i, c in enumerate(shown, 1):
             p(f"{i}. {', '.join(c['nodes'])}", markup=False, soft_wrap=True)
-        for i, c in enumerate(report["l2_fusion"], 1):
+        if (line := more(top, len(chains))) is not None:
+            p(line)
+        for i, c in enumerate(shown, 1):
             source = c["ratios_source"]
             label = (
                 " (ratios are estimates: FLOPs and bytes against the target's peaks)"
@@ -243,45 +394,10 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
                     f"({tgt['l2_bytes']} bytes).",
                     markup=False,
                 )
-        if above_peak(report["l2_fusion"]):
+        if above_peak(shown):
             p(f"* {ABOVE_PEAK} (target {tgt['name']}).", markup=False)
         # "Recommadation" is msadvisor's own spelling in its L2 section, kept so the output
         # matches what Ascend users grep for
         p("Recommadation: 1. Open AOE (or let the runtime keep these intermediates in L2).")
     else:
         p(EMPTY["l2_fusion"])
-
-    p("")
-    p("====Operator constraints====")
-    if not report["hints"]:
-        p(EMPTY["hints"])
-    else:
-        by_kind: dict[str, list[Mapping[str, Any]]] = {}
-        for h in report["hints"]:
-            by_kind.setdefault(h["kind"], []).append(h)
-        for kind, hints in by_kind.items():
-            p(f"{HINT_TITLES.get(kind, kind)}: {len(hints)}")
-            for h in hints[:top]:
-                p(
-                    f"  {h['node']} ({h['op_type']}, {h['duration_us']:.3f} us): {h['message']}; "
-                    f"{verdict_text(h['opfuse'])}",
-                    markup=False,
-                    soft_wrap=True,
-                )
-            if len(hints) > top:
-                p(f"  ... and {len(hints) - top} more (see --format json)")
-    if report["graph_fusion"]:
-        p("")
-        p("====GraphFusion (opfuse trial run)====")
-        for row in report["graph_fusion"]:
-            p(
-                f"{row['pass']}: matched_times={row['matched']}, effected_times={row['effected']}",
-                markup=False,
-            )
-            for r in row["reasons"][:3]:
-                p(
-                    f"    not applied {r['count']}x: {r['reason']} ({', '.join(r['nodes'][:3])})",
-                    markup=False,
-                    soft_wrap=True,
-                    style="dim",
-                )

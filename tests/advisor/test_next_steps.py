@@ -1,0 +1,160 @@
+"""Next steps: each suggested command is measured with the runtime given (here the fake one:
+a cost per op type, its clock advanced only by runs), and running the command as printed
+reproduces its ratio."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from advisor_models import make_model
+from click.testing import CliRunner
+from onnx import helper
+
+from opfuse.advisor.advise import AdviseOptions, advise
+from opfuse.advisor.nextsteps import dominant
+from opfuse.cli import app
+from opfuse.runtime.fake import FakeRuntime
+
+N = helper.make_node
+COST = {"Transpose": 30.0, "Conv": 50.0, "Relu": 5.0}
+
+
+def fake() -> FakeRuntime:
+    return FakeRuntime(COST, default=2.0)
+
+
+def cost(path: Path) -> float:
+    return fake().latency(path)
+
+
+def nhwc_model() -> onnx.ModelProto:
+    """An NHWC image input: Transpose to NCHW -> Conv -> Relu -> output."""
+    inits = {"W": np.random.default_rng(0).standard_normal((8, 3, 1, 1)).astype(np.float32)}
+    nodes = [
+        N("Transpose", ["x"], ["t"], name="to_nchw", perm=[0, 3, 1, 2]),
+        N("Conv", ["t", "W"], ["c"], name="conv"),
+        N("Relu", ["c"], ["y"], name="relu"),
+    ]
+    return make_model(nodes, {"x": [1, 6, 6, 3]}, {"y": [1, 8, 6, 6]}, inits)
+
+
+def test_suggested_commands_reproduce_their_ratio(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    model = tmp_path / "nhwc.onnx"
+    onnx.save(nhwc_model(), model)
+    options = AdviseOptions(runs=1, warmup=0, runtime=fake(), compare_onnxruntime=False)
+    report = advise(model, options=options)
+    steps = report["next_steps"]
+    assert steps["skipped"] is None
+    commands = {tuple(c["flags"]): c for c in steps["commands"]}
+    assert ("--layout", "nchw") in commands and () in commands
+    layout = commands[("--layout", "nchw")]
+    assert layout["ratio"] == pytest.approx(55 / 85, abs=1e-4) and layout["helps"] is True
+    assert "Transpose -1" in layout["effect"]
+    assert commands[()]["ratio"] == pytest.approx(1.0) and commands[()]["helps"] is False
+    assert steps["commands"][0] is layout  # the best first
+    assert steps["helps"] is True
+    monkeypatch.chdir(tmp_path)
+    for c in steps["commands"]:  # run as printed
+        args = shlex.split(c["command"])
+        assert args[:2] == ["opfuse", "optimize"]
+        result = CliRunner().invoke(app, args[1:])
+        assert result.exit_code == 0, result.output
+        out = tmp_path / args[args.index("-o") + 1]
+        assert cost(out) / cost(model) == pytest.approx(c["ratio"], abs=1e-4)
+
+
+def test_nothing_helps_names_the_dominant_ops(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    inits = {"W": np.ones((8, 8, 1, 1), np.float32)}
+    nodes = [N("Conv", ["x", "W"], ["c"], name="conv"), N("Relu", ["c"], ["y"], name="relu")]
+    model = tmp_path / "plain.onnx"
+    onnx.save(make_model(nodes, {"x": [1, 8, 6, 6]}, {"y": [1, 8, 6, 6]}, inits), model)
+    options = AdviseOptions(runs=1, warmup=0, runtime=fake(), compare_onnxruntime=False)
+    steps = advise(model, options=options)["next_steps"]
+    assert [c["flags"] for c in steps["commands"]] == [[]]
+    assert steps["helps"] is False
+    assert steps["dominant"] and steps["dominant"][0]["suggestion"]
+
+
+def test_dominant_ops_get_the_guides_suggestion() -> None:
+    stats = [
+        {"op_type": "Gemm", "share": 0.46},
+        {"op_type": "Reshape", "share": 0.2},
+        {"op_type": "Add", "share": 0.05},
+    ]
+    rows = dominant(stats)
+    assert [r["op_type"] for r in rows] == ["Gemm", "Reshape"]
+    assert "quantize" in str(rows[0]["suggestion"])
+
+
+def test_op_summary_skips_the_trial(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from advisor_models import FIXTURES
+
+    steps = advise(None, op_summary=FIXTURES / "op_summary_0_1.csv")["next_steps"]
+    assert steps["skipped"] == "no model given" and steps["commands"] == []
+
+
+def test_opset_upgrade_is_suggested_where_a_pass_needs_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An erf GELU at opset 17: --target-opset 20 lets GeluFusionPass fuse it."""
+    rng = np.random.default_rng(0)
+    inits = {
+        "W": rng.standard_normal((8, 8)).astype(np.float32),
+        "sqrt2": np.array(1.4142135, np.float32),
+        "one": np.array(1.0, np.float32),
+        "half": np.array(0.5, np.float32),
+    }
+    nodes = [
+        N("MatMul", ["x", "W"], ["h"], name="mm"),
+        N("Div", ["h", "sqrt2"], ["d"], name="div"),
+        N("Erf", ["d"], ["e"], name="erf"),
+        N("Add", ["e", "one"], ["p"], name="add1"),
+        N("Mul", ["h", "p"], ["m"], name="mul"),
+        N("Mul", ["m", "half"], ["y"], name="half"),
+    ]
+    model = tmp_path / "gelu.onnx"
+    onnx.save(make_model(nodes, {"x": [2, 8]}, {"y": [2, 8]}, inits), model)
+    options = AdviseOptions(runs=1, warmup=0, runtime=fake(), compare_onnxruntime=False)
+    report = advise(model, options=options)
+    (group,) = report["ub_fusion"]
+    assert group["activations"][0]["name"] == "GELU"
+    commands = {tuple(c["flags"]): c for c in report["next_steps"]["commands"]}
+    upgrade = commands[("--target-opset", "20")]
+    assert "GeluFusionPass: 1 matches" in upgrade["why"]
+    assert "Gelu +1" in upgrade["effect"] and upgrade["helps"] is True
+    assert upgrade["ratio"] == pytest.approx((50.0 * 0 + 2.0 * 2) / (2.0 * 6), abs=1e-4)
+
+
+def test_first_screen_has_next_steps_and_the_groups_the_runtime_does_not_fuse(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """swish_net on the cpu target: onnxruntime fuses Conv+Relu itself, not the Conv+SiLU;
+    the text report shows Next steps, then the unfused group with its share, and counts
+    the fused one in one line after it."""
+    from io import StringIO
+
+    from advisor_models import swish_net
+    from rich.console import Console
+
+    from opfuse.advisor.report import render_text
+
+    model = tmp_path / "swish.onnx"
+    onnx.save(swish_net(), model)
+    options = AdviseOptions(runs=2, warmup=1, runtime=fake())
+    report = advise(model, options=options)
+    fuses = [g["onnxruntime"]["fuses"] for g in report["ub_fusion"]]
+    # ranked by time the fused Conv+Relu (55 us) comes before GlobalAveragePool+Add+Relu
+    # (12 us); it is listed after every group onnxruntime does not fuse
+    assert fuses[-1] == "yes" and "yes" not in fuses[:-1]
+    assert report["ub_fusion"][-1]["fusion_type"] == "Conv+Relu"
+    buf = StringIO()
+    render_text(report, Console(file=buf, width=300, color_system=None), top=3)
+    lines = buf.getvalue().splitlines()
+    steps = lines.index("====Next steps====")
+    ub = lines.index("====UBModel====")
+    assert steps < ub < 30  # both on the first screen
+    assert lines[steps + 1].startswith("  opfuse optimize ") and "x time" in lines[steps + 1]
+    listed = [ln for ln in lines if ln.startswith("Fusion Type: ")]
+    unfused = [g for g in report["ub_fusion"] if g["onnxruntime"]["fuses"] != "yes"]
+    assert len(listed) == len(unfused) and "% of the time)" in listed[0]
+    assert any("group(s) onnxruntime already runs as one kernel" in ln for ln in lines)
