@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -64,9 +65,16 @@ def _stages(passes: list[PassInfo]) -> list[list[PassInfo]]:
     return stages
 
 
+def default_opset(model: ir.Model) -> int | None:
+    """The model's default-domain opset; None when it imports only other domains."""
+    return model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+
+
 def convert_opset(model: ir.Model, target: int) -> ir.Model:
     """A new model converted to default-domain opset ``target`` (never lowered)."""
-    current = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+    current = default_opset(model)
+    if current is None:
+        raise OpfuseError("--target-opset: the model imports no default-domain opset")
     if target < current:
         raise OpfuseError(f"--target-opset {target} is lower than the model's opset {current}")
     if not io.MIN_OPSET <= target <= io.MAX_OPSET:
@@ -118,11 +126,20 @@ def optimize_model(
     options = options or Options()
     passes, warnings = select_passes(switch_table, enable, disable)
     log = EffectLog()
+    converted_from = None
+    current = default_opset(model)
+    if current is not None and current < io.MIN_OPSET and options.target_opset is None:
+        converted_from, options = current, dataclasses.replace(options, target_opset=io.MIN_OPSET)
     if options.target_opset is not None:
         converted = convert_opset(model, options.target_opset)
         shapes_inferred = shapes_inferred and converted is model
         model = converted
     ctx = PassContext(model, options, log)
+    if converted_from is not None:
+        ctx.notes.append(
+            f"opset {converted_from} converted to {io.MIN_OPSET} (the oldest opfuse optimizes) "
+            "with onnx's version converter"
+        )
     asked = set(enable) | {
         name for entries in (switch_table or {}).values() for name, on in entries.items() if on
     }
