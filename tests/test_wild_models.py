@@ -64,7 +64,9 @@ def test_a_model_importing_only_ai_onnx_ml_passes_through(tmp_path: Path):
 def test_an_opset_below_7_is_converted_and_the_summary_says_so(tmp_path, monkeypatch, capsys):
     src = tmp_path / "old.onnx"
     onnx.save_model(opset_6_model(), str(src))
-    monkeypatch.setattr(sys, "argv", ["opfuse", "optimize", str(src), "-o", str(tmp_path / "o.onnx")])
+    monkeypatch.setattr(
+        sys, "argv", ["opfuse", "optimize", str(src), "-o", str(tmp_path / "o.onnx")]
+    )
     cli.main()  # returns: exit status 0
     assert "opset 6 converted to 7" in capsys.readouterr().out.replace("\n", " ")
     out = onnx.load(str(tmp_path / "o.onnx"))

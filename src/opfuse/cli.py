@@ -223,6 +223,8 @@ def _print_summary(result, model: Path, output: Path) -> None:  # type: ignore[n
         worst = max((o.max_abs for o in result.verify.outputs), default=0.0)
         status = f"ok ({len(result.verify.outputs)} outputs, max abs error {worst:.3g})"
     out.print(f"time {result.seconds:.2f} s in {result.rounds} rounds; verification: {status}")
+    if result.verify is not None and result.verify.inputs:
+        out.print("generated inputs: " + "; ".join(result.verify.inputs), markup=False)
     for note in result.notes:
         out.print(f"note: {note}", markup=False)
 
