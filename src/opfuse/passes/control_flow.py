@@ -38,7 +38,7 @@ def _inline(graph: ir.Graph, node: ir.Node, branch: ir.Graph, names: NameScope) 
     results = list(branch.outputs)
     branch.outputs.clear()
     for out, result in zip(node.outputs, results, strict=True):
-        name = out.name
+        out_name = out.name
         made_here = result.producer() is not None and result.producer() in moved
         if out.is_graph_output() and (not made_here or result.is_graph_output()):
             # a graph output must be made by a node of its graph, under its own name
@@ -49,7 +49,7 @@ def _inline(graph: ir.Graph, node: ir.Node, branch: ir.Graph, names: NameScope) 
         out.replace_all_uses_with(result, replace_graph_outputs=True)
         if result.is_graph_output():
             out.name = None
-            result.name = name
+            result.name = out_name
     graph.remove(node, safe=True)
     return moved
 
