@@ -184,3 +184,20 @@ def test_split_sizes_are_derived_from_the_split_axis(tmp_path):
     assert feeds["s"].tolist() == [3, 2]
     assert "Split input 1" in plan.how["s"]
     assert compare_files(path, path).ok
+
+
+def test_the_summary_says_how_inputs_were_generated(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from opfuse import cli
+
+    path = save(
+        tmp_path,
+        f"{HEAD} g (float[batch,4] x, int64[2] s) => (y) {{ r = Reshape(x, s)\n y = Relu(r) }}",
+    )
+    monkeypatch.setattr(
+        sys, "argv", ["opfuse", "optimize", str(path), "-o", str(tmp_path / "o.onnx")]
+    )
+    cli.main()
+    out = capsys.readouterr().out.replace("\n", " ")
+    assert "generated inputs: x: 1x4 float, random; s: 2 int64, 0,...,0,-1 (Reshape input 1)" in out
