@@ -201,3 +201,11 @@ def test_the_summary_says_how_inputs_were_generated(tmp_path, monkeypatch, capsy
     cli.main()
     out = capsys.readouterr().out.replace("\n", " ")
     assert "generated inputs: x: 1x4 float, random; s: 2 int64, 0,...,0,-1 (Reshape input 1)" in out
+
+
+def test_a_sequence_input_the_model_cannot_run_on_is_a_one_line_error(tmp_path):
+    """The error lists the inputs: a sequence has no shape (it was a crash)."""
+    body = "n = SequenceLength(s)\n k = Constant<value=int64[1] {4}>()\n m = Mul(n, k)\n y = Reshape(x, m)"
+    path = save(tmp_path, f"{HEAD} g (float[8] x, seq(float[2]) s) => (float[?] y) {{ {body} }}")
+    with pytest.raises(OpfuseError, match="s sequence.*--verify-inputs"):
+        compare_files(path, path)

@@ -183,7 +183,9 @@ def run_model(
         return list(sess.run(None, feeds, quiet))
     except Exception as exc:  # onnxruntime raises its own exception types
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in feeds.items())
+        shapes = ", ".join(  # a sequence input is a list of arrays
+            f"{k} {list(v.shape) if hasattr(v, 'shape') else 'sequence'}" for k, v in feeds.items()
+        )
         raise OpfuseError(
             f"{path}: onnxruntime cannot run the model on inputs {shapes}: {first}{hint}"
         ) from None
