@@ -16,6 +16,7 @@ from onnx import TensorProto, helper
 from helpers import assert_same_outputs, copy_model, op_types
 from opfuse import cli
 from opfuse.api import optimize_file, optimize_model
+from opfuse.errors import OpfuseError
 from opfuse.passes._evaluate import EvaluationError, evaluate
 
 
@@ -119,3 +120,21 @@ def test_any_evaluator_failure_leaves_the_node(monkeypatch):
     node, model = optional_type_node()
     with pytest.raises(EvaluationError, match="boom"):
         evaluate(node, [], model)
+
+
+def test_an_old_opset_the_converter_cannot_convert_is_refused_in_one_line(tmp_path):
+    """Pad-1 (``paddings`` attribute) has no adapter to opset 7 in onnx's converter."""
+    graph = helper.make_graph(
+        [helper.make_node("Pad", ["x"], ["y"], paddings=[0, 1, 0, 1])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 1)])
+    model.ir_version = 3
+    src = tmp_path / "pad1.onnx"
+    onnx.save_model(model, str(src))
+    with pytest.raises(OpfuseError, match="cannot convert the model to opset 7") as error:
+        optimize_file(src, tmp_path / "out.onnx", verify=False)
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "out.onnx").exists()
