@@ -138,3 +138,31 @@ def test_an_old_opset_the_converter_cannot_convert_is_refused_in_one_line(tmp_pa
         optimize_file(src, tmp_path / "out.onnx", verify=False)
     assert "\n" not in str(error.value)
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_an_old_opset_onnxruntime_cannot_load_is_verified_against_its_conversion(tmp_path):
+    """onnxruntime has no Add-6 kernel: the reference is the model converted to opset 7."""
+    w = onnx.numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(3, 4), "w")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["w"], value=w),
+            helper.make_node("Add", ["x", "w"], ["a"]),
+            helper.make_node("Identity", ["a"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 6)])
+    model.ir_version = 3
+    src = tmp_path / "add6.onnx"
+    onnx.save_model(model, str(src))
+    result = optimize_file(src, tmp_path / "out.onnx")
+    assert result.verify is not None and result.verify.ok
+    assert any("verified against the model converted to opset 7" in n for n in result.notes)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["add6.onnx", "out.onnx"]
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(tmp_path / "out.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], x + np.arange(12).reshape(3, 4))

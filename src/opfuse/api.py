@@ -25,7 +25,7 @@ from opfuse.rewrite.driver import Driver
 from opfuse.rewrite.stats import EffectLog
 from opfuse.shapes import infer_shapes
 from opfuse.switch import SwitchTable, parse_switch_file, resolve
-from opfuse.verify import VerifyReport, check_feeds, compare_files
+from opfuse.verify import VerifyReport, check_feeds, compare_files, session
 
 MAX_ROUNDS = 6
 logger = logging.getLogger("opfuse")
@@ -224,11 +224,13 @@ def optimize_file(
         if str(input_path) in str(exc):
             raise
         raise type(exc)(f"{input_path}: {exc}") from None
+    original = model
     model = result.model
     with io.staged_save(model, output_path, input_path=input_path, external=external) as staged:
         if verify:
+            reference = _reference(input_path, original, staged, result)
             report = compare_files(
-                input_path,
+                reference,
                 staged,
                 rtol=rtol,
                 atol=atol,
@@ -243,6 +245,28 @@ def optimize_file(
     result.input_bytes = _file_bytes(input_path)
     result.output_bytes = _file_bytes(output_path)
     return result
+
+
+def _reference(
+    input_path: str | os.PathLike[str], original: ir.Model, staged: Path, result: OptimizeResult
+) -> str | os.PathLike[str]:
+    """The model to verify against: the input, or, when it is at an opset below
+    io.MIN_OPSET that onnxruntime cannot load (it has no kernels for many ops there),
+    the input as onnx's version converter converts it (saved beside the staged output)."""
+    old = default_opset(original)
+    if old is None or old >= io.MIN_OPSET or result.model is original:
+        return input_path
+    try:
+        session(input_path)
+    except OpfuseError:
+        path = staged.with_name("converted-original.onnx")
+        ir.save(convert_opset(original, io.MIN_OPSET), path)
+        result.notes.append(
+            f"verified against the model converted to opset {io.MIN_OPSET}: onnxruntime "
+            f"cannot load opset {old}"
+        )
+        return path
+    return input_path
 
 
 def _file_bytes(path: str | os.PathLike[str]) -> int:
