@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint fuzz bench bench-quick clean
+.PHONY: demo test test-slow test-conformance lint fuzz bench bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ test: lint
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow
+
+# the ONNX backend conformance suite of the installed onnx, 2 workers, counts per class
+test-conformance: $(STAMP)
+	$(BIN)/python tests/conformance.py --workers 2
 
 fuzz: $(STAMP)
 	OPFUSE_FUZZ_EXAMPLES=10000 $(BIN)/pytest -q tests/test_fuzz.py --hypothesis-show-statistics

@@ -282,7 +282,6 @@ CASES = {
     "truncated protobuf": Case(truncated, "not an ONNX model or truncated"),
     "fails onnx.checker": Case(fails_checker, "fails onnx.checker"),
     "opset too new": Case(opset(99), "opset 99 is not supported"),
-    "opset too old": Case(opset(5), "opset 5 is not supported"),
     "external data missing": Case(external("gone.bin"), "external data file 'gone.bin' is missing"),
     "external data short": Case(
         external("w.bin", length=64), "is shorter (16 bytes) than declared"

@@ -8,7 +8,6 @@ CI runs ``OPFUSE_FUZZ_EXAMPLES`` examples (default 300); ``make fuzz`` runs 10,0
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 
 import numpy as np
@@ -17,10 +16,9 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, given, settings
-from onnx import TensorProto, numpy_helper
-from onnx.helper import make_node
 
 from fuzz_graphs import graphs
+from opfuse import tolerance
 from opfuse.api import OptimizeResult, optimize_model
 from opfuse.verify import compare_arrays
 
@@ -63,7 +61,7 @@ def check_equivalent(
     for name in bad:
         ref, out = expected[name], got[name]
         diff = compare_arrays(name, ref, out, RTOL, ATOL)
-        if not diff.detail and within_rounding(ref, out, truth[name]):
+        if not diff.detail and tolerance.within_rounding(ref, out, truth[name], RTOL, ATOL):
             continue  # no farther from the exact result than the original (see below)
         assert diff.ok, (
             f"{name}: max abs {diff.max_abs:g}, rel {diff.max_rel:g} {diff.detail}; "
@@ -74,97 +72,11 @@ def check_equivalent(
     assert not changed, f"a second optimize changed the model again: {changed}"
 
 
-# The rounding allowance. A random graph can be ill-conditioned: a LayerNorm over a row
-# whose values are equal within 1 ulp divides rounding noise by sqrt(eps), so a legal
-# reassociation that rounds one intermediate differently moves the output far more than
-# rtol allows, although neither model is more wrong than the other. The judge is the
-# original graph evaluated in float64 (``run_float64``): an output is accepted when the
-# optimized one is within tolerance plus ERROR_FACTOR times the original float32 output's
-# own worst error on that output (measured against float64, so not an estimate), i.e.
-# when the optimized model is about as accurate as the original. On well-conditioned
-# outputs that error is ~1e-7 and the check is plain rtol/atol; a wrong rewrite moves
-# well-conditioned elements too and still fails (test_check_catches_wrong_rewrites).
-ERROR_FACTOR = 4
-KEEP_FLOAT32 = frozenset({"QuantizeLinear", "DequantizeLinear"})  # no double in the spec
-
-
-def within_rounding(ref: np.ndarray, got: np.ndarray, truth: np.ndarray) -> bool:
-    """``|got - truth| <= atol * max(1, max|ref|) + rtol * |ref| + ERROR_FACTOR * E``,
-    E = max |ref - truth|: the original's worst float32 error on this output."""
-    r, g, t = (a.astype(np.float64) for a in (ref, got, truth))
-    finite = np.isfinite(r) & np.isfinite(t)
-    if not np.array_equal(np.isnan(r), np.isnan(g)) or not finite.any():
-        return False
-    r, g, t = r[finite], g[finite], t[finite]
-    error = float(np.max(np.abs(r - t)))
-    allowed = ATOL * max(1.0, float(np.max(np.abs(r)))) + RTOL * np.abs(r) + ERROR_FACTOR * error
-    return bool(np.all(np.abs(g - t) <= allowed))
-
-
 def run_float64(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The original graph run in float64 under onnxruntime (the same kernels, so the same
-    semantics). Nodes onnxruntime has no double kernel for (Conv, AveragePool, Erf, ...)
-    and Q/DQ run in float32 between Casts: their own rounding is float32 level, tiny next
-    to the ill-conditioned errors this judges."""
-    islands: set[str] = set()
-    for _ in range(len(proto.graph.node) + 1):
-        model = float64_model(proto, islands)
-        try:
-            sess = session(model)
-        except Exception as exc:  # no double kernel: the message names the node
-            found = re.search(r"node with name '([^']*)'|in node \(([^)]*)\)", str(exc))
-            node = found and (found.group(1) or found.group(2))
-            if not node or node in islands:
-                raise
-            islands.add(node)
-            continue
-        wanted = {i.name for i in sess.get_inputs()}
-        values = sess.run(None, {k: v.astype(np.float64) for k, v in feeds.items() if k in wanted})
-        return dict(zip([o.name for o in sess.get_outputs()], values, strict=True))
-    raise AssertionError("run_float64: no float64 model onnxruntime accepts")
-
-
-def float64_model(proto: onnx.ModelProto, islands: set[str]) -> onnx.ModelProto:
-    """A copy computing in double: float inputs, outputs and initializers become double,
-    Cast to float casts to double; ``islands`` and Q/DQ nodes stay float32 between Casts."""
-    inferred = onnx.shape_inference.infer_shapes(proto).graph
-    floats = {
-        v.name
-        for v in (*inferred.input, *inferred.value_info, *inferred.output)
-        if v.type.tensor_type.elem_type == TensorProto.FLOAT
-    } | {t.name for t in inferred.initializer if t.data_type == TensorProto.FLOAT}
-    model = onnx.ModelProto()
-    model.CopyFrom(proto)
-    graph = model.graph
-    del graph.value_info[:]
-    for v in (*graph.input, *graph.output):
-        if v.type.tensor_type.elem_type == TensorProto.FLOAT:
-            v.type.tensor_type.elem_type = TensorProto.DOUBLE
-    for i, t in enumerate(graph.initializer):
-        if t.data_type == TensorProto.FLOAT:
-            array = numpy_helper.to_array(t).astype(np.float64)
-            graph.initializer[i].CopyFrom(numpy_helper.from_array(array, t.name))
-    nodes = []
-    for i, node in enumerate(graph.node):
-        for attr in node.attribute:
-            if node.op_type == "Cast" and attr.name == "to" and attr.i == TensorProto.FLOAT:
-                attr.i = TensorProto.DOUBLE
-        if node.op_type not in KEEP_FLOAT32 and node.name not in islands:
-            nodes.append(node)
-            continue
-        for j, name in enumerate(node.input):
-            if name in floats:
-                node.input[j] = f"{name}__f32_{i}"
-                nodes.append(make_node("Cast", [name], [node.input[j]], to=TensorProto.FLOAT))
-        after = []
-        for j, name in enumerate(node.output):
-            if name in floats:
-                node.output[j] = f"{name}__f32"
-                after.append(make_node("Cast", [node.output[j]], [name], to=TensorProto.DOUBLE))
-        nodes += [node, *after]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return model
+    """The original graph in float64: the judge of the rounding allowance (opfuse.tolerance;
+    a random graph can be ill-conditioned, e.g. a LayerNorm over a row whose values are
+    equal within 1 ulp, where a legal reassociation moves the output far more than rtol)."""
+    return tolerance.run_float64(proto, feeds, session)
 
 
 def mistaken(mistake: Callable[[ir.Model], None]) -> Callable[[ir.Model], OptimizeResult]:

@@ -3,6 +3,7 @@ optimize a model in memory or file to file, verify it, and blame the pass that b
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io as _bytes_io
 import json
@@ -33,7 +34,7 @@ from opfuse.rewrite.stats import EffectLog
 from opfuse.shapes import declare_static_inputs, infer_shapes
 from opfuse.switch import SwitchTable, parse_switch_file, resolve
 from opfuse.verdict import failure_message, inputs_text, worst_share
-from opfuse.verify import VerifyReport, check_feeds, compare_files
+from opfuse.verify import VerifyReport, check_feeds, compare_files, session
 
 MAX_ROUNDS = 6
 logger = logging.getLogger("opfuse")
@@ -182,9 +183,16 @@ def _stages(passes: list[PassInfo]) -> list[list[PassInfo]]:
     return stages
 
 
+def default_opset(model: ir.Model) -> int | None:
+    """The model's default-domain opset; None when it imports only other domains."""
+    return model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+
+
 def convert_opset(model: ir.Model, target: int) -> ir.Model:
     """A new model converted to default-domain opset ``target`` (never lowered)."""
-    current = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+    current = default_opset(model)
+    if current is None:
+        raise OpfuseError("--target-opset: the model imports no default-domain opset")
     if target < current:
         raise OpfuseError(f"--target-opset {target} is lower than the model's opset {current}")
     if not io.MIN_OPSET <= target <= io.MAX_OPSET:
@@ -239,11 +247,20 @@ def optimize_model(
     phases = phases or Phases()
     passes, warnings = select_passes(switch_table, enable, disable)
     log = EffectLog()
+    converted_from = None
+    current = default_opset(model)
+    if current is not None and current < io.MIN_OPSET and options.target_opset is None:
+        converted_from, options = current, dataclasses.replace(options, target_opset=io.MIN_OPSET)
     if options.target_opset is not None:
         converted = convert_opset(model, options.target_opset)
         shapes_inferred = shapes_inferred and converted is model
         model = converted
     ctx = PassContext(model, options, log)
+    if converted_from is not None:
+        ctx.notes.append(
+            f"opset {converted_from} converted to {io.MIN_OPSET} (the oldest opfuse optimizes) "
+            "with onnx's version converter"
+        )
     asked = set(enable) | {
         name for entries in (switch_table or {}).values() for name, on in entries.items() if on
     }
@@ -353,6 +370,7 @@ def optimize_file(
         if str(input_path) in str(exc):
             raise
         raise type(exc)(f"{input_path}: {exc}") from None
+    original = model
     model = result.model
     if static_shapes:
         for name, dims in (input_shapes or {}).items():
@@ -365,6 +383,7 @@ def optimize_file(
         inputs_npz=inputs_npz,
         seed=seed,
     )
+    reference: str | os.PathLike[str] = input_path  # the original, or its opset-7 conversion
 
     def fails_without(disabled: list[str]) -> bool:
         """Re-optimize the input with ``disabled`` off too: does verification fail?"""
@@ -380,7 +399,7 @@ def optimize_file(
         with tempfile.TemporaryDirectory(prefix="opfuse-bisect-") as tmp:
             staged = io.save_model(again.model, Path(tmp) / "bisect.onnx", external=external)
             try:
-                return not compare(input_path, staged).ok
+                return not compare(reference, staged).ok
             except OpfuseError as exc:
                 if isinstance(exc, VerificationError) or str(staged) in str(exc):
                     return True  # the re-optimized model cannot load or run
@@ -392,8 +411,9 @@ def optimize_file(
     ):
         if verify:
             with phases("verify"):
+                reference = _reference(input_path, original, staged, result)
                 try:
-                    result.verify = compare(input_path, staged)
+                    result.verify = compare(reference, staged)
                 except OpfuseError as exc:
                     if not isinstance(exc, VerificationError) and str(staged) not in str(exc):
                         raise  # about the input model or the user's inputs
@@ -447,6 +467,31 @@ def save_inputs(feeds: Mapping[str, np.ndarray], path: str | os.PathLike[str]) -
     buffer = _bytes_io.BytesIO()
     np.savez(buffer, **dict(feeds))  # type: ignore[arg-type]
     return io.write_bytes(path, buffer.getvalue(), what="the inputs")
+
+
+def _reference(
+    input_path: str | os.PathLike[str],
+    original: ir.Model,
+    staged: Path,
+    result: OptimizeResult[ir.Model],
+) -> str | os.PathLike[str]:
+    """The model to verify against: the input, or, when it is at an opset below
+    io.MIN_OPSET that onnxruntime cannot load (it has no kernels for many ops there),
+    the input as onnx's version converter converts it (saved beside the staged output)."""
+    old = default_opset(original)
+    if old is None or old >= io.MIN_OPSET or result.model is original:
+        return input_path
+    try:
+        session(input_path)
+    except OpfuseError:
+        path = staged.with_name("converted-original.onnx")
+        ir.save(convert_opset(original, io.MIN_OPSET), path)
+        result.notes.append(
+            f"verified against the model converted to opset {io.MIN_OPSET}: onnxruntime "
+            f"cannot load opset {old}"
+        )
+        return path
+    return input_path
 
 
 def _file_bytes(path: str | os.PathLike[str]) -> int:

@@ -360,6 +360,8 @@ def _print_summary(result, model: Path, output: Path) -> None:  # type: ignore[n
     else:
         out.print(f"verification: ok on inputs {inputs_text(report)}", markup=False)
         _print_outputs(report, indent="  ")
+        if report.inputs:
+            out.print("generated inputs: " + "; ".join(report.inputs), markup=False)
     out.print(f"{result.rounds} rounds; time: {timings_text(result.timings)}")
     for note in result.notes:
         out.print(f"note: {note}", markup=False)

@@ -114,13 +114,11 @@ def read_proto(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, bool]:
         raise OpfuseError(f"{p}: not an ONNX model or truncated ({first})") from None
     if proto.ir_version <= 0 or not proto.HasField("graph"):
         raise OpfuseError(f"{p}: not an ONNX model (no IR version or no graph)")
-    opset = default_opset(proto)
-    if opset is None:
-        raise OpfuseError(f"{p}: the model imports no default-domain opset")
-    if not MIN_OPSET <= opset <= MAX_OPSET:
+    opset = default_opset(proto)  # None: only other domains (ai.onnx.ml): passes through
+    if opset is not None and opset > MAX_OPSET:
         raise OpfuseError(
-            f"{p}: opset {opset} is not supported (opfuse handles opsets {MIN_OPSET} to "
-            f"{MAX_OPSET}); convert it with onnx.version_converter first"
+            f"{p}: opset {opset} is not supported (opfuse handles opsets up to {MAX_OPSET}; "
+            f"older ones are converted to {MIN_OPSET})"
         )
     external = _check_external_data(proto, p)
     try:

@@ -17,15 +17,17 @@ def share(o: OutputDiff) -> str:
 
 def bound_text(o: OutputDiff, rtol: float) -> str:
     """The bound applied to every element: ``1e-05 + 1e-04*|ref|`` (atol already scaled)."""
-    if o.detail:
+    if o.detail and not o.abs_bound:
         return "exact" if "exact dtype" in o.detail else "-"
     return f"{o.abs_bound:.3g} + {rtol:.3g}*|ref|"
 
 
 def output_line(o: OutputDiff, rtol: float) -> str:
-    if o.detail:
+    if o.detail and not o.abs_bound:
         return f"output {o.name!r} {o.detail}"
     verdict = "ok" if o.ok else "DIFFERS"
+    if o.ok and o.detail:  # passed the float64 judge (opfuse.tolerance)
+        verdict = f"ok, {o.detail}"
     return (
         f"output {o.name!r}: max abs error {o.max_abs:.3g} (relative {o.max_rel:.3g}); "
         f"bound {bound_text(o, rtol)}; worst element at {share(o)} of its bound: {verdict}"

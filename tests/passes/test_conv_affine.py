@@ -318,3 +318,51 @@ def test_float32_conv_mul_add_fold_gives_onnxruntimes_bits():
     )
     bias = next(v for v in optimized.graph.initializers.values() if v.name.endswith("bias_affine"))
     assert not np.array_equal(bias.const_value.numpy(), b64)
+
+
+INITS.update(
+    t_in=rng.uniform(-1, 1, (1, CIN, 1, 1)).astype(np.float32),
+    s_in=rng.uniform(0.5, 2, (CIN, 1, 1)).astype(np.float32),
+    w1=rng.standard_normal((C, CIN, 1, 1)).astype(np.float32),
+    t_inc=rng.uniform(-1, 1, (1, C, 1, 1)).astype(np.float32),
+)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "m = Mul(x, s_in)\n a = Add(m, t_in)\n y = Conv(a, w, b)",  # PaddleOCR's normalization
+        "a = Sub(x, t_in)\n y = Conv(a, w)",  # no bias: one is made
+        "a = Add(x, two)\n y = Conv<strides=[2,2]>(a, w, b)",  # a scalar, strided
+        'a = Add(x, t_in)\n y = Conv<auto_pad="SAME_UPPER">(a, w1, b)',  # 1x1: SAME pads nothing
+        "a = Add(t_inc, h)\n y = Conv<group=4>(a, wg, b)",  # depthwise, constant first
+    ],
+)
+def test_mul_then_add_before_an_unpadded_conv_folds_into_it(body):
+    inputs = f"float[1,{C},5,5] h" if "h)" in body else f"float[1,{CIN},5,5] x"
+    optimized, result = check_rule(build(body, inputs), MUL, ADD)
+    assert op_types(optimized) == {"Conv": 1}
+    assert effected(result, ADD, "add_conv") == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (
+            "a = Add(x, t_in)\n y = Conv<pads=[1,1,1,1]>(a, w, b)",
+            "the Conv pads: its zero border would have to hold the shift",
+        ),
+        (
+            'a = Add(x, t_in)\n y = Conv<auto_pad="SAME_UPPER">(a, w, b)',
+            "the Conv pads: its zero border would have to hold the shift",
+        ),
+        (
+            "a = Add(x, c_h)\n y = Conv(a, w, b)",
+            "constants vary along axis 2, the channels are on axis 1",
+        ),
+    ],
+)
+def test_an_add_before_a_conv_that_pads_is_left(body, reason):
+    optimized, result = check_rule(build(body), ADD)
+    assert op_types(optimized) == {"Add": 1, "Conv": 1}
+    assert reason in reasons(result, ADD)

@@ -382,3 +382,86 @@ def test_input_with_another_reader_keeps_its_transpose(tmp_path):
     optimized, result = check_rule(model_from_text(text), PASS, options=Options(layout="nchw"))
     assert op_types(optimized)["Transpose"] == 1
     assert list(optimized.graph.inputs[0].shape) == [1, 5, 6, 4]
+
+
+def squeeze_excite(extra_use: bool = False):
+    """A Keras EfficientNet squeeze-excite block on the channels-last side: global pool
+    [N, C] -> Reshape [N, 1, 1, C] -> Transpose to NCHW -> 1x1 Convs -> Sigmoid ->
+    Transpose back -> Mul with the block's input; NCHW Convs around it."""
+    c = 8
+    inits = {
+        "w": rng.standard_normal((c, c, 3, 3)).astype(np.float32),
+        "w1": rng.standard_normal((4, c, 1, 1)).astype(np.float32),
+        "b1": rng.standard_normal(4).astype(np.float32),
+        "w2": rng.standard_normal((c, 4, 1, 1)).astype(np.float32),
+        "b2": rng.standard_normal(c).astype(np.float32),
+        "w3": rng.standard_normal((c, c, 1, 1)).astype(np.float32),
+        "shape": np.array([-1, 1, 1, c], np.int64),
+        "hw": np.array([1, 2], np.int64),
+    }
+    outputs = f"float[N,6,6,{c}] y" + (", float[a,b,d,e] r" if extra_use else "")
+    text = f"""{HEAD}
+    g (float[N,6,6,{c}] x) => ({outputs}) {{
+      a = Transpose<perm=[0,3,1,2]>(x)
+      cv = Conv<pads=[1,1,1,1]>(a, w)
+      b = Transpose<perm=[0,2,3,1]>(cv)
+      m = ReduceMean<keepdims=0>(b, hw)
+      r = Reshape(m, shape)
+      t = Transpose<perm=[0,3,1,2]>(r)
+      s1 = Conv(t, w1, b1)
+      s2 = Relu(s1)
+      s3 = Conv(s2, w2, b2)
+      sg = Sigmoid(s3)
+      u = Transpose<perm=[0,2,3,1]>(sg)
+      y0 = Mul(b, u)
+      y1 = Transpose<perm=[0,3,1,2]>(y0)
+      y2 = Conv(y1, w3)
+      y = Transpose<perm=[0,2,3,1]>(y2)
+    }}"""
+    return model_from_text(text, inits)
+
+
+def transposes_after_reshape(model) -> int:
+    return sum(
+        1
+        for n in model.graph
+        if n.op_type == "Transpose"
+        and n.inputs[0].producer() is not None
+        and n.inputs[0].producer().op_type == "Reshape"
+    )
+
+
+def test_a_squeeze_excite_reshape_carries_its_transpose():
+    model = squeeze_excite()
+    feeds = {"x": rng.standard_normal((2, 6, 6, 8)).astype(np.float32)}
+    optimized, result = check_rule(model, PASS, feeds=feeds)
+    # only the model's own NHWC input and output Transposes are left
+    assert op_types(optimized)["Transpose"] == 2
+    assert op_types(optimized)["Reshape"] == 1
+    assert transposes_after_reshape(optimized) == 0
+    assert effected(result, PASS, "unit_transpose") >= 1
+
+
+@pytest.mark.parametrize(
+    ("target", "moves_real_axis"), [("-1,1,1,8", False), ("-1,2,1,4", True), ("-1,1,2,4", True)]
+)
+def test_only_a_transpose_of_unit_axes_after_a_reshape_becomes_one(target, moves_real_axis):
+    """[N, 2, 1, 4] to [N, 4, 2, 1] swaps the 2 and the 4: the Transpose stays."""
+    text = f"""{HEAD}
+    g (float[N,8] x) => (float[a,b,c,d] y) {{
+      r = Reshape(x, shape)
+      t = Transpose<perm=[0,3,1,2]>(r)
+      y = Relu(t)
+    }}"""
+    model = model_from_text(text, {"shape": np.array(target.split(","), np.int64)})
+    optimized, result = check_rule(model, PASS)
+    assert transposes_after_reshape(optimized) == int(moves_real_axis)
+    assert op_types(optimized)["Reshape"] == 1
+    assert effected(result, PASS, "unit_transpose") == int(not moves_real_axis)
+
+
+def test_a_reshape_with_another_use_keeps_the_transpose():
+    model = squeeze_excite(extra_use=True)
+    feeds = {"x": rng.standard_normal((1, 6, 6, 8)).astype(np.float32)}
+    optimized, _ = check_rule(model, PASS, feeds=feeds)
+    assert transposes_after_reshape(optimized) == 1

@@ -7,7 +7,9 @@ import importlib
 PIPELINE_ORDER = (
     "strip_unused",  # first: later passes see only what is kept
     "cleanup",
+    "slices",
     "constant_folding",  # with shape_arith's rules
+    "control_flow",  # constant-condition Ifs, once their conditions are folded
     "arithmetic",
     "replace",
     "softmax",

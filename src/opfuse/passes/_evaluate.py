@@ -120,7 +120,7 @@ def _onnxruntime(proto: onnx.ModelProto) -> Runner:
 
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4  # onnxruntime's own log line never reaches stderr
     session = ort.InferenceSession(
         proto.SerializeToString(), opts, providers=["CPUExecutionProvider"]
     )
@@ -168,7 +168,7 @@ def _cache_key(node: ir.Node, arrays: Sequence[np.ndarray | None], model: ir.Mod
         elif isinstance(value, (list, tuple)):
             value = tuple(value)
         attrs.append((name, int(a.type), value))
-    return (
+    key = (
         node.op_type,
         node.domain,
         tuple(attrs),
@@ -177,6 +177,11 @@ def _cache_key(node: ir.Node, arrays: Sequence[np.ndarray | None], model: ir.Mod
         tuple(sorted(model.opset_imports.items())),
         model.ir_version,
     )
+    try:
+        hash(key)
+    except TypeError:  # an attribute onnx-ir keeps as an object (a TYPE_PROTO): not cached
+        return None
+    return key
 
 
 def _run(
@@ -226,16 +231,21 @@ def evaluate(
     """The node's outputs on ``arrays`` (None for absent optional inputs); ``outer``:
     the enclosing graphs' values its subgraphs read, by name."""
     outer = outer or {}
-    key = None if outer else _cache_key(node, arrays, model)
-    feed_names = [f"i{i}" for i, a in enumerate(arrays) if a is not None] + list(outer)
-    values = [a for a in arrays if a is not None] + list(outer.values())
-    feeds = dict(zip(feed_names, values, strict=True))
-    return _run(
-        key,
-        lambda: _one_node_model(node, arrays, model, outer)[0],
-        feeds,
-        lambda raw: _results(node.outputs, raw),
-    )
+    try:
+        key = None if outer else _cache_key(node, arrays, model)
+        feed_names = [f"i{i}" for i, a in enumerate(arrays) if a is not None] + list(outer)
+        values = [a for a in arrays if a is not None] + list(outer.values())
+        feeds = dict(zip(feed_names, values, strict=True))
+        return _run(
+            key,
+            lambda: _one_node_model(node, arrays, model, outer)[0],
+            feeds,
+            lambda raw: _results(node.outputs, raw),
+        )
+    except EvaluationError:
+        raise
+    except Exception as exc:  # any failure outside the runners too: the node stays as it is
+        raise EvaluationError(f"{type(exc).__name__}: {exc}"[:200]) from None
 
 
 COMBINE_MIN_OPSET = 14  # numpy-style broadcasting, input-form Slice, bfloat16 arithmetic

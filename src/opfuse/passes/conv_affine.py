@@ -19,9 +19,14 @@ Before the layer:
     Conv(Mul(x, c), W)  ==>  Conv(x, W * c)   (c a scalar or per input channel)
 
 is exact with any padding: the padded border is zero, and c * 0 = 0 for finite c, so
-scaling the input before padding equals scaling after it. (An Add before a padded conv
-is not: the border would have to hold c, not 0; that is not folded.) The same holds for
+scaling the input before padding equals scaling after it. The same holds for
 MatMul/Gemm with c along the reduced axis K.
+
+    Conv(Add(x, c), W, B)  ==>  Conv(x, W, B + sum(W * c))   (c a scalar or per input channel)
+
+only when the Conv pads nothing (zero pads, or 1x1 kernels): a padded border would have
+to hold c, not 0. With the Mul rule, a per-channel Mul then Add in front of such a Conv
+(PaddleOCR's normalization) folds completely.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from opfuse.passes._affine import (
 from opfuse.passes._util import attr, gelu_product, rank
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Match, PassContext, Rule
+from opfuse.rewrite.pattern import const_array
 
 
 class _SingleStepRule(Rule):
@@ -226,6 +232,72 @@ class MulConvRule(Rule):
         return [b.op(node.op_type, inputs, dict(node.attributes.items()), like=node)]
 
 
+def _pads_nothing(node: ir.Node, kernel: tuple[int, ...]) -> bool:
+    """No padded border: zero (or no) pads, or 1x1 kernels (SAME adds no border then)."""
+    auto_pad = attr(node, "auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        return all(k == 1 for k in kernel)
+    return not any(attr(node, "pads", None) or [])
+
+
+class AddConvRule(Rule):
+    """Conv(Add(x, c), W, B) ==> Conv(x, W, B + sum(W * c)) for c a scalar or per input
+    channel (Sub: -c), when the Conv pads nothing: every output reads only real inputs,
+    each shifted by c."""
+
+    name = "add_conv"
+    roots = ("Conv",)
+    constants = ("w",)
+
+    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
+        if len(node.inputs) < 2 or node.inputs[1] is None:
+            return None
+        add = producer(node.inputs[0], "Add", "Sub")
+        step = affine_step(add) if add is not None else None
+        if add is None or step is None or step.kind not in ("add", "sub"):
+            return None
+        m = Match(node)
+        m.nodes += [node, add]
+        m.node_names.update(layer=node, add=add)
+        m.values.update(x=step.x, w=node.inputs[1])
+        m.consts["c"] = step.const if step.kind == "add" else -step.const
+        if len(node.inputs) > 2 and node.inputs[2] is not None:
+            m.values["bias"] = node.inputs[2]
+        return m
+
+    def check(self, m: Match, ctx: PassContext) -> str | None:
+        node, w = m.node("layer"), m["w"]
+        if not np.issubdtype(w.dtype, np.floating):
+            return "weight is not floating point"
+        if "bias" in m.values and const_array(m.value("bias")) is None:
+            return "the Conv bias is not a constant"
+        if not _pads_nothing(node, tuple(w.shape[2:])):
+            return "the Conv pads: its zero border would have to hold the shift"
+        channels = int(w.shape[1]) * int(attr(node, "group", 1))
+        x = m.value("x")
+        if x.shape is None or len(x.shape) != w.ndim or x.shape[1] != channels:
+            return "the Add may broadcast its input up (input shape unknown or smaller)"
+        return per_channel([tuple(m["c"].shape)], w.ndim, 1, channels)
+
+    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+        node, w = m.node("layer"), m["w"]
+        channels = int(w.shape[1]) * int(attr(node, "group", 1))
+        c = np.broadcast_to(m["c"].astype(np.float64).reshape(-1), (channels,))
+        shifted = input_scale(node, w.astype(np.float64), c)
+        assert shifted is not None
+        bias = const_array(m.value("bias")) if "bias" in m.values else None
+        base = np.zeros(w.shape[0]) if bias is None else bias.astype(np.float64)
+        new_b = base + shifted.sum(axis=tuple(range(1, w.ndim)))
+        name = node.name or "conv"
+        inputs = [
+            m.value("x"),
+            node.inputs[1],
+            b.const(new_b.astype(w.dtype), f"{name}.bias_shifted"),
+        ]
+        return [b.op("Conv", inputs, dict(node.attributes.items()), like=node)]
+
+
 register(
     PassInfo(
         "ConvMulFusionPass",
@@ -238,8 +310,8 @@ register(
     PassInfo(
         "ConvAddFusionPass",
         "Fold an Add/Sub of a scalar or per-channel constant after a Conv/ConvTranspose/"
-        "Gemm (or a MatMul's bias Add) into its bias",
-        rules=(ConvAddRule(),),
+        "Gemm (or a MatMul's bias Add) into its bias, or before a Conv that pads nothing",
+        rules=(ConvAddRule(), AddConvRule()),
     )
 )
 register(

@@ -189,6 +189,46 @@ class _Sweep:
             self.graph.remove(node, safe=True)
             self.units += 1
 
+    def reshape_unit_transposes(self) -> None:
+        """Transpose(Reshape(x, shape), p) ==> Reshape(x, shape') when the Transpose only
+        moves axes of size 1 (Keras's squeeze-excite: the global pool's [N, C] reshaped to
+        [N, 1, 1, C] on the channels-last side, then transposed to [N, C, 1, 1]): the
+        element order is unchanged, so the pair is one Reshape. At most one dim of the
+        result may be unknown (it becomes -1)."""
+        for node in list(self.graph):
+            if node.op_type != "Transpose" or node.graph is not self.graph:
+                continue
+            x, perm = node.inputs[0], perm_of(node)
+            reshape = x.producer() if x is not None else None
+            if x is None or perm is None or x.shape is None or reshape is None:
+                continue
+            if reshape.op_type != "Reshape" or reshape.graph is not self.graph:
+                continue
+            if len(x.uses()) != 1 or x.is_graph_output():
+                continue
+            dims = list(x.shape)
+            if [p for p in perm if dims[p] != 1] != sorted(p for p in perm if dims[p] != 1):
+                continue
+            target = _unit_target([dims[p] for p in perm])
+            if target is None:
+                continue
+            base = node.name or "layout"
+            shape = self._const(np.array(target, dtype=np.int64), f"{base}_shape")
+            out = self._value(node.outputs[0].name, node.outputs[0])
+            out.shape = node.outputs[0].shape
+            merged = ir.Node(
+                "",
+                "Reshape",
+                [reshape.inputs[0], shape],
+                outputs=[out],
+                name=self.names.node(f"{base}/Reshape"),
+            )
+            self.graph.insert_before(node, merged)
+            self._replace(node.outputs[0], out)
+            self.graph.remove(node, safe=True)
+            self.graph.remove(reshape, safe=True)
+            self.units += 1
+
     @staticmethod
     def _zero_safe(reshape: ir.Node, dims: list, perm: Perm) -> bool:
         """A 0 in the target shape copies the input's dim at its position: safe when
@@ -561,6 +601,15 @@ def _known_entries(value: ir.Value | None) -> list[int | None] | None:
     return entries
 
 
+def _unit_target(dims: list) -> list[int] | None:
+    """A Reshape target for ``dims``: static dims as they are, one unknown dim as -1;
+    None for two unknown dims or a zero dim (-1 would be ambiguous)."""
+    unknown = [i for i, d in enumerate(dims) if not isinstance(d, int)]
+    if len(unknown) > 1 or any(isinstance(d, int) and d == 0 for d in dims):
+        return None
+    return [d if isinstance(d, int) else -1 for d in dims]
+
+
 def _tag(s: Iterable[int]) -> str:
     return "p" + "".join(str(i) for i in s)
 
@@ -574,6 +623,7 @@ def optimize_layout(ctx: PassContext) -> None:
             if sweep.inputs:
                 ctx.record("input_transpose", matched=sweep.inputs, effected=sweep.inputs)
             sweep.drop_unit_transposes()
+            sweep.reshape_unit_transposes()
             if sweep.units:
                 ctx.record("unit_transpose", matched=sweep.units, effected=sweep.units)
             if sweep.pairs:

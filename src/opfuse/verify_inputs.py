@@ -1,0 +1,293 @@
+"""Seeded inputs for the verifier, of every input type onnxruntime takes, and a line per
+input saying how it was made.
+
+- Dims: a symbolic dim gets one size wherever it appears (``batch`` in two inputs is the
+  same batch; a size given with ``--input-shape`` for one input holds for the others);
+  a free dim is 1 on the first axis and 32 elsewhere.
+- Floats: standard normal. Strings: short random words. Sequences: one element.
+  Optionals: present.
+- Numbers that feed a position whose values must fit the model (a shape, axes, indices,
+  repeats, pads, a divisor, scales, a ratio or threshold) get values valid there, derived
+  from that use (USES); other integers are 0 or 1 (masks, indices into any non-empty axis).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from opfuse.errors import OpfuseError
+
+DEFAULT_BATCH = 1
+DEFAULT_DIM = 32  # sequence length and other symbolic dims
+
+ORT_DTYPES: dict[str, type] = {
+    "float": np.float32,
+    "double": np.float64,
+    "float16": np.float16,
+    "int64": np.int64,
+    "int32": np.int32,
+    "int16": np.int16,
+    "int8": np.int8,
+    "uint64": np.uint64,
+    "uint32": np.uint32,
+    "uint16": np.uint16,
+    "uint8": np.uint8,
+    "bool": np.bool_,
+    "string": np.str_,
+}
+
+# (op type, input position) -> what values fit there
+_ZEROS = "zeros"  # indices, starts, pads, an axis, k of Trilu
+_ONES = "ones"  # a shape to expand to, repeats, counts, steps, a divisor
+_RANGE = "0..n-1"  # a list of distinct axes
+_RESHAPE = "0,...,0,-1"  # keep the leading dims, flatten the rest
+_MAX = "the dtype's maximum"  # Slice ends: the whole axis
+_PARTS = "parts summing to"  # Split sizes: the split axis cut in near-equal parts
+_BATCH = "then ones after"  # AffineGrid size: theta's batch, then unit sizes
+USES: dict[tuple[str, int], str] = {
+    ("Reshape", 1): _RESHAPE,
+    ("Expand", 1): _ONES,
+    ("ConstantOfShape", 0): _ONES,
+    ("Tile", 1): _ONES,
+    ("Pad", 1): _ZEROS,
+    ("Pad", 3): _RANGE,
+    ("Slice", 1): _ZEROS,
+    ("Slice", 2): _MAX,
+    ("Slice", 3): _RANGE,
+    ("Slice", 4): _ONES,
+    ("Squeeze", 1): _RANGE,
+    ("Unsqueeze", 1): _RANGE,
+    ("Gather", 1): _ZEROS,
+    ("GatherElements", 1): _ZEROS,
+    ("GatherND", 1): _ZEROS,
+    ("ScatterElements", 1): _ZEROS,
+    ("ScatterND", 1): _ZEROS,
+    ("OneHot", 0): _ZEROS,
+    ("OneHot", 1): _ONES,
+    ("TopK", 1): _ONES,
+    ("CumSum", 1): _ZEROS,
+    ("Trilu", 1): _ZEROS,
+    ("Range", 0): _ZEROS,
+    ("Range", 1): _ONES,
+    ("Range", 2): _ONES,
+    ("Div", 1): _ONES,
+    ("Mod", 1): _ONES,
+    ("CumProd", 1): _ZEROS,
+    ("Resize", 2): _ONES,  # scales
+    ("Resize", 3): _ONES,  # sizes
+    ("Upsample", 1): _ONES,
+    ("Dropout", 1): _ZEROS,  # ratio
+    ("NonMaxSuppression", 2): _ONES,
+    ("NonMaxSuppression", 3): _ZEROS,  # iou threshold
+    ("NonMaxSuppression", 4): _ZEROS,  # score threshold
+    ("Split", 1): _PARTS,
+    ("SplitToSequence", 1): _PARTS,
+    ("AffineGrid", 1): _BATCH,
+}
+_REDUCE = re.compile(r"Reduce[A-Za-z0-9]+")
+_PASS_THROUGH = frozenset({"Cast", "Identity"})  # a use behind these is still the use
+
+
+@dataclass
+class InputPlan:
+    """How each input was generated, by name: what the summary and errors say."""
+
+    how: dict[str, str]
+
+    def lines(self) -> list[str]:
+        return [f"{name}: {how}" for name, how in self.how.items()]
+
+
+def integer_uses(proto: onnx.ModelProto | None) -> dict[str, str]:
+    """For graph inputs feeding a value-sensitive position (through Cast/Identity), what
+    values fit: the first such use found in the main graph."""
+    if proto is None:
+        return {}
+    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for node in proto.graph.node:
+        for i, name in enumerate(node.input):
+            consumers.setdefault(name, []).append((node, i))
+    found: dict[str, str] = {}
+    for value in proto.graph.input:
+        todo, seen = [value.name], set()
+        while todo and value.name not in found:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            for node, i in consumers.get(name, []):
+                use = USES.get((node.op_type, i))
+                if use is None and _REDUCE.fullmatch(node.op_type) and i == 1:
+                    use = _RANGE
+                if use in (_PARTS, _BATCH):
+                    use = _sized(use, node, proto)
+                if use is not None:
+                    found[value.name] = f"{use} ({node.op_type} input {i})"
+                    break
+                if node.op_type in _PASS_THROUGH:
+                    todo.extend(node.output)
+    return found
+
+
+def _sized(use: str, node: onnx.NodeProto, proto: onnx.ModelProto) -> str | None:
+    """``use`` with the size it needs from the node's first input: the split axis's
+    size (Split), the batch (AffineGrid); None when that dim is not a known number."""
+    axis = 0
+    for attr in node.attribute:
+        if attr.name == "axis" and use == _PARTS:
+            axis = attr.i
+    for value in (*proto.graph.input, *proto.graph.value_info):
+        if value.name != node.input[0] or not value.type.tensor_type.HasField("shape"):
+            continue
+        dims = value.type.tensor_type.shape.dim
+        if -len(dims) <= axis < len(dims) and dims[axis].HasField("dim_value"):
+            return f"{use} {dims[axis].dim_value}"
+    return None
+
+
+def _derived(use: str, dtype: type, shape: list[int]) -> np.ndarray:
+    n = int(np.prod(shape)) if shape else 1
+    values: list[int] | list[float]
+    if use.startswith(_RESHAPE):
+        values = [0] * (n - 1) + [-1] if n else []
+    elif use.startswith(_RANGE):
+        values = list(range(n))
+    elif use.startswith(_MAX):
+        values = [int(np.iinfo(dtype).max) if np.issubdtype(dtype, np.integer) else np.inf] * n
+    elif use.startswith(_ONES):
+        values = [1] * n
+    elif use.startswith(_PARTS):
+        total = int(use.split()[3])
+        values = [total // n + (1 if i < total % n else 0) for i in range(n)] if n else []
+        if not shape:  # a scalar split is a chunk size
+            values = [1]
+    elif use.startswith(_BATCH):
+        values = [int(use.split()[3])] + [1] * (n - 1) if n else []
+    else:
+        values = [0] * n
+    return np.array(values, dtype=dtype).reshape(shape)
+
+
+def _parse_type(text: str) -> tuple[list[str], str]:
+    """``optional(seq(tensor(float)))`` -> (["optional", "seq"], "float")."""
+    wrappers = []
+    while True:
+        m = re.fullmatch(r"(optional|seq)\((.*)\)", text)
+        if not m:
+            break
+        wrappers.append(m.group(1))
+        text = m.group(2)
+    m = re.fullmatch(r"tensor\((.*)\)", text)
+    return wrappers, (m.group(1) if m else text)
+
+
+class Dims:
+    """Sizes for declared dims: a symbol keeps the first size it gets."""
+
+    def __init__(self) -> None:
+        self.symbols: dict[str, int] = {}
+
+    def bind(self, declared: Sequence[object], given: Sequence[int]) -> None:
+        for d, g in zip(declared, given, strict=False):
+            if isinstance(d, str) and d:
+                self.symbols.setdefault(d, g)
+
+    def sizes(self, declared: Sequence[object] | None) -> list[int]:
+        shape = []
+        for i, d in enumerate(declared or []):
+            if isinstance(d, int) and d >= 0:
+                shape.append(d)
+            elif isinstance(d, str) and d:
+                shape.append(self.symbols.setdefault(d, DEFAULT_BATCH if i == 0 else DEFAULT_DIM))
+            else:
+                shape.append(DEFAULT_BATCH if i == 0 else DEFAULT_DIM)
+        return shape
+
+
+def _random(rng: np.random.Generator, dtype: type, shape: list[int]) -> np.ndarray:
+    if dtype is np.str_:
+        words = rng.integers(0, 26, (*shape, 3))
+        return np.array(
+            ["".join(chr(97 + int(c)) for c in w) for w in words.reshape(-1, 3)], dtype=object
+        ).reshape(shape)
+    if np.issubdtype(dtype, np.floating):
+        return rng.standard_normal(shape).astype(dtype)
+    if dtype is np.bool_:
+        return rng.integers(0, 2, shape).astype(np.bool_)
+    if dtype in (np.uint8, np.int8):
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, int(info.max) + 1, shape).astype(dtype)
+    return rng.integers(0, 2, shape).astype(dtype)  # indices and masks stay in range
+
+
+def _element_shape(proto: onnx.ModelProto | None, name: str) -> list[object] | None:
+    """The declared dims of a sequence's or optional's innermost tensor, if any."""
+    if proto is None:
+        return None
+    for value in proto.graph.input:
+        if value.name != name:
+            continue
+        t = value.type
+        while t.WhichOneof("value") in ("sequence_type", "optional_type"):
+            t = getattr(t, t.WhichOneof("value")).elem_type
+        if t.WhichOneof("value") == "tensor_type" and t.tensor_type.HasField("shape"):
+            return [
+                d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                for d in t.tensor_type.shape.dim
+            ]
+    return None
+
+
+def generate(
+    specs: Sequence[object],
+    input_shapes: Mapping[str, list[int]] | None,
+    proto: onnx.ModelProto | None,
+    seed: int = 0,
+) -> tuple[dict[str, object], InputPlan]:
+    """Inputs for onnxruntime ``specs`` (NodeArgs); ``proto``: the model (its graph's
+    uses of integer inputs, the element shapes of sequences). Raises OpfuseError naming
+    an input whose type it cannot make."""
+    rng = np.random.default_rng(seed)
+    dims = Dims()
+    given = input_shapes or {}
+    for spec in specs:
+        if spec.name in given:  # type: ignore[attr-defined]
+            dims.bind(spec.shape or [], given[spec.name])  # type: ignore[attr-defined]
+    uses = integer_uses(proto)
+    feeds: dict[str, object] = {}
+    how: dict[str, str] = {}
+    for spec in specs:
+        name, type_text = spec.name, spec.type  # type: ignore[attr-defined]
+        wrappers, elem = _parse_type(type_text)
+        dtype = ORT_DTYPES.get(elem)
+        if dtype is None:
+            raise OpfuseError(
+                f"input {name!r} has type {type_text}, which verify cannot generate; "
+                "give the inputs with --verify-inputs inputs.npz"
+            )
+        declared = _element_shape(proto, name) if wrappers else spec.shape  # type: ignore[attr-defined]
+        shape = list(given[name]) if name in given else dims.sizes(declared)
+        numeric = dtype not in (np.str_, np.bool_)
+        use = uses.get(name) if numeric and not wrappers else None
+        if use is not None:
+            value: object = _derived(use, dtype, shape)
+            text = f"{use}"
+        else:
+            value = _random(rng, dtype, shape)
+            text = "0 or 1" if np.issubdtype(dtype, np.integer) else "random"
+        shape_text = "x".join(map(str, shape)) or "scalar"
+        if "seq" in wrappers:
+            value = [value]
+            text = f"a one-element sequence of {shape_text} {elem}, {text}"
+        else:
+            text = f"{shape_text} {elem}, {text}"
+        if "optional" in wrappers:
+            text = f"present, {text}"
+        feeds[name] = value
+        how[name] = text
+    return feeds, InputPlan(how)
