@@ -111,7 +111,7 @@ def test_an_unhashable_attribute_is_evaluated_uncached_not_a_crash():
 
 
 def test_any_evaluator_failure_leaves_the_node(monkeypatch):
-    import opfuse.passes._evaluate as evaluate_module
+    from opfuse.passes import _evaluate as evaluate_module
 
     def broken(*args, **kwargs):
         raise KeyError("boom")
