@@ -317,6 +317,10 @@ from opfuse.advisor.cli import advise, profile  # noqa: E402  (the advisor's com
 app.add_command(profile)
 app.add_command(advise)
 
+from opfuse.batching.cli import batch  # noqa: E402  (opfuse batch)
+
+app.add_command(batch)
+
 
 def main() -> None:
     """Console entry point: one-line errors and exit statuses instead of tracebacks."""

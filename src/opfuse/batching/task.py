@@ -1,0 +1,200 @@
+"""One model's task: a plain function of (job, OUTDIR) -> result record.
+
+It never raises for a model's own failure: bad input, a failed verification or a memory
+error become the record's status. It runs inside an isolated child process
+(``opfuse.batching.isolate``), which adds what only the parent can see (timeout, a crash).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from opfuse import __version__
+from opfuse.batching.jobs import Job
+from opfuse.errors import OpfuseError, VerificationError
+
+SCHEMA = "opfuse.batch/1"
+# the record's statuses, in the order the summary lists them
+STATUSES = ("ok", "verify_failed", "refused", "crashed", "timeout", "oom")
+# fields that are measurements of this run, not results: they differ between engines/runs
+TIMING_FIELDS = ("started", "seconds", "optimize_seconds", "peak_memory", "latency_ratio")
+OOM_MARKERS = ("Failed to allocate memory", "bad_alloc", "Cannot allocate memory")
+BENCH_ROUNDS = 20
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def versions() -> dict[str, str]:
+    import onnx
+    import onnxruntime
+
+    return {
+        "opfuse": __version__,
+        "onnxruntime": onnxruntime.__version__,
+        "onnx": onnx.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def base_record(job: Job) -> dict[str, Any]:
+    """The fields every record has, whatever happened to the model."""
+    try:
+        digest: str | None = sha256_file(job.model)
+    except OSError:
+        digest = None
+    return {
+        "schema": SCHEMA,
+        "model": job.model,
+        "relpath": job.relpath,
+        "sha256": digest,
+        "options_key": job.options.key(),
+        "limits": job.options.limits(),
+        "status": "crashed",
+        "error": None,
+        "nodes_before": None,
+        "nodes_after": None,
+        "passes": {},
+        "verification": None,
+        "latency_ratio": None,
+        "output": None,
+        "reports": {},
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "seconds": None,
+        "optimize_seconds": None,
+        "peak_memory": None,
+        "versions": versions(),
+    }
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def status_of(exc: BaseException) -> str:
+    """The record status a task's exception means."""
+    if isinstance(exc, MemoryError) or any(m in str(exc) for m in OOM_MARKERS):
+        return "oom"
+    if isinstance(exc, VerificationError):
+        return "verify_failed"
+    if isinstance(exc, OpfuseError):
+        return "refused"
+    return "crashed"
+
+
+def optimize_model_file(job: Job, output: Path) -> Any:
+    """The one adapter between batch and opfuse's Python API: optimize, verify, write."""
+    from opfuse.api import optimize_file
+    from opfuse.rewrite.context import Options
+
+    o = job.options
+    return optimize_file(
+        job.model,
+        output,
+        fusion_switch_file=o.switch_file,
+        enable=o.enable,
+        disable=o.disable,
+        options=Options(
+            fold_size_limit=o.fold_size_limit,
+            target_opset=o.target_opset,
+            layout=o.layout,
+            target=o.target,
+        ),
+        verify=o.verify,
+        rtol=o.rtol,
+        atol=o.atol,
+        input_shapes=o.input_shape,
+        inputs_npz=o.verify_inputs,
+        fusion_result=output.with_suffix(".fusion_result.json"),
+    )
+
+
+def run_task(job: Job, outdir: str) -> dict[str, Any]:
+    """Optimize (and optionally advise and benchmark) one model into OUTDIR."""
+    start = time.perf_counter()
+    record = base_record(job)
+    output = job.output(outdir)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        result = optimize_model_file(job, output)
+        record["nodes_before"] = sum(result.before.values())
+        record["nodes_after"] = sum(result.after.values())
+        record["passes"] = {name: count for name, count in _effected(result.log).items() if count}
+        if result.verify is not None:
+            record["verification"] = result.verify.to_json()
+        record["optimize_seconds"] = round(result.seconds, 3)
+        record["output"] = str(output)
+        record["reports"]["fusion_result"] = str(output.with_suffix(".fusion_result.json"))
+        if job.options.advise:
+            record["reports"].update(_advise(job, output))
+        if job.options.benchmark:
+            record["latency_ratio"] = latency_ratio(job, output)
+        record["status"] = "ok"
+    except Exception as exc:  # a model's failure is its record, never the batch's
+        record["status"] = status_of(exc)
+        record["error"] = one_line(exc)
+        if record["status"] == "crashed":
+            record["error"] = f"{type(exc).__name__}: {record['error']}"
+    record["seconds"] = round(time.perf_counter() - start, 3)
+    return record
+
+
+def _effected(log: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for stats in log:
+        counts[stats.pass_name] = counts.get(stats.pass_name, 0) + stats.effected
+    return counts
+
+
+def _advise(job: Job, output: Path) -> dict[str, str]:
+    """The advisor's JSON and HTML reports of the input model beside its output."""
+    from opfuse.advisor.advise import AdviseOptions, advise
+    from opfuse.advisor.html import render_html
+    from opfuse.io import write_text
+
+    report = advise(job.model, options=AdviseOptions(input_shapes=job.options.input_shape))
+    paths = {
+        "advise_json": output.with_suffix(".advise.json"),
+        "advise_html": output.with_suffix(".advise.html"),
+    }
+    write_text(paths["advise_json"], json.dumps(report, indent=2) + "\n", inputs=[job.model])
+    write_text(paths["advise_html"], render_html(report), inputs=[job.model])
+    return {k: str(v) for k, v in paths.items()}
+
+
+def latency_ratio(job: Job, output: Path, rounds: int = BENCH_ROUNDS) -> float:
+    """Median latency of the optimized model over the original's, both under onnxruntime
+    with its default optimizations and one thread, runs paired and interleaved."""
+    from opfuse.verify import make_inputs, session
+
+    original = session(job.model, optimize=True, threads=1)
+    optimized = session(output, optimize=True, threads=1)
+    feeds = make_inputs(original, job.options.input_shape, job.options.verify_inputs)
+    wanted = {i.name for i in optimized.get_inputs()}
+    if set(feeds) != wanted:  # --layout changed the interface: no like-for-like timing
+        raise OpfuseError(f"{job.model}: --benchmark needs the model's inputs unchanged")
+    ratios = []
+    for _ in range(2):  # warm-up
+        original.run(None, feeds)
+        optimized.run(None, feeds)
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        original.run(None, feeds)
+        t1 = time.perf_counter()
+        optimized.run(None, feeds)
+        t2 = time.perf_counter()
+        ratios.append((t2 - t1) / max(t1 - t0, 1e-9))
+    return round(statistics.median(ratios), 4)
