@@ -63,13 +63,13 @@ def last_records(records: Iterable[dict[str, Any]]) -> dict[tuple[str | None, st
     }
 
 
-def reusable(record: dict[str, Any], limits: dict[str, Any]) -> bool:
+def reusable(record: dict[str, Any], limits: dict[str, Any], outdir: Path) -> bool:
     """Whether a rerun with these limits would only repeat ``record``: an ok record whose
     output is still there, a refusal or failed verification (same bytes, same options,
     same outcome), a timeout or out of memory under the same limits. A crash is retried."""
     status = record.get("status")
     if status == "ok":
-        return bool(record.get("output")) and Path(record["output"]).exists()
+        return bool(record.get("output")) and (outdir / record["output"]).exists()
     if status in ("verify_failed", "refused"):
         return True
     return status in ("timeout", "oom") and record.get("limits") == limits

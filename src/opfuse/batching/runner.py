@@ -95,7 +95,7 @@ def run_batch(
     todo = []
     for job in jobs:
         prior = before.get(results.resume_key(digests[job.model], job.options.key(), job.relpath))
-        if prior is None or not results.reusable(prior, job.options.limits()):
+        if prior is None or not results.reusable(prior, job.options.limits(), out):
             todo.append(job)
         else:
             by_model[job.model] = prior

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -65,17 +64,18 @@ def _num(value: Any, fmt: str = "{}") -> str:
     return f'<td class="num" data-value="{value}">{html.escape(fmt.format(value))}</td>'
 
 
-def _links(record: dict[str, Any], outdir: Path) -> str:
+def _links(record: dict[str, Any]) -> str:
+    """Links to the model's reports (their paths are relative to OUTDIR, as the page)."""
     reports = record.get("reports") or {}
-    links = []
-    for kind in REPORT_ORDER:
-        if kind in reports:
-            target = os.path.relpath(reports[kind], outdir)
-            links.append(f'<a href="{html.escape(target)}">{kind.replace("_", " ")}</a>')
+    links = [
+        f'<a href="{html.escape(reports[kind])}">{kind.replace("_", " ")}</a>'
+        for kind in REPORT_ORDER
+        if kind in reports
+    ]
     return " ".join(links)
 
 
-def _row(record: dict[str, Any], outdir: Path) -> str:
+def _row(record: dict[str, Any]) -> str:
     before, after = record.get("nodes_before"), record.get("nodes_after")
     removed = before - after if before is not None and after is not None else None
     status = record["status"]
@@ -84,7 +84,7 @@ def _row(record: dict[str, Any], outdir: Path) -> str:
         f'<td class="{"ok" if status == "ok" else "bad"}">{html.escape(status)}</td>'
         f"{_num(before)}{_num(after)}{_num(removed)}"
         f"{_num(record.get('latency_ratio'), '{:.3f}')}{_num(record.get('seconds'), '{:.1f}')}"
-        f"<td>{_links(record, outdir)}</td>"
+        f"<td>{_links(record)}</td>"
         f"<td>{html.escape(record.get('error') or '')}</td></tr>"
     )
 
@@ -102,7 +102,7 @@ def render_summary_html(outdir: Path, records: list[dict[str, Any]], summary: di
         meta=html.escape(meta),
         count_head="".join(f"<th>{html.escape(k)}</th>" for k in counts),
         count_row="".join(f'<td class="num">{v}</td>' for v in counts.values()),
-        rows="\n".join(_row(r, outdir) for r in records),
+        rows="\n".join(_row(r) for r in records),
     )
 
 

@@ -136,10 +136,13 @@ def run_task(job: Job, outdir: str) -> dict[str, Any]:
         if result.verify is not None:
             record["verification"] = result.verify.to_json()
         record["optimize_seconds"] = round(result.seconds, 3)
-        record["output"] = str(output)
-        record["reports"]["fusion_result"] = str(output.with_suffix(".fusion_result.json"))
+        # paths relative to OUTDIR: records stay true when OUTDIR moves, and equal across engines
+        record["output"] = job.relpath
+        record["reports"]["fusion_result"] = _sibling(job.relpath, ".fusion_result.json")
         if job.options.advise:
-            record["reports"].update(_advise(job, output))
+            _advise(job, output)
+            record["reports"]["advise_json"] = _sibling(job.relpath, ".advise.json")
+            record["reports"]["advise_html"] = _sibling(job.relpath, ".advise.html")
         if job.options.benchmark:
             record["latency_ratio"] = latency_ratio(job, output)
         record["status"] = "ok"
@@ -159,20 +162,20 @@ def _effected(log: Any) -> dict[str, int]:
     return counts
 
 
-def _advise(job: Job, output: Path) -> dict[str, str]:
+def _sibling(relpath: str, suffix: str) -> str:
+    return Path(relpath).with_suffix(suffix).as_posix()
+
+
+def _advise(job: Job, output: Path) -> None:
     """The advisor's JSON and HTML reports of the input model beside its output."""
     from opfuse.advisor.advise import AdviseOptions, advise
     from opfuse.advisor.html import render_html
     from opfuse.io import write_text
 
     report = advise(job.model, options=AdviseOptions(input_shapes=job.options.input_shape))
-    paths = {
-        "advise_json": output.with_suffix(".advise.json"),
-        "advise_html": output.with_suffix(".advise.html"),
-    }
-    write_text(paths["advise_json"], json.dumps(report, indent=2) + "\n", inputs=[job.model])
-    write_text(paths["advise_html"], render_html(report), inputs=[job.model])
-    return {k: str(v) for k, v in paths.items()}
+    text = json.dumps(report, indent=2) + "\n"
+    write_text(output.with_suffix(".advise.json"), text, inputs=[job.model])
+    write_text(output.with_suffix(".advise.html"), render_html(report), inputs=[job.model])
 
 
 def latency_ratio(job: Job, output: Path, rounds: int = BENCH_ROUNDS) -> float:
