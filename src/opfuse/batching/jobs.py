@@ -132,8 +132,9 @@ def _manifest_options(extra: dict[str, Any], base: Path, where: str) -> dict[str
 
 
 def _relative(path: Path, base: Path) -> str:
+    """``path`` below ``base``, as named (a symlinked model keeps its name and place)."""
     try:
-        return path.resolve().relative_to(base.resolve()).as_posix()
+        return Path(os.path.abspath(path)).relative_to(os.path.abspath(base)).as_posix()
     except ValueError:  # a manifest naming a model outside its folder
         return path.name
 
