@@ -323,8 +323,12 @@ CASES = {
         "unknown pass 'NoSuchFusionPass'",
         "switch.json",
     ),
-    "--inputs unknown": Case(cut("--inputs", "ghost"), "'ghost' given to --inputs/--outputs"),
-    "--outputs unknown": Case(cut("--outputs", "ghost"), "'ghost' given to --inputs/--outputs"),
+    "--keep-inputs unknown": Case(
+        cut("--keep-inputs", "ghost"), "'ghost' given to --keep-inputs/--keep-outputs"
+    ),
+    "--keep-outputs unknown": Case(
+        cut("--keep-outputs", "ghost"), "'ghost' given to --keep-inputs/--keep-outputs"
+    ),
     "npz missing input": Case(npz(other=X), "has no array for model input 'x'", "inputs.npz"),
     "npz wrong dtype": Case(npz(x=X.astype(np.float64)), "is float64", "inputs.npz"),
     "npz wrong shape": Case(npz(x=np.zeros((2, 4), np.float32)), "has shape [2, 4]", "inputs.npz"),
@@ -408,24 +412,24 @@ CASES = {
         "expected NAME:D0,D1,... with integers",
         "--input-shape 'x:1,four'",
     ),
-    "verify: --inputs wrong shape": Case(
+    "verify: --verify-inputs wrong shape": Case(
         command(
             "verify",
             "{m}",
             "{m}",
-            "--inputs",
+            "--verify-inputs",
             "{d}/inputs.npz",
             setup=npz_file(x=np.zeros((2, 4), np.float32)),
         ),
         "has shape [2, 4]",
         "inputs.npz",
     ),  # fmt: skip
-    "verify: --inputs and --input-shape": Case(
+    "verify: --verify-inputs and --input-shape": Case(
         command(
             "verify",
             "{m}",
             "{m}",
-            "--inputs",
+            "--verify-inputs",
             "{d}/inputs.npz",
             "--input-shape",
             "x:1,4",

@@ -41,7 +41,8 @@ def test_switch_file_runs_only_that_pass_and_the_mandatory_ones(tmp_path):
         "info",
     )
     assert proc.returncode == 0, proc.stderr
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("[INFO] OPFUSE")]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("[INFO] OPFUSE")]
+    assert "[INFO]" not in proc.stdout  # logs go to stderr, the summary to stdout
     passes_logged = {ln.split("[")[2].split("]")[0] for ln in lines}
     assert passes_logged == {"ConvBatchNormFusionPass", "DeadCodeFusionPass"}
     assert (
@@ -150,7 +151,7 @@ def test_fold_size_limit_blocks_or_allows_a_constant_of_shape_fold(tmp_path):
         assert proc.returncode == 0, proc.stderr
         ops[limit] = [n.op_type for n in onnx.load(str(out)).graph.node]
         if limit == "1000":
-            assert "result of 2400 bytes exceeds --fold-size-limit 1000" in proc.stdout
+            assert "result of 2400 bytes exceeds --fold-size-limit 1000" in proc.stderr
     assert ops["1000"] == ["ConstantOfShape", "Add"]
     assert ops["4096"] == ["Add"]
 

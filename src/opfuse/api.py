@@ -1,33 +1,42 @@
-"""The Python API the CLI calls: optimize a model in memory or file to file."""
+"""The engine's entry points the CLI and the public API (``opfuse.public``) call:
+optimize a model in memory or file to file, verify it, and blame the pass that broke it."""
 
 from __future__ import annotations
 
+import io as _bytes_io
 import json
 import logging
 import os
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Generic, TypeVar
 
+import numpy as np
 import onnx
 import onnx.version_converter
 import onnx_ir as ir
 
 from opfuse import io
+from opfuse.blame import first_bad_pass
 from opfuse.errors import OpfuseError, VerificationError
 from opfuse.graphs import all_graphs
-from opfuse.registry import PassInfo, all_passes
+from opfuse.phases import Phases
+from opfuse.registry import PassInfo, all_passes, get_pass
 from opfuse.rewrite.context import Options, PassContext
 from opfuse.rewrite.driver import Driver
 from opfuse.rewrite.stats import EffectLog
 from opfuse.shapes import infer_shapes
 from opfuse.switch import SwitchTable, parse_switch_file, resolve
+from opfuse.verdict import failure_message, inputs_text, worst_share
 from opfuse.verify import VerifyReport, check_feeds, compare_files
 
 MAX_ROUNDS = 6
 logger = logging.getLogger("opfuse")
+ModelT = TypeVar("ModelT")
 
 
 def op_counts(model: ir.Model) -> Counter[str]:
@@ -36,21 +45,129 @@ def op_counts(model: ir.Model) -> Counter[str]:
     return Counter(node.op_type for g in graphs for node in g)
 
 
-@dataclass
-class OptimizeResult:
-    model: ir.Model
+@dataclass(repr=False)
+class OptimizeResult(Generic[ModelT]):
+    """What one optimize run did. ``model`` is the optimized model, of the kind given to
+    ``opfuse.optimize`` (an ``onnx.ModelProto`` for a ModelProto, an ``onnx_ir.Model``
+    for an onnx_ir.Model or a path); ``summary()`` says what changed, ``save()`` writes it."""
+
+    model: ModelT
     log: EffectLog
-    passes: list[str]
+    passes: list[str]  # the passes that ran, in execution order
     warnings: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     before: Counter[str] = field(default_factory=Counter)
     after: Counter[str] = field(default_factory=Counter)
     rounds: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # the passes' time (timings has every phase)
     verify: VerifyReport | None = None
     input_bytes: int = 0
     output_bytes: int = 0
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per phase
+    output: Path | None = None  # the file written, when one was asked for
+    # a temporary folder the model's lazy external tensors still read from
+    workdir: Any = field(default=None, compare=False)
+
+    @property
+    def changed(self) -> bool:
+        """Whether any pass changed the model."""
+        return self.log.effected() > 0 or bool(self.notes)
+
+    def fired(self) -> list[str]:
+        """The passes that changed the model, in execution order."""
+        return [name for name in self.passes if self.log.effected(name) > 0]
+
+    def __repr__(self) -> str:
+        verified = "off" if self.verify is None else ("ok" if self.verify.ok else "FAILED")
+        return (
+            f"<OptimizeResult {type(self.model).__name__}: nodes {sum(self.before.values())} -> "
+            f"{sum(self.after.values())}, {len(self.fired())} passes fired, {self.rounds} rounds, "
+            f"verification {verified}>"
+        )
+
+    def summary(self) -> str:
+        """A few lines: node counts, what changed, verification, time per phase."""
+        n_before, n_after = sum(self.before.values()), sum(self.after.values())
+        lines = [f"nodes {n_before} -> {n_after}"]
+        changes = sorted(
+            (op for op in set(self.before) | set(self.after) if self.before[op] != self.after[op]),
+            key=lambda op: (self.after[op] - self.before[op], op),
+        )
+        if changes:
+            lines[0] += ": " + ", ".join(
+                f"{op} {self.before[op]} -> {self.after[op]}" for op in changes
+            )
+        fired = self.fired()
+        if fired:
+            lines.append(f"passes that fired ({self.rounds} rounds): {', '.join(fired)}")
+        else:
+            lines.append("no pass changed the model")
+        lines.append(f"verification: {verification_text(self.verify)}")
+        lines += [f"note: {note}" for note in self.notes]
+        if self.timings:
+            lines.append("time: " + timings_text(self.timings))
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, object]:
+        """The machine-readable summary ``optimize --format json`` prints."""
+        per_pass: dict[str, dict[str, int]] = {}
+        for s in self.log:
+            entry = per_pass.setdefault(s.pass_name, {"matched": 0, "effected": 0})
+            entry["matched"] += s.matched
+            entry["effected"] += s.effected
+        return {
+            "schema": "opfuse.optimize/1",
+            "changed": self.changed,
+            "output": None if self.output is None else str(self.output),
+            "nodes": {"before": sum(self.before.values()), "after": sum(self.after.values())},
+            "op_types": {
+                op: {"before": self.before[op], "after": self.after[op]}
+                for op in sorted(set(self.before) | set(self.after))
+            },
+            "bytes": {"before": self.input_bytes, "after": self.output_bytes},
+            "rounds": self.rounds,
+            "passes": [{"name": name, **per_pass.get(name, {})} for name in self.passes],
+            "patterns": [
+                {
+                    "pass": s.pass_name,
+                    "pattern": s.pattern,
+                    "matched": s.matched,
+                    "effected": s.effected,
+                }
+                for s in self.log
+            ],
+            "verification": None if self.verify is None else self.verify.to_json(),
+            "warnings": self.warnings,
+            "notes": self.notes,
+            "timings": {k: round(v, 4) for k, v in self.timings.items()},
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the optimized model to ``path`` atomically (external data beside it when
+        the weights are over 2 GB or came from external data)."""
+        model = self.model
+        if isinstance(model, onnx.ModelProto):
+            return io.write_bytes(path, model.SerializeToString(), what="the model")
+        if not isinstance(model, ir.Model):
+            raise OpfuseError(f"cannot save a {type(model).__name__}")
+        return io.save_model(model, path)
+
+
+def timings_text(timings: Mapping[str, float]) -> str:
+    return ", ".join(f"{name} {seconds:.2f} s" for name, seconds in timings.items())
+
+
+def verification_text(report: VerifyReport | None) -> str:
+    if report is None:
+        return "off"
+    if not report.ok:
+        return "FAILED"
+    n = len(report.outputs)
+    return (
+        f"ok ({n} output{'s' if n != 1 else ''}, {worst_share(report)}; "
+        f"inputs {inputs_text(report)})"
+    )
 
 
 def _stages(passes: list[PassInfo]) -> list[list[PassInfo]]:
@@ -107,15 +224,18 @@ def optimize_model(
     disable: Iterable[str] = (),
     options: Options | None = None,
     shapes_inferred: bool = False,
-) -> OptimizeResult:
+    phases: Phases | None = None,
+) -> OptimizeResult[ir.Model]:
     """Run the enabled passes on ``model`` in place until nothing changes.
 
     With ``options.target_opset`` the model is first converted with onnx's version
     converter (never otherwise: a model's opset is the user's choice).
     ``shapes_inferred``: the loader already ran shape inference (``io.load_model(infer=True)``).
+    ``phases`` hears each round as it starts.
     """
     start = time.perf_counter()
     options = options or Options()
+    phases = phases or Phases()
     passes, warnings = select_passes(switch_table, enable, disable)
     log = EffectLog()
     if options.target_opset is not None:
@@ -145,6 +265,7 @@ def optimize_model(
         infer_shapes(model)
     for round_no in range(1, MAX_ROUNDS + 1):
         result.rounds = round_no
+        phases.tell(f"optimize: round {round_no}")
         before = log.effected()
         for stage in _stages(runnable):
             if stage[0].rules:
@@ -176,56 +297,119 @@ def optimize_file(
     atol: float = 1e-5,
     input_shapes: Mapping[str, list[int]] | None = None,
     inputs_npz: str | os.PathLike[str] | None = None,
+    seed: int = 0,
     fusion_result: str | os.PathLike[str] | None = None,
-) -> OptimizeResult:
+    save_failing_inputs: str | os.PathLike[str] | None = None,
+    bisect: bool = True,
+    phases: Phases | None = None,
+) -> OptimizeResult[ir.Model]:
     """Load, optimize, verify against the input and write atomically.
 
     Bad input raises OpfuseError before anything is written; a failed verification
-    raises VerificationError and writes nothing.
+    raises VerificationError naming the first pass to blame (``bisect``), saves the
+    inputs to ``save_failing_inputs`` when given, and writes nothing else.
     """
+    phases = phases or Phases()
+    enable, disable = list(enable), list(disable)
     io.check_output_path(output_path, [input_path])
-    if fusion_result is not None:
-        io.check_output_path(fusion_result, [input_path, output_path])
+    for extra in (fusion_result, save_failing_inputs):
+        if extra is not None:
+            io.check_output_path(extra, [input_path, output_path])
     if fusion_switch_file is not None:
         switch_table = parse_switch_file(fusion_switch_file)
     # validate the switches and the user's verification inputs before the (possibly long) work
     select_passes(switch_table, enable, disable, where=str(fusion_switch_file or "switch file"))
     if verify and (input_shapes or inputs_npz is not None):
         check_feeds(input_path, input_shapes, inputs_npz)
-    model = io.load_model(input_path, infer=True)
+    with phases("load"):
+        model = io.load_model(input_path, infer=True)
     external = io.has_external_data(model) or None  # keep external data external
     try:
-        result = optimize_model(
-            model,
-            switch_table=switch_table,
-            enable=enable,
-            disable=disable,
-            options=options,
-            shapes_inferred=True,
-        )
-    except OpfuseError as exc:  # e.g. --inputs/--outputs naming no tensor: name the file
+        with phases("optimize"):
+            result = optimize_model(
+                model,
+                switch_table=switch_table,
+                enable=enable,
+                disable=disable,
+                options=options,
+                shapes_inferred=True,
+                phases=phases,
+            )
+    except OpfuseError as exc:  # e.g. --keep-inputs/--keep-outputs naming no tensor: name the file
         if str(input_path) in str(exc):
             raise
         raise type(exc)(f"{input_path}: {exc}") from None
     model = result.model
-    with io.staged_save(model, output_path, input_path=input_path, external=external) as staged:
+    compare = {
+        "rtol": rtol,
+        "atol": atol,
+        "input_shapes": input_shapes,
+        "inputs_npz": inputs_npz,
+        "seed": seed,
+    }
+
+    def fails_without(disabled: list[str]) -> bool:
+        """Re-optimize the input with ``disabled`` off too: does verification fail?"""
+        phases.tell(f"bisect: {len(disabled)} passes off")
+        again = optimize_model(
+            io.load_model(input_path, infer=True),
+            switch_table=switch_table,
+            enable=enable,
+            disable=disable + disabled,
+            options=options,
+            shapes_inferred=True,
+        )
+        with tempfile.TemporaryDirectory(prefix="opfuse-bisect-") as tmp:
+            staged = io.save_model(again.model, Path(tmp) / "bisect.onnx", external=external)
+            try:
+                return not compare_files(input_path, staged, **compare).ok  # type: ignore[arg-type]
+            except VerificationError:
+                return True
+
+    with (
+        phases("write"),
+        io.staged_save(model, output_path, input_path=input_path, external=external) as staged,
+    ):
         if verify:
-            report = compare_files(
-                input_path,
-                staged,
-                rtol=rtol,
-                atol=atol,
-                input_shapes=input_shapes,
-                inputs_npz=inputs_npz,
-            )
+            with phases("verify"):
+                try:
+                    report = compare_files(input_path, staged, **compare)  # type: ignore[arg-type]
+                except VerificationError as exc:  # the optimized model cannot run
+                    report = None
+                    cannot_run = str(exc)
             result.verify = report
-            if not report.ok:
-                raise VerificationError(f"verification failed: {report.failure()}")
+            if report is None or not report.ok:
+                fired = [n for n in result.fired() if not get_pass(n).mandatory]
+                culprit = None
+                if bisect and fired:
+                    with phases("bisect"):
+                        culprit = first_bad_pass(fired, fails_without)
+                if report is None:
+                    hint = f"; try --disable {culprit}" if culprit else ""
+                    raise VerificationError(f"{cannot_run}{hint}", culprit=culprit)
+                saved = None
+                if save_failing_inputs is not None:
+                    saved = str(save_inputs(report.feeds, save_failing_inputs))
+                message = failure_message(report, culprit, bisect and bool(fired), saved)
+                raise VerificationError(
+                    f"verification failed: {message}", report=report, culprit=culprit
+                )
+    result.timings = dict(phases.seconds)
+    if verify:  # the verifier ran inside the write phase: count it once
+        result.timings["write"] -= result.timings.get("verify", 0.0)
     if fusion_result is not None:
         write_fusion_result(result.log, fusion_result)
     result.input_bytes = _file_bytes(input_path)
     result.output_bytes = _file_bytes(output_path)
+    result.output = Path(output_path)
     return result
+
+
+def save_inputs(feeds: Mapping[str, np.ndarray], path: str | os.PathLike[str]) -> Path:
+    """The verifier's inputs as an .npz that ``--verify-inputs`` reads back."""
+    buffer = _bytes_io.BytesIO()
+    np.savez(buffer, **dict(feeds))  # type: ignore[arg-type]
+    return io.write_bytes(path, buffer.getvalue(), what="the inputs")
 
 
 def _file_bytes(path: str | os.PathLike[str]) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class OpfuseError(Exception):
     """Bad input or a refused operation: one line for the user, exit status 2."""
@@ -10,9 +12,17 @@ class OpfuseError(Exception):
 
 
 class VerificationError(OpfuseError):
-    """The optimized model's outputs differ from the original's: exit status 1."""
+    """The optimized model's outputs differ from the original's: exit status 1.
+
+    ``report``: the verifier's ``VerifyReport`` (None when the optimized model could not
+    run); ``culprit``: the first pass whose output differs, when a bisection found one."""
 
     exit_code = 1
+
+    def __init__(self, message: str, *, report: Any = None, culprit: str | None = None) -> None:
+        super().__init__(message)
+        self.report = report
+        self.culprit = culprit
 
 
 class EngineError(OpfuseError):

@@ -266,6 +266,18 @@ def write_text(
     """Write a text file atomically: a temporary file in the target's folder, renamed
     over the target only once complete. Refuses the paths ``check_output_path`` does
     (``inputs``: the files this output must never replace, named by ``labels``)."""
+    return write_bytes(out, text.encode("utf-8"), inputs=inputs, labels=labels, what=what)
+
+
+def write_bytes(
+    out: str | os.PathLike[str],
+    data: bytes,
+    *,
+    inputs: Iterable[str | os.PathLike[str]] = (),
+    labels: list[str] | None = None,
+    what: str = "the report",
+) -> Path:
+    """``write_text`` for bytes (an .npz of arrays)."""
     target = check_output_path(out, list(inputs), labels)
     remove_stale_staging(target.parent)
     name = ""
@@ -273,8 +285,8 @@ def write_text(
         fd, name = tempfile.mkstemp(
             prefix=STAGING_PREFIX + "report-", suffix=".tmp", dir=target.parent
         )
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.chmod(name, 0o666 & ~_umask())  # as a plain open() would create it
         os.replace(name, target)
     except OSError as exc:

@@ -42,8 +42,21 @@ class PassInfo:
             raise ValueError(f"pass {self.name} needs exactly one of rules or run")
 
     @property
+    def summary(self) -> str:
+        """The description's first clause, at most about 70 characters (``passes``)."""
+        text = self.description
+        for stop in ("; ", " (", ": "):
+            text = text.split(stop, 1)[0]
+        if len(text) > 72:
+            text = text[:70].rsplit(" ", 1)[0] + " ..."
+        return text
+
+    @property
     def opset_range(self) -> str:
-        return f"{self.opset_min}-{self.opset_max if self.opset_max else ''}"
+        """``7-17``, or ``23+`` for 23 and later."""
+        if self.opset_max is None:
+            return f"{self.opset_min}+"
+        return f"{self.opset_min}-{self.opset_max}"
 
     def applies_to_opset(self, opset: int) -> bool:
         return self.opset_min <= opset and (self.opset_max is None or opset <= self.opset_max)

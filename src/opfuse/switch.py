@@ -11,7 +11,6 @@ pass with no ONNX counterpart gets a warning; any other unknown name is an error
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from opfuse.errors import OpfuseError
 from opfuse.registry import PassInfo
+from opfuse.suggest import closest
 
 SECTIONS = ("GraphFusion", "UBFusion")
 SwitchTable = dict[str, dict[str, bool]]
@@ -85,8 +85,8 @@ class SwitchResult:
 
 
 def _unknown(name: str, known: Iterable[str], where: str) -> OpfuseError:
-    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.5)
-    hint = f"; did you mean {close[0]}?" if close else "; see `opfuse passes`"
+    close = closest(name, known)
+    hint = f"; did you mean {close}?" if close else "; see `opfuse passes`"
     return OpfuseError(f"{where}: unknown pass {name!r}{hint}")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -214,6 +214,10 @@ class OutputDiff:
     max_rel: float
     ok: bool
     detail: str = ""
+    # the bound applied: |got - ref| <= abs_bound + rtol * |ref| (abs_bound is atol scaled
+    # by the output's magnitude); used: the worst element's error as a share of its bound
+    abs_bound: float = 0.0
+    used: float = 0.0
 
 
 @dataclass
@@ -221,6 +225,9 @@ class VerifyReport:
     outputs: list[OutputDiff]
     rtol: float
     atol: float
+    input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    seed: int | None = None  # None: the inputs came from an .npz
+    feeds: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -238,6 +245,8 @@ class VerifyReport:
             "ok": self.ok,
             "rtol": self.rtol,
             "atol": self.atol,
+            "input_shapes": self.input_shapes,
+            "seed": self.seed,
             "outputs": [o.__dict__ for o in self.outputs],
         }
 
@@ -278,10 +287,12 @@ def compare_arrays(
         return OutputDiff(name, 0.0, 0.0, True)
     diff = np.abs(r[finite] - g[finite])
     scale = max(1.0, float(np.max(np.abs(r[finite]))))
-    ok = bool(np.all(diff <= atol * scale + rtol * np.abs(r[finite])))
+    bound = atol * scale + rtol * np.abs(r[finite])
+    ok = bool(np.all(diff <= bound))
     max_abs = float(diff.max())
     max_rel = float(np.max(diff / np.maximum(np.abs(r[finite]), np.finfo(np.float64).tiny)))
-    return OutputDiff(name, max_abs, max_rel, ok)
+    used = float(np.max(diff / np.maximum(bound, np.finfo(np.float64).tiny)))
+    return OutputDiff(name, max_abs, max_rel, ok, abs_bound=atol * scale, used=used)
 
 
 def input_permutations(path: str | os.PathLike[str]) -> dict[str, list[int]]:
@@ -352,4 +363,7 @@ def compare_files(
             )
             continue
         diffs.append(compare_arrays(name, np.asarray(ref), np.asarray(got_out[name]), rtol, atol))
-    return VerifyReport(diffs, rtol, atol)
+    shapes = {k: list(v.shape) for k, v in feeds.items()}
+    return VerifyReport(
+        diffs, rtol, atol, shapes, None if inputs_npz is not None else seed, feeds=feeds
+    )

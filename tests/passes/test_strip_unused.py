@@ -56,7 +56,7 @@ def test_nothing_requested_changes_nothing():
     [
         (
             Options(keep_outputs=["nope"]),
-            "tensor 'nope' given to --inputs/--outputs is not in the model",
+            "tensor 'nope' given to --keep-inputs/--keep-outputs is not in the model",
         ),
         (Options(keep_inputs=["a"], keep_outputs=["y", "side"]), "need input 'aux'"),
     ],

@@ -79,7 +79,14 @@ def _shapes(specs: tuple[str, ...]) -> dict[str, list[int]]:
 @click.option("--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224.")
 @click.option("--top", default=20, show_default=True, help="Slow nodes to list.")
 @click.option("-o", "--output", type=PathArg, help="Write onnxruntime's profile JSON here.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Tables on the terminal, or the profile as JSON.",
+)
 def profile(
     model: Path,
     runs: int,
@@ -248,7 +255,14 @@ def profile(
 )
 @click.option("--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224.")
 @click.option("--top", default=10, show_default=True, help="Entries per list in text and HTML.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "html"]),
+    default="text",
+    show_default=True,
+    help="The report as text, JSON (schema opfuse.advise/1) or a self-contained HTML page.",
+)
 @click.option("-o", "--output", type=PathArg, help="Write the report here.")
 @click.option(
     "--no-onnxruntime-compare",

@@ -28,7 +28,9 @@ def strip_unused(ctx: PassContext) -> None:
     values = _values_by_name(graph)
     for name in (keep_in or []) + (keep_out or []):
         if name not in values:
-            raise OpfuseError(f"tensor {name!r} given to --inputs/--outputs is not in the model")
+            raise OpfuseError(
+                f"tensor {name!r} given to --keep-inputs/--keep-outputs is not in the model"
+            )
     before = len(graph)
     if keep_out:
         graph.outputs.clear()
@@ -64,7 +66,7 @@ def strip_unused(ctx: PassContext) -> None:
 register(
     PassInfo(
         "StripUnusedFusionPass",
-        "Keep only the nodes the --inputs/--outputs need (Grappler's strip_unused_nodes)",
+        "Keep only the nodes the --keep-inputs/--keep-outputs need (Grappler's strip_unused_nodes)",
         run=strip_unused,
     )
 )

@@ -1,0 +1,222 @@
+"""The command line a user can script and act on: JSON summaries with clean stdout, a
+failed verification that names the pass to blame, options under their new names with
+the old ones as deprecated aliases, validated --target, typo suggestions, compact tables."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from opfuse import cli
+from opfuse.blame import first_bad_pass
+from opfuse.suggest import closest
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "src" / "opfuse" / "examples" / "convnet.onnx"
+
+
+def run(args, monkeypatch, capsys) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["opfuse", *map(str, args)])
+    status = 0
+    try:
+        cli.main()
+    except SystemExit as exc:
+        status = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_json_summary_parses_and_info_logs_leave_stdout_clean(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "o.onnx"
+    status, stdout, stderr = run(
+        ["optimize", EXAMPLE, "-o", out, "--format", "json", "--log-level", "debug"],
+        monkeypatch,
+        capsys,
+    )
+    assert status == 0, stderr
+    data = json.loads(stdout)
+    assert data["output"] == str(out) and data["nodes"] == {"before": 15, "after": 9}
+    assert data["op_types"]["BatchNormalization"] == {"before": 3, "after": 0}
+    bn = next(p for p in data["passes"] if p["name"] == "ConvBatchNormFusionPass")
+    assert (bn["matched"], bn["effected"]) == (3, 3)
+    (output,) = data["verification"]["outputs"]
+    assert output["ok"] and 0 <= output["used"] < 1 and output["abs_bound"] > 0
+    assert data["verification"]["input_shapes"] == {"input": [1, 3, 32, 32]}
+    assert {"load", "optimize", "verify", "write"} <= set(data["timings"])
+    assert "[INFO] OPFUSE GraphFusionPass[ConvBatchNormFusionPass]" in stderr
+
+
+def test_table_summary_shows_bound_share_inputs_and_phase_times(tmp_path, monkeypatch, capsys):
+    status, stdout, stderr = run(
+        ["optimize", EXAMPLE, "-o", tmp_path / "o.onnx"], monkeypatch, capsys
+    )
+    assert status == 0, stderr
+    assert "verification: ok on inputs input[1,3,32,32] (seed 0)" in stdout
+    assert "bound 1.05e-05 + 0.0001*|ref|" in stdout and "of its bound: ok" in stdout
+    assert "time: load" in stdout and "verify" in stdout and "write" in stdout
+    assert "..." not in stderr  # no spinner when stderr is not a terminal
+
+
+def test_no_pass_changed_the_model_is_said_plainly(tmp_path, monkeypatch, capsys):
+    switch = tmp_path / "off.cfg"
+    switch.write_text(json.dumps({"Switch": {"GraphFusion": {"ALL": "off"}}}))
+    status, stdout, _ = run(
+        ["optimize", EXAMPLE, "-o", tmp_path / "o.onnx", "--fusion-switch-file", switch],
+        monkeypatch,
+        capsys,
+    )
+    assert status == 0 and "no pass changed the model" in stdout
+    status, stdout, _ = run(["optimize", EXAMPLE, "-o", tmp_path / "p.onnx"], monkeypatch, capsys)
+    assert status == 0 and "no pass changed the model" not in stdout
+
+
+def test_a_wrong_pass_fails_optimize_naming_it_with_the_disable_hint(tmp_path, monkeypatch, capsys):
+    from opfuse.passes import batchnorm
+
+    real = batchnorm.bn_affine
+    monkeypatch.setattr(
+        batchnorm, "bn_affine", lambda m, bn="bn": (real(m, bn)[0], real(m, bn)[1] + 1)
+    )
+    out, saved = tmp_path / "o.onnx", tmp_path / "failing.npz"
+    status, stdout, stderr = run(
+        ["optimize", EXAMPLE, "-o", out, "--save-failing-inputs", saved], monkeypatch, capsys
+    )
+    assert status == 1
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("opfuse: error: verification failed:")
+    assert "output 'logits' differs by" in lines[0] and "of its bound" in lines[0]
+    assert "the first pass whose output differs is ConvBatchNormFusionPass" in lines[0]
+    assert "try --disable ConvBatchNormFusionPass" in lines[0]
+    assert f"inputs saved to {saved}" in lines[0]
+    assert not out.exists() and saved.exists()
+    status, _, stderr = run(["optimize", EXAMPLE, "-o", out, "--no-bisect"], monkeypatch, capsys)
+    assert status == 1 and "--disable" not in stderr
+
+
+def test_verify_command_names_the_bound_and_saves_failing_inputs(tmp_path, monkeypatch, capsys):
+    import onnx
+
+    broken = onnx.load(str(EXAMPLE))
+    for node in broken.graph.node:
+        if node.op_type == "Relu":
+            node.op_type = "Sigmoid"
+            break
+    bad = tmp_path / "bad.onnx"
+    onnx.save(broken, str(bad))
+    saved = tmp_path / "in.npz"
+    status, stdout, stderr = run(
+        ["verify", EXAMPLE, bad, "--seed", "5", "--save-failing-inputs", saved], monkeypatch, capsys
+    )
+    assert status == 1
+    assert "bound" in stdout and "used" in stdout and "(seed 5)" in stdout
+    assert f"inputs saved to {saved}" in stderr
+    with np.load(saved) as data:
+        assert list(data) == ["input"]
+    status, stdout, stderr = run(
+        ["verify", EXAMPLE, bad, "--verify-inputs", saved, "--format", "json"], monkeypatch, capsys
+    )
+    assert status == 1 and json.loads(stdout)["seed"] is None
+
+
+def test_old_option_names_still_work_with_a_deprecation_warning(tmp_path, monkeypatch, capsys):
+    npz = tmp_path / "in.npz"
+    np.savez(npz, input=np.zeros((1, 3, 32, 32), np.float32))
+    status, _, stderr = run(["verify", EXAMPLE, EXAMPLE, "--inputs", npz], monkeypatch, capsys)
+    assert status == 0, stderr
+    assert "--inputs is deprecated; use --verify-inputs" in stderr
+    status, _, stderr = run(
+        ["optimize", EXAMPLE, "-o", tmp_path / "o.onnx", "--outputs", "logits"],
+        monkeypatch,
+        capsys,
+    )
+    assert status == 0, stderr
+    assert "--outputs is deprecated; use --keep-outputs" in stderr
+
+
+def test_target_is_validated_and_its_values_are_in_the_help(tmp_path, monkeypatch, capsys):
+    status, _, stderr = run(
+        ["optimize", EXAMPLE, "-o", tmp_path / "o.onnx", "--target", "bogus"], monkeypatch, capsys
+    )
+    assert status == 2 and "'bogus' is not one of 'ascend310', 'cpu', 'cuda'" in stderr
+    assert not (tmp_path / "o.onnx").exists()
+    status, stdout, _ = run(["optimize", "--help"], monkeypatch, capsys)
+    assert status == 0
+    assert "[ascend310|cpu|cuda]" in stdout and "Exit status: 0 done; 1 verification" in stdout
+    assert "--keep-inputs" in stdout and "--inputs " not in stdout  # the alias is hidden
+
+
+def test_every_option_of_every_command_has_help():
+    import click
+
+    for name, command in cli.app.commands.items():
+        for param in command.params:
+            if isinstance(param, click.Option) and not param.hidden:
+                assert param.help, f"{name} {param.opts}"
+
+
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [
+        ("ConvBNFusionPass", "ConvBatchNormFusionPass"),
+        ("convbatchnormfusionpass", "ConvBatchNormFusionPass"),
+        ("LayerNormFusionPas", "LayerNormFusionPass"),
+        ("CSEFusionPass", "CommonSubexpressionFusionPass"),
+        ("PadConvFusion", "PadConvFusionPass"),
+    ],
+)
+def test_typo_suggestions_compare_whole_names_and_abbreviations(typed, meant):
+    from opfuse.registry import all_passes
+
+    assert closest(typed, [p.name for p in all_passes()]) == meant
+
+
+def test_an_unrelated_name_gets_no_suggestion(tmp_path, monkeypatch, capsys):
+    from opfuse.registry import all_passes
+
+    assert closest("Frobnicate", [p.name for p in all_passes()]) is None
+    status, _, stderr = run(
+        ["optimize", EXAMPLE, "-o", tmp_path / "o.onnx", "--disable", "ConvBNFusionPass"],
+        monkeypatch,
+        capsys,
+    )
+    assert status == 2 and "did you mean ConvBatchNormFusionPass?" in stderr
+
+
+def test_passes_is_compact_by_default_and_full_with_verbose(monkeypatch, capsys):
+    from opfuse.registry import all_passes
+
+    status, stdout, _ = run(["passes"], monkeypatch, capsys)
+    assert status == 0
+    body = [ln for ln in stdout.splitlines() if "FusionPass" in ln]
+    assert len(body) == len(all_passes())  # one line per pass
+    assert "23-" not in stdout
+    status, stdout, _ = run(["passes", "--verbose"], monkeypatch, capsys)
+    assert "23+" in stdout and "patterns" in stdout
+
+
+def test_opset_ranges_read_n_plus():
+    from opfuse.registry import PassInfo
+
+    def noop(ctx):
+        return None
+
+    assert PassInfo("XFusionPass", "d", opset_min=23, run=noop).opset_range == "23+"
+    assert PassInfo("XFusionPass", "d", opset_min=7, opset_max=17, run=noop).opset_range == "7-17"
+
+
+def test_bisect_finds_the_first_failing_pass_with_few_reruns():
+    fired = [f"P{i}FusionPass" for i in range(10)]
+    calls = []
+
+    def fails(disabled):
+        calls.append(disabled)
+        return "P6FusionPass" not in disabled  # P6 breaks the model; later ones too
+
+    assert first_bad_pass(fired, fails) == "P6FusionPass"
+    assert len(calls) <= 5
+    assert first_bad_pass(fired, lambda disabled: True) is None  # not a pass of them
+    assert first_bad_pass([], lambda disabled: True) is None
+    assert first_bad_pass(["AFusionPass"], lambda d: "AFusionPass" not in d) == "AFusionPass"
