@@ -17,6 +17,7 @@ from rich.table import Table
 from opfuse.batching.jobs import Job
 from opfuse.batching.runner import BatchRun, Progress
 from opfuse.errors import OpfuseError
+from opfuse.rewrite.context import DEFAULT_FOLD_SIZE_LIMIT
 
 PathArg = click.Path(path_type=Path)
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -153,7 +154,7 @@ def print_summary(run: BatchRun, console: Console) -> None:
 @click.option("--rtol", default=1e-4, show_default=True, help="Relative tolerance.")
 @click.option("--atol", default=1e-5, show_default=True, help="Absolute tolerance.")
 @click.option("--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224.")
-@click.option("--fold-size-limit", default=1 << 20, show_default=True)
+@click.option("--fold-size-limit", default=DEFAULT_FOLD_SIZE_LIMIT, show_default=True)
 @click.option("--target-opset", type=int, help="Convert to this opset first.")
 @click.option("--layout", type=click.Choice(["keep", "nchw", "nhwc"]), default="keep")
 @click.option("--target", help="Runtime whose UBFusion passes may run.")
@@ -193,10 +194,14 @@ def batch(
         raise OpfuseError(f"--timeout {timeout:g}: give a number of seconds above 0")
     if fusion_switch_file is not None:
         parse_switch_file(fusion_switch_file)  # a bad file is one error now, not one per model
-    if enable or disable:  # unknown pass names: one error now
-        from opfuse.api import select_passes
+    # what would fail every model fails once, now: pass names, --target, --layout...
+    from opfuse.api import select_passes
+    from opfuse.public import make_options
 
-        select_passes(None, _split(enable), _split(disable))
+    select_passes(None, _split(enable), _split(disable))
+    make_options(
+        fold_size_limit=fold_size_limit, target_opset=target_opset, layout=layout, target=target
+    )
     options = TaskOptions(
         verify=verify,
         rtol=rtol,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from opfuse.errors import OpfuseError
+from opfuse.rewrite.context import DEFAULT_FOLD_SIZE_LIMIT
 
 # per-model options a .jsonl manifest line may set, with the type each takes
 MANIFEST_KEYS = {
@@ -43,7 +44,7 @@ class TaskOptions:
     switch_file: str | None = None
     enable: tuple[str, ...] = ()
     disable: tuple[str, ...] = ()
-    fold_size_limit: int = 1 << 20
+    fold_size_limit: int = DEFAULT_FOLD_SIZE_LIMIT
     target_opset: int | None = None
     layout: str = "keep"
     target: str | None = None

@@ -97,28 +97,25 @@ def status_of(exc: BaseException) -> str:
 
 def optimize_model_file(job: Job, output: Path) -> Any:
     """The one adapter between batch and opfuse's Python API: optimize, verify, write."""
-    from opfuse.api import optimize_file
-    from opfuse.rewrite.context import Options
+    from opfuse import optimize
 
     o = job.options
-    return optimize_file(
+    return optimize(
         job.model,
-        output,
+        output=output,
         fusion_switch_file=o.switch_file,
         enable=o.enable,
         disable=o.disable,
-        options=Options(
-            fold_size_limit=o.fold_size_limit,
-            target_opset=o.target_opset,
-            layout=o.layout,
-            target=o.target,
-        ),
+        fusion_result=output.with_suffix(".fusion_result.json"),
         verify=o.verify,
         rtol=o.rtol,
         atol=o.atol,
-        input_shapes=o.input_shape,
-        inputs_npz=o.verify_inputs,
-        fusion_result=output.with_suffix(".fusion_result.json"),
+        input_shape=o.input_shape,
+        verify_inputs=o.verify_inputs,
+        fold_size_limit=o.fold_size_limit,
+        target_opset=o.target_opset,
+        layout=o.layout,
+        target=o.target,
     )
 
 
