@@ -9,6 +9,9 @@ process so that a model that crashes onnxruntime costs only its own row:
     python -m bench.measure latency RESULT_JSON BUDGET_S INPUTS_NPZ MODEL...
         median latency of every MODEL at ORT_DISABLE_ALL and ORT_ENABLE_ALL, one thread,
         batch 1, after a warm-up, with the runs of all models interleaved
+    python -m bench.measure openvino RESULT_JSON BUDGET_S INPUTS_NPZ ORIGINAL MODEL...
+        median OpenVINO CPU latency of each, through opfuse.measure (paired, interleaved,
+        the original twice for the noise), one thread
 """
 
 from __future__ import annotations
@@ -223,6 +226,26 @@ def latency(result: str, budget_s: float, inputs: str, models: list[str]) -> Non
     Path(result).write_text(json.dumps({"runs": runs, "models": out}))
 
 
+def openvino_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("openvino") is not None
+
+
+def openvino(result: str, budget_s: float, inputs: str, models: list[str]) -> None:
+    from opfuse.measure import ORIGINAL, measure
+    from opfuse.runtime import get_runtime
+
+    labels = {f"model{i}": m for i, m in enumerate(models[1:])}
+    found = measure(
+        models[0], labels, get_runtime("openvino", threads=1), seconds=budget_s,
+        feeds=_load(Path(inputs)),
+    )  # fmt: skip
+    medians = [found.medians[ORIGINAL]] + [found.medians[k] for k in labels]
+    doc = {"runtime": found.runtime, "noise": found.noise, "medians_s": medians}
+    Path(result).write_text(json.dumps(doc))
+
+
 def main(argv: list[str]) -> int:
     mode, *args = argv
     if mode == "reference":
@@ -232,6 +255,9 @@ def main(argv: list[str]) -> int:
     elif mode == "latency":
         result, budget, inputs, *models = args
         latency(result, float(budget), inputs, models)
+    elif mode == "openvino":
+        result, budget, inputs, *models = args
+        openvino(result, float(budget), inputs, models)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     return 0

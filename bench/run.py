@@ -23,6 +23,7 @@ OUT_DIR = ROOT / "bench" / "out"
 DOCS = ROOT / "docs" / "BENCHMARKS.md"
 QUICK_MODELS = ("squeezenet1_1", "mobilenet_v3_small", "transformer_tiny")
 SCALE_MODELS = ("transformer_tiny", "tx100")
+OPENVINO_TOOLS = ("opfuse", "opfuse-tune")  # measured on OpenVINO too, when it is installed
 CONTROL = "original again"  # the original measured twice, for the noise of the latency ratios
 VALID_REL_ERR = 1e-3  # a tool's output counts as correct at or below this relative error
 
@@ -193,10 +194,35 @@ def bench_model(path: Path, args: argparse.Namespace) -> dict[str, Any]:
         else:
             entry["latency_error"] = res.failure() or "no result"
             log(f"  {name} latency: {entry['latency_error']}")
+        if measure.openvino_installed():
+            openvino_latency(entry, variants, workdir, args)
     if not args.keep:
         for tool in args.tools:
             (workdir / f"{tool}.onnx").unlink(missing_ok=True)
     return entry
+
+
+def openvino_latency(
+    entry: dict[str, Any], variants: dict[str, Path], workdir: Path, args: argparse.Namespace
+) -> None:
+    """OpenVINO CPU latency of the original, opfuse's default output and the tuned one."""
+    rows = entry["rows"]
+    keys = [k for k in ("original", *OPENVINO_TOOLS) if k in variants]
+    out = workdir / "openvino.json"
+    out.unlink(missing_ok=True)
+    cmd = ["-m", "bench.measure", "openvino", str(out), str(args.latency_budget)]
+    cmd += [str(workdir / "inputs.npz"), *(str(variants[k]) for k in keys)]
+    res = run_python(cmd, args.check_timeout + 20 * args.latency_budget)
+    if res.returncode != 0 or not out.exists():
+        entry["openvino_error"] = res.failure() or "no result"
+        log(f"  {entry['model']} openvino: {entry['openvino_error']}")
+        return
+    found = json.loads(out.read_text())
+    entry["openvino"] = {"runtime": found["runtime"], "noise": found["noise"]}
+    base = found["medians_s"][0]
+    for key, median in zip(keys, found["medians_s"], strict=True):
+        rows[key]["latency_ov_s"] = median
+        rows[key]["latency_ov_ratio"] = median / base
 
 
 def bench_scale(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
@@ -216,7 +242,7 @@ def bench_scale(results: list[dict[str, Any]], args: argparse.Namespace) -> dict
         workdir = args.out / "work" / big.stem
         workdir.mkdir(parents=True, exist_ok=True)
         tools = {}
-        for tool in args.tools:
+        for tool in [t for t in args.tools if TOOLS[t].scale]:
             row = optimize(tool, big, workdir / f"{tool}.onnx", args.scale_timeout)
             log(f"  {big.stem} {tool}: {report.short(row)}")
             tools[tool] = row

@@ -19,6 +19,7 @@ class Tool:
     # what the optimize call imports, loaded before the clock starts so that every
     # tool's time is its work only (a tool that imports lazily is not charged for it)
     imports: tuple[str, ...] = ()
+    scale: bool = True  # also run on the ~40k-node model (a search there would take long)
 
     def installed(self) -> bool:
         try:
@@ -38,6 +39,19 @@ def _opfuse(src: str, dst: str) -> None:
 
     # The CLI as users call it; verification is measured by the harness, not timed here.
     app.main(["optimize", "--no-verify", src, "-o", dst], standalone_mode=False)
+
+
+TUNE_BUDGET_S = 60.0  # opfuse tune's search budget per model
+TUNE_BENCH_S = 1.0  # its measuring time per comparison
+
+
+def _opfuse_tune(src: str, dst: str) -> None:
+    from opfuse.cli import app
+
+    # onnxruntime CPU, ORT_ENABLE_ALL, 1 thread: the settings the latency columns use
+    args = ["tune", src, "-o", dst, "--budget", str(TUNE_BUDGET_S)]
+    args += ["--bench-seconds", str(TUNE_BENCH_S)]
+    app.main(args, standalone_mode=False)
 
 
 def _onnxslim(src: str, dst: str) -> None:
@@ -84,6 +98,16 @@ TOOLS: dict[str, Tool] = {
             "`opfuse optimize --no-verify` (default switches)",
             _opfuse,
             ("opfuse.cli", "opfuse.api"),
+        ),
+        Tool(
+            "opfuse-tune",
+            "opfuse",
+            "opfuse",
+            f"`opfuse tune --budget {TUNE_BUDGET_S:g} --bench-seconds {TUNE_BENCH_S:g}` "
+            "(onnxruntime CPU, ORT_ENABLE_ALL, 1 thread; its time is the search's)",
+            _opfuse_tune,
+            ("opfuse.cli", "opfuse.tune"),
+            scale=False,
         ),
         Tool(
             "onnxslim", "onnxslim", "onnxslim", "`onnxslim.slim(src, output_model=dst)`", _onnxslim

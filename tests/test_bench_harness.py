@@ -144,3 +144,33 @@ def test_latency_behind_the_best_within_the_noise_is_counted_apart() -> None:
     assert goals["models"]["noisy"]["latency_within_noise_of_best"] is True
     assert goals["models"]["quiet"]["latency_within_noise_of_best"] is False
     assert goals["latency_within_noise_of_best"] == 1
+
+
+def test_tuned_row_is_judged_against_original_default_and_best_other() -> None:
+    from bench import report
+
+    def model(name: str, tuned: float, control: float = 0.99) -> dict:
+        row = {"nodes": 10, "max_rel_err": 0.0, "status": "ok", "check": "ok", "optimize_s": 1.0}
+        return {
+            "model": name,
+            "rows": {
+                "opfuse": {**row, "latency_all_ratio": 0.95},
+                "opfuse-tune": {**row, "latency_all_ratio": tuned},
+                "onnxslim": {**row, "latency_all_ratio": 0.90},
+                "original again": {"latency_all_ratio": control},
+            },
+        }
+
+    doc = {
+        "settings": {"valid_rel_err": 1e-3},
+        "models": [model("fast", 0.81), model("slow", 1.005), model("worse", 1.05)],
+    }
+    goals = report.goals(doc)
+    fast, slow, worse = (goals["models"][m] for m in ("fast", "slow", "worse"))
+    assert goals["models"]["fast"]["best_other_latency_all"] == ["onnxslim", 0.90]  # not ours
+    assert fast["tuned_ok_vs_best"] and not slow["tuned_ok_vs_best"]
+    assert slow["tuned_ok_vs_original"] and not worse["tuned_ok_vs_original"]  # noise 1%
+    assert fast["tuned_ok_vs_default"] and not slow["tuned_ok_vs_default"]
+    assert goals["tuned_beat_best"] == ["fast"]
+    assert goals["tuned_geomean"] == pytest.approx((0.81 * 1.005 * 1.05) ** (1 / 3))
+    assert goals["tuned_ok_vs_original"] == "2/3"

@@ -22,6 +22,14 @@ from opfuse import __version__
 from opfuse.advisor.target import builtin_targets
 from opfuse.errors import OpfuseError
 from opfuse.phases import Phases
+from opfuse.tune_cli import (
+    benchmark_lines,
+    opset_hints,
+    refuse_without_benchmark,
+    runtime_options,
+    settings_from,
+    tune,
+)
 
 # piped output keeps whole names (rich would cut tables at 80 columns)
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 240)
@@ -184,6 +192,8 @@ def verifier_options(f):  # type: ignore[no-untyped-def]
     type=click.Choice(builtin_targets()),
     help="Runtime whose UBFusion passes may run. [default: none]",
 )
+@click.option("--benchmark", is_flag=True, help="Measure the original and the output's latency.")
+@runtime_options
 def optimize(
     model: Path,
     output: Path,
@@ -209,6 +219,8 @@ def optimize(
     target_opset: int | None,
     layout: str,
     target: str | None,
+    benchmark: bool,
+    **runtime: object,
 ) -> None:
     """Fuse and simplify MODEL, verify it, and write it to OUTPUT."""
     from opfuse.api import optimize_file
@@ -223,6 +235,10 @@ def optimize(
         if values:
             _deprecated(ctx, old, new)
     _check_verifier_options(verify, verify_inputs, "--verify-inputs", input_shape)
+    refuse_without_benchmark(benchmark)
+    settings = settings_from(runtime)
+    if benchmark:
+        settings.make()  # a bad --runtime/--provider fails before the work
     options = make_options(
         fold_size_limit=fold_size_limit,
         target_opset=target_opset,
@@ -271,6 +287,16 @@ def optimize(
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
         _print_summary(result, model, output)
+        for line in opset_hints(result.model):
+            out.print(f"note: {line}", markup=False)
+    if benchmark:
+        lines, warnings = benchmark_lines(
+            model, output, settings, parse_input_shapes(list(input_shape)), verify_inputs
+        )
+        for line in lines:  # on stderr under --format json, which owns stdout
+            (err if fmt == "json" else out).print(line, markup=False, soft_wrap=True)
+        for warning in warnings:
+            err.print(f"opfuse: warning: {warning}", markup=False, soft_wrap=True)
 
 
 def _check_verifier_options(
@@ -504,6 +530,7 @@ from opfuse.advisor.cli import advise, profile  # noqa: E402  (the advisor's com
 
 app.add_command(profile)
 app.add_command(advise)
+app.add_command(tune)
 
 from opfuse.batching.cli import batch  # noqa: E402  (opfuse batch)
 

@@ -40,7 +40,7 @@ from opfuse.passes._affine import (
     per_channel,
     producer,
 )
-from opfuse.passes._util import attr, rank
+from opfuse.passes._util import attr, gelu_product, rank
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Match, PassContext, Rule
 
@@ -202,6 +202,8 @@ class MulConvRule(Rule):
         w = m["w"]
         if not np.issubdtype(w.dtype, np.floating):
             return "weight is not floating point"
+        if gelu_product(m.node("mul")):
+            return "the Mul is part of a GELU, which onnxruntime fuses into one kernel"
         found = self._channels(m)
         if isinstance(found, str):
             return found

@@ -1,0 +1,53 @@
+"""OpenVINO on CPU: the optional extra ``pip install opfuse[openvino]``."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from opfuse.errors import OpfuseError
+
+
+class OpenVinoSession:
+    def __init__(self, compiled) -> None:  # type: ignore[no-untyped-def]
+        self.request = compiled.create_infer_request()
+
+    def run(self, feeds: dict[str, np.ndarray]) -> object:
+        return self.request.infer(feeds)
+
+
+class OpenVinoRuntime:
+    name = "openvino"
+    clock = staticmethod(time.perf_counter)
+
+    def __init__(self, threads: int = 1) -> None:
+        try:
+            import openvino
+        except ImportError:
+            raise OpfuseError(
+                "--runtime openvino: OpenVINO is not installed (pip install 'opfuse[openvino]')"
+            ) from None
+        self.core = openvino.Core()
+        self.version = openvino.__version__.split("-")[0]
+        self.threads = threads
+
+    def load(self, path: str | os.PathLike[str]) -> OpenVinoSession:
+        config: dict[str, object] = {"PERFORMANCE_HINT": "LATENCY"}
+        if self.threads:
+            config["INFERENCE_NUM_THREADS"] = self.threads
+        try:
+            compiled = self.core.compile_model(str(path), "CPU", config)
+        except Exception as exc:  # OpenVINO raises RuntimeError with long texts
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise OpfuseError(f"{path}: OpenVINO cannot load the model: {first}") from None
+        return OpenVinoSession(compiled)
+
+    def describe(self) -> str:
+        threads = (
+            "default threads"
+            if self.threads == 0
+            else f"{self.threads} thread" + ("" if self.threads == 1 else "s")
+        )
+        return f"openvino {self.version} CPU, {threads}"

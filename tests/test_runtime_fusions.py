@@ -1,0 +1,138 @@
+"""Never break what the runtime fuses: the fused kernels onnxruntime makes from a model,
+the comparison of original and output, and the default passes keeping a GELU whole where
+GeluFusionPass cannot fire (convnext: opset 17, erf GELU between two MatMuls)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from helpers import check_rule, effected, model_from_text, op_types, reasons
+from opfuse.api import optimize_file
+from opfuse.runtime.fused import lost_fusions, lost_text, runtime_kernels
+
+H = 16
+rng = np.random.default_rng(0)
+CONV_MUL = "ConvMulFusionPass"
+
+# LayerNorm -> MatMul -> erf GELU (its 0.5 last, as torch exports it) -> MatMul
+CONVNEXT_MLP = """
+    <ir_version: 9, opset_import: ["" : OPSET]>
+    g (float[1,4,{H}] x) => (float[1,4,{H}] y) {{
+        n = LayerNormalization<axis = -1>(x, gamma, beta)
+        h0 = MatMul(n, w1)
+        h = Add(h0, b1)
+        sqrt2 = Constant<value = float {{1.4142135}}>()
+        one = Constant<value = float {{1.0}}>()
+        half = Constant<value = float {{0.5}}>()
+        a = Div(h, sqrt2)
+        e = Erf(a)
+        p = Add(e, one)
+        m = Mul(h, p)
+        g1 = Mul(m, half)
+        y = MatMul(g1, w2)
+    }}"""
+
+
+def convnext_mlp(opset: int = 17) -> ir.Model:
+    return model_from_text(
+        CONVNEXT_MLP.replace("OPSET", str(opset)).format(H=H),
+        {
+            "gamma": rng.uniform(0.5, 1.5, H).astype(np.float32),
+            "beta": rng.standard_normal(H).astype(np.float32),
+            "w1": rng.standard_normal((H, H)).astype(np.float32),
+            "b1": rng.standard_normal(H).astype(np.float32),
+            "w2": rng.standard_normal((H, H)).astype(np.float32),
+        },
+    )
+
+
+def test_mul_conv_keeps_the_half_of_a_gelu():
+    optimized, result = check_rule(convnext_mlp(), CONV_MUL)
+    assert effected(result, CONV_MUL, "mul_conv") == 0
+    assert "the Mul is part of a GELU, which onnxruntime fuses into one kernel" in reasons(
+        result, CONV_MUL
+    )
+    assert op_types(optimized)["Erf"] == 1 and op_types(optimized)["Mul"] == 2
+
+
+def test_mul_conv_still_folds_a_plain_scale():
+    text = f"""
+        <ir_version: 9, opset_import: ["" : 17]>
+        g (float[1,4,{H}] x) => (float[1,4,{H}] y) {{
+            half = Constant<value = float {{0.5}}>()
+            s = Mul(x, half)
+            y = MatMul(s, w)
+        }}"""
+    model = model_from_text(text, {"w": rng.standard_normal((H, H)).astype(np.float32)})
+    optimized, result = check_rule(model, CONV_MUL)
+    assert effected(result, CONV_MUL, "mul_conv") == 1
+    assert op_types(optimized) == {"MatMul": 1}
+
+
+def test_gelu_fusion_still_fires_at_opset_20():
+    optimized, result = check_rule(convnext_mlp(20), CONV_MUL, "GeluFusionPass")
+    assert op_types(optimized)["Gelu"] == 1
+    assert "Erf" not in op_types(optimized)
+
+
+def _save(model: ir.Model, path) -> str:
+    ir.save(model, str(path))
+    return str(path)
+
+
+def test_default_optimize_keeps_every_gelu_onnxruntime_fuses(tmp_path):
+    src = _save(convnext_mlp(), tmp_path / "mlp.onnx")
+    dst = tmp_path / "mlp.opt.onnx"
+    optimize_file(src, dst)
+    before, after = runtime_kernels(src), runtime_kernels(dst)
+    assert before["BiasGelu"] + before["Gelu"] == 1
+    assert lost_fusions(before, after) == {}
+
+
+def test_the_comparison_sees_a_lost_gelu(tmp_path):
+    src = _save(convnext_mlp(), tmp_path / "mlp.onnx")
+    dst = tmp_path / "broken.onnx"  # what the fold did before the guard: 0.5 in w2
+    broken = convnext_mlp()
+    half = next(n for n in broken.graph if n.op_type == "Mul" and n.outputs[0].name == "g1")
+    mm = next(n for n in broken.graph if n.op_type == "MatMul" and n.outputs[0].name == "y")
+    w2 = broken.graph.initializers["w2"]
+    w2.const_value = ir.tensor(w2.const_value.numpy() * np.float32(0.5), name="w2")
+    mm.replace_input_with(0, half.inputs[0])
+    broken.graph.remove(half, safe=True)
+    _save(broken, dst)
+    lost = lost_fusions(runtime_kernels(src), runtime_kernels(dst))
+    assert set(lost) == {"Gelu"}
+    assert lost_text(lost) == "Gelu 1 -> 0"
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "lost"),
+    [
+        ({"Gelu": 18}, {"Gelu": 18}, {}),
+        ({"Gelu": 18, "FusedConv": 3}, {"FusedConv": 1}, {"FusedConv": (3, 1), "Gelu": (18, 0)}),
+        ({"BiasGelu": 2}, {"Gelu": 2}, {}),  # the bias went elsewhere: still a Gelu kernel
+        ({"LayerNormalization": 4}, {"SkipLayerNormalization": 4}, {}),
+        ({}, {"FusedMatMul": 2}, {}),
+    ],
+)
+def test_lost_fusions(before, after, lost):
+    assert lost_fusions(Counter(before), Counter(after)) == lost
+
+
+def test_summary_says_gelu_would_fire_at_a_higher_opset(tmp_path):
+    import subprocess
+    import sys
+
+    note = "note: GeluFusionPass would fire at a higher opset: 1 match at --target-opset 20"
+    for opset, expected in ((17, True), (20, False)):
+        src = _save(convnext_mlp(opset), tmp_path / f"mlp{opset}.onnx")
+        proc = subprocess.run(
+            [sys.executable, "-m", "opfuse", "optimize", src, "-o", str(tmp_path / "o.onnx")],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert (note in proc.stdout.splitlines()) is expected
