@@ -201,3 +201,34 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_records(tmp_path):
     lines = (out / "results.jsonl").read_text().splitlines()
     assert [json.loads(line)["relpath"] for line in lines] == ["a_chain.onnx"]
     assert (out / "summary.html").exists()
+
+
+def test_tune_writes_a_verified_tuned_model_beside_the_output(tmp_path):
+    model = identity_chain(tmp_path / "in" / "m.onnx")
+    out = tmp_path / "out"
+    (record,) = opfuse.batch(model, out, tune=2.0, timeout=120)
+    assert record["status"] == "ok", record["error"]
+    tuned = record["tune"]
+    assert set(tuned) == {"best", "beat_original", "latency_ratio", "model", "switch_file"}
+    assert (tuned["model"], tuned["switch_file"]) == ("m.tuned.onnx", "m.fusion_switch.cfg")
+    assert compare_files(model, out / tuned["model"]).ok
+    assert json.loads((out / tuned["switch_file"]).read_text()).get("Switch") is not None
+    assert json.loads((out / record["reports"]["tune"]).read_text())["trials"]
+    assert record["options_key"] != opfuse.batch(model, out)[0]["options_key"]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"tune": 30.0, "timeout": 20.0}, "--tune 30: the budget must be above 0 and below"),
+        ({"timeout": 0.0}, "--timeout 0"),
+        ({"max_memory": -1}, "--max-memory -1"),
+        ({"speed": 3}, "unknown options ['speed']"),
+    ],
+)
+def test_options_no_model_could_run_under_are_refused_before_any_work(tmp_path, options, message):
+    model = identity_chain(tmp_path / "m.onnx")
+    with pytest.raises(OpfuseError) as info:
+        opfuse.batch(model, tmp_path / "out", **options)
+    assert message in str(info.value)
+    assert not (tmp_path / "out").exists()

@@ -147,6 +147,12 @@ def print_summary(run: BatchRun, console: Console) -> None:
 @click.option(
     "--benchmark", is_flag=True, help="Also measure latency optimized / original (onnxruntime)."
 )
+@click.option(
+    "--tune",
+    "tune_budget",
+    type=float,
+    help="Also run opfuse tune with this budget (seconds) per model; NAME.tuned.onnx.",
+)
 @click.option("--fusion-switch-file", type=PathArg, help="CANN-format switch file for all models.")
 @click.option("--enable", multiple=True, help="Turn a pass on.")
 @click.option("--disable", multiple=True, help="Turn a pass off.")
@@ -169,6 +175,7 @@ def batch(
     force: bool,
     advise: bool,
     benchmark: bool,
+    tune_budget: float | None,
     fusion_switch_file: Path | None,
     enable: tuple[str, ...],
     disable: tuple[str, ...],
@@ -190,8 +197,6 @@ def batch(
     from opfuse.switch import parse_switch_file
     from opfuse.verify import parse_input_shapes
 
-    if timeout <= 0:
-        raise OpfuseError(f"--timeout {timeout:g}: give a number of seconds above 0")
     if fusion_switch_file is not None:
         parse_switch_file(fusion_switch_file)  # a bad file is one error now, not one per model
     # what would fail every model fails once, now: pass names, --target, --layout...
@@ -216,6 +221,7 @@ def batch(
         target=target,
         advise=advise,
         benchmark=benchmark,
+        tune=tune_budget,
         timeout=timeout,
         max_memory=parse_size(max_memory),
     )

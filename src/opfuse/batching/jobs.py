@@ -50,8 +50,21 @@ class TaskOptions:
     target: str | None = None
     advise: bool = False
     benchmark: bool = False
+    tune: float | None = None  # opfuse tune's budget in seconds per model
     timeout: float = 600.0
     max_memory: int = 8 << 30
+
+    def check(self) -> None:
+        """Refuse limits no model could run under (one error, before any model runs)."""
+        if self.timeout <= 0:
+            raise OpfuseError(f"--timeout {self.timeout:g}: give a number of seconds above 0")
+        if self.max_memory < 0:
+            raise OpfuseError(f"--max-memory {self.max_memory}: give a size, or 0 for none")
+        if self.tune is not None and not 0 < self.tune < self.timeout:
+            raise OpfuseError(
+                f"--tune {self.tune:g}: the budget must be above 0 and below --timeout "
+                f"{self.timeout:g} (the timeout covers optimize, verify and tune)"
+            )
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -84,6 +84,7 @@ def run_batch(
     """Run every model of INPUTS into OUTDIR; Ctrl-C returns what finished (interrupted)."""
     progress = progress or Progress()
     out = Path(outdir)
+    options.check()
     jobs = collect_jobs(inputs, options)
     check_outdir(out, jobs)
     runner = make_engine(engine, workers, ray_address)

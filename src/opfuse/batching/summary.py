@@ -11,7 +11,7 @@ from typing import Any
 from opfuse.io import write_text
 
 SUMMARY = "summary.html"
-REPORT_ORDER = ("advise_html", "advise_json", "fusion_result")
+REPORT_ORDER = ("advise_html", "advise_json", "tune", "fusion_result")
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>opfuse batch: {title}</title>

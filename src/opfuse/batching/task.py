@@ -24,7 +24,7 @@ SCHEMA = "opfuse.batch/1"
 # the record's statuses, in the order the summary lists them
 STATUSES = ("ok", "verify_failed", "refused", "crashed", "timeout", "oom")
 # fields that are measurements of this run, not results: they differ between engines/runs
-TIMING_FIELDS = ("started", "seconds", "optimize_seconds", "peak_memory", "latency_ratio")
+TIMING_FIELDS = ("started", "seconds", "optimize_seconds", "peak_memory", "latency_ratio", "tune")
 OOM_MARKERS = ("Failed to allocate memory", "bad_alloc", "Cannot allocate memory")
 BENCH_ROUNDS = 20
 
@@ -69,6 +69,7 @@ def base_record(job: Job) -> dict[str, Any]:
         "passes": {},
         "verification": None,
         "latency_ratio": None,
+        "tune": None,
         "output": None,
         "reports": {},
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -142,6 +143,9 @@ def run_task(job: Job, outdir: str) -> dict[str, Any]:
             record["reports"]["advise_html"] = _sibling(job.relpath, ".advise.html")
         if job.options.benchmark:
             record["latency_ratio"] = latency_ratio(job, output)
+        if job.options.tune:
+            record["tune"] = _tune(job, output)
+            record["reports"]["tune"] = _sibling(job.relpath, ".tune.json")
         record["status"] = "ok"
     except Exception as exc:  # a model's failure is its record, never the batch's
         record["status"] = status_of(exc)
@@ -173,6 +177,37 @@ def _advise(job: Job, output: Path) -> None:
     text = json.dumps(report, indent=2) + "\n"
     write_text(output.with_suffix(".advise.json"), text, inputs=[job.model])
     write_text(output.with_suffix(".advise.html"), render_html(report), inputs=[job.model])
+
+
+def _tune(job: Job, output: Path) -> dict[str, Any]:
+    """``opfuse tune`` within the model's budget: the fastest verified settings on
+    onnxruntime (one thread), written beside the output as NAME.tuned.onnx with its switch
+    file and report; the default optimization stays the output."""
+    from opfuse import tune as tuning
+    from opfuse.runtime import get_runtime
+
+    o = job.options
+    settings = tuning.TuneSettings(
+        budget_s=o.tune or 0.0,
+        input_shapes=o.input_shape,
+        inputs_npz=o.verify_inputs,
+        rtol=o.rtol,
+        atol=o.atol,
+    )
+    paths = [output.with_suffix(s) for s in (".tuned.onnx", ".fusion_switch.cfg", ".tune.json")]
+
+    def keep(found: Any, built: Any) -> None:
+        tuning.write_outputs(found, built, job.model, *paths)
+
+    runtime = get_runtime("onnxruntime", threads=1)
+    result = tuning.tune(job.model, runtime, settings, workdir=output.parent, keep=keep)
+    return {
+        "best": result.best.label,
+        "beat_original": result.beat_original,
+        "latency_ratio": result.ratio,
+        "model": _sibling(job.relpath, ".tuned.onnx"),
+        "switch_file": _sibling(job.relpath, ".fusion_switch.cfg"),
+    }
 
 
 def latency_ratio(job: Job, output: Path, rounds: int = BENCH_ROUNDS) -> float:
