@@ -8,6 +8,7 @@ timeout and memory limit), so a model gets the same record from either.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -97,6 +98,8 @@ class RayEngine:
             ) from None
         if ray.is_initialized():
             return ray, False
+        if self.address:
+            _check_reachable(self.address)
         try:
             if self.address:
                 ray.init(address=self.address, log_to_driver=False)
@@ -104,7 +107,12 @@ class RayEngine:
                 ray.init(num_cpus=self.workers, include_dashboard=False, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             where = self.address or "a local cluster"
-            raise OpfuseError(f"cannot start or join Ray at {where}: {one_line(exc)}") from None
+            hint = (
+                "" if self.address is None else " (a cluster with token auth: RAY_AUTH_MODE=token)"
+            )
+            raise OpfuseError(
+                f"cannot start or join Ray at {where}: {one_line(exc)}{hint}"
+            ) from None
         return ray, True
 
     def check_paths(self, ray: Any, jobs: Sequence[Job], outdir: str) -> None:
@@ -169,6 +177,20 @@ class RayEngine:
             record = base_record(job)
             record["error"] = f"Ray task failed: {type(exc).__name__}: {one_line(exc)}"[:500]
             return record
+
+
+def _check_reachable(address: str) -> None:
+    """A HOST:PORT with nothing listening is one error now (ray.init retries for minutes)."""
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host or not port.isdigit():
+        return  # "auto", ray:// client addresses: Ray's own checks
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as exc:
+        raise OpfuseError(
+            f"--ray {address}: no Ray cluster answers there ({exc.strerror or exc}); "
+            "start one (ray start --head) or give the address it printed"
+        ) from None
 
 
 def make_engine(engine: str, workers: int | None, ray_address: str | None) -> Engine:

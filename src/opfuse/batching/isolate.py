@@ -84,9 +84,9 @@ def run_isolated(
     killed and Interrupted raised. ``task`` replaces ``_child`` (tests' hook)."""
     ctx = context()
     receiver, sender = ctx.Pipe(duplex=False)
-    start = time.perf_counter()
     proc = ctx.Process(target=task or _child, args=(job, outdir, sender), daemon=True)
-    proc.start()
+    proc.start()  # returns once forked: a fork server's first start-up is not the model's time
+    start = time.perf_counter()
     sender.close()
     peak = 0
     record: dict[str, Any] | None = None
