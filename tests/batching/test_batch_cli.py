@@ -70,6 +70,7 @@ def test_advise_and_benchmark_add_reports_and_a_latency_ratio(tmp_path):
         (["{model}", "--enable", "NoSuchFusionPass"], "NoSuchFusionPass"),
         (["{model}", "--timeout", "0"], "--timeout 0"),
         (["{model}", "--fusion-switch-file", "{model}"], "switch"),
+        (["--ray", "{model}", "{model}"], "not a cluster address; put --ray after the inputs"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, args, message):

@@ -227,6 +227,11 @@ def batch(
     )
     err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 240)
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 240)
+    if ray_address not in (None, "local", "auto") and Path(ray_address).exists():
+        raise OpfuseError(
+            f"--ray {ray_address}: that is a file or folder, not a cluster address; put --ray "
+            "after the inputs (or write --ray=ADDRESS)"
+        )
     _skip_main_in_workers()
     engine = "local" if ray_address is None else "ray"
     address = None if ray_address in (None, "local") else ray_address
