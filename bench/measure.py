@@ -5,7 +5,9 @@ process so that a model that crashes onnxruntime costs only its own row:
         seeded inputs (batch 1, 32 for other dynamic dims) and the original's outputs
         (onnxruntime optimizations off) into WORKDIR/inputs.npz and WORKDIR/reference.npz
     python -m bench.measure check MODEL WORKDIR RESULT_JSON
-        max absolute and relative error vs the reference, session creation times
+        max absolute and relative error vs the reference, session creation times, and
+        polygraphy's default comparison (rtol 1e-5, atol 1e-5, every element) of the
+        outputs at ORT_ENABLE_ALL against the original's there (``polygraphy run --onnxrt``)
     python -m bench.measure latency RESULT_JSON BUDGET_S INPUTS_NPZ MODEL...
         median latency of every MODEL at ORT_DISABLE_ALL and ORT_ENABLE_ALL, one thread,
         batch 1, after a warm-up, with the runs of all models interleaved
@@ -163,6 +165,32 @@ def reference(original: str, workdir: str) -> None:
     named: dict[str, Any] = {o.name: v for o, v in zip(sess.get_outputs(), outs, strict=True)}
     np.savez(Path(workdir) / "inputs.npz", **cast(dict[str, Any], feeds))
     np.savez(Path(workdir) / "reference.npz", **named)
+    sess = session(original, "all")
+    outs = sess.run(None, feeds)
+    named = {o.name: v for o, v in zip(sess.get_outputs(), outs, strict=True)}
+    np.savez(Path(workdir) / "reference_all.npz", **named)
+
+
+def polygraphy_default(ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> bool | None:
+    """Whether polygraphy's default comparison (``CompareFunc.simple()``: every element
+    within atol 1e-5 + rtol 1e-5 * |ref|) passes; None when polygraphy is not installed."""
+    try:
+        from polygraphy.comparator import compare
+        from polygraphy.comparator.struct import IterationResult
+        from polygraphy.logger import G_LOGGER
+    except ImportError:
+        return None
+    G_LOGGER.module_severity = G_LOGGER.CRITICAL
+    if set(got) != set(ref):
+        return False
+    if hasattr(compare, "SimpleCompareFunc"):  # polygraphy run's default (0.50 and later)
+        func = compare.SimpleCompareFunc()
+    else:
+        func = compare.CompareFunc.simple()
+    results = func(
+        IterationResult(ref, runner_name="original"), IterationResult(got, runner_name="tool")
+    )
+    return bool(results) and all(bool(r) for r in results.values())
 
 
 def _load(path: Path) -> dict[str, np.ndarray]:
@@ -174,6 +202,7 @@ def check(model: str, workdir: str, result: str) -> None:
     """Errors at optimizations off, and creation time of a session at both levels."""
     feeds = _load(Path(workdir) / "inputs.npz")
     ref = _load(Path(workdir) / "reference.npz")
+    ref_all = _load(Path(workdir) / "reference_all.npz")
     _warm_onnxruntime()
     figures: dict[str, object] = {}
     for level in LEVELS:
@@ -193,6 +222,9 @@ def check(model: str, workdir: str, result: str) -> None:
                 out_names = list(ref)  # renamed outputs: compare by position
             got = dict(zip(out_names, outs, strict=True))
             figures["max_abs_err"], figures["max_rel_err"] = errors(ref, got)
+        else:
+            got = {o.name: v for o, v in zip(sess.get_outputs(), outs, strict=True)}
+            figures["polygraphy"] = polygraphy_default(ref_all, got)
     Path(result).write_text(json.dumps(figures))
 
 

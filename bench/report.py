@@ -138,6 +138,13 @@ def goals(doc: dict[str, Any]) -> dict[str, Any]:
                     g["latency_within_noise_of_best"] = op["latency_all_ratio"] - lat[best] <= noise
             _tuned(g, rows.get("opfuse-tune"), max_rel)
         out["models"][entry["model"]] = g
+    polygraphy = [
+        rows["opfuse"].get("polygraphy")
+        for rows in (e.get("rows", {}) for e in doc["models"])
+        if "opfuse" in rows
+    ]
+    if any(v is not None for v in polygraphy):
+        out["polygraphy_ok"] = f"{sum(v is True for v in polygraphy)}/{len(polygraphy)}"
     for key in ("nodes_ok", "time_ok", "latency_ok_vs_original", "latency_ok_vs_best"):
         vals = [g[key] for g in out["models"].values() if key in g]
         out[key] = f"{sum(vals)}/{len(vals)}"
@@ -228,19 +235,23 @@ def markdown(doc: dict[str, Any]) -> str:
         "(`opfuse.measure`: interleaved, the original twice; its noise is under the table).",
         "- **session s**: creation time of an `ORT_ENABLE_ALL` session, in a fresh process "
         "after onnxruntime's one-time setup.",
+        "- **poly**: polygraphy's default comparison (`polygraphy run --onnxrt`: every element "
+        "within 1e-5 + 1e-5 * |ref|) of the outputs at `ORT_ENABLE_ALL` against the "
+        "original's there (blank: polygraphy not installed). "
+        "`python -m bench.polygraphy_check` runs the polygraphy command itself on every model.",
         "",
     ]
     lines += _goal_section(doc)
     lines += _scale_section(doc)
     lines += ["## Per model", ""]
-    header = "| tool | nodes | MB | opt s | peak MB | abs err | rel err | lat off | lat all | lat ov | session s | status |"
+    header = "| tool | nodes | MB | opt s | peak MB | abs err | rel err | lat off | lat all | lat ov | session s | poly | status |"
     for entry in doc["models"]:
         runs = entry.get("latency_runs")
         lines += [f"### {entry['model']}" + (f" ({runs} latency rounds)" if runs else ""), ""]
         if "error" in entry:
             lines += [entry["error"], ""]
             continue
-        lines += [header, "|" + "---|" * 12]
+        lines += [header, "|" + "---|" * 13]
         for tool, row in entry["rows"].items():
             status = row.get("status", "")
             if tool == "original again":
@@ -261,7 +272,7 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"| {_f(row.get('optimize_s'), '.2f')} | {_f(row.get('peak_mb'), '.0f')} "
                 f"| {_err(row.get('max_abs_err'))} | {_err(row.get('max_rel_err'))} "
                 f"| {lat_off} | {lat_all} | {lat_ov} | {_f(row.get('session_all_s'), '.3f')} "
-                f"| {'' if status == 'ok' else status} |"
+                f"| {_mark(row.get('polygraphy'))} | {'' if status == 'ok' else status} |"
             )
         if "latency_error" in entry:
             lines.append(f"\nlatency not measured: {entry['latency_error']}")
@@ -327,6 +338,11 @@ def _goal_section(doc: dict[str, Any]) -> list[str]:
         + (
             f"; ~40k-node model in {g['scale_s']:.1f} s (goal < {SCALE_GOAL_S:.0f} s){_mark(g['scale_ok'])}"
             if "scale_s" in g
+            else ""
+        )
+        + (
+            f"; polygraphy's default comparison passes on {g['polygraphy_ok']} models"
+            if "polygraphy_ok" in g
             else ""
         )
         + "."

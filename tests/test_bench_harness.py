@@ -71,6 +71,7 @@ def test_run_on_a_tiny_model(tmp_path: Path, missing_tool: str) -> None:
         assert row["optimize_s"] > 0 and row["peak_mb"] > 10
         assert row["latency_off_ratio"] > 0 and row["latency_all_ratio"] > 0
         assert row["session_all_s"] > 0
+        assert row["polygraphy"] is True  # polygraphy's default comparison at ORT_ENABLE_ALL
     assert entry["latency_runs"] >= measure.MIN_RUNS
     assert rows[run.CONTROL]["latency_all_ratio"] > 0  # the noise control
     text = (out / "results.md").read_text()
@@ -78,6 +79,14 @@ def test_run_on_a_tiny_model(tmp_path: Path, missing_tool: str) -> None:
     assert "python -m bench.run" in text and "nproc" not in text  # described, not raw keys
     assert doc["machine"]["nproc"] >= 1 and doc["machine"]["versions"]["onnxruntime"]
     assert not (out / "work").exists()  # optimized models are cleaned up
+    assert "polygraphy's default comparison passes on 1/1 models" in text
+
+
+def test_polygraphy_default_comparison_fails_beyond_its_tolerance() -> None:
+    ref = {"y": np.ones(4, np.float32)}
+    assert measure.polygraphy_default(ref, {"y": ref["y"] + 1e-6}) is True
+    assert measure.polygraphy_default(ref, {"y": ref["y"] + 1e-4}) is False
+    assert measure.polygraphy_default(ref, {"z": ref["y"]}) is False
 
 
 def test_a_crashing_or_hanging_child_is_a_reported_failure() -> None:

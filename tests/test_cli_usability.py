@@ -220,3 +220,40 @@ def test_bisect_finds_the_first_failing_pass_with_few_reruns():
     assert first_bad_pass(fired, lambda disabled: True) is None  # not a pass of them
     assert first_bad_pass([], lambda disabled: True) is None
     assert first_bad_pass(["AFusionPass"], lambda d: "AFusionPass" not in d) == "AFusionPass"
+
+
+def test_phases_are_told_as_they_start_and_timed(tmp_path):
+    from opfuse.api import optimize_file
+    from opfuse.phases import Phases
+
+    told: list[str] = []
+    result = optimize_file(EXAMPLE, tmp_path / "o.onnx", phases=Phases(told.append))
+    assert told[:2] == ["load", "optimize"]
+    assert "optimize: round 1" in told and "optimize: round 2" in told
+    assert told[-2:] == ["write", "verify"]
+    assert set(result.timings) == {"load", "optimize", "write", "verify"}
+    assert all(seconds >= 0 for seconds in result.timings.values())
+
+
+def test_the_spinner_shows_only_on_a_terminal(monkeypatch):
+    shown: list[str] = []
+
+    class FakeStatus:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, text):
+            shown.append(text)
+
+    monkeypatch.setattr(cli.err, "status", lambda text: FakeStatus())
+    monkeypatch.setattr(type(cli.err), "is_terminal", property(lambda self: True))
+    with cli.progress() as phases, phases("load"):
+        pass
+    assert shown == ["load ..."]
+    monkeypatch.setattr(type(cli.err), "is_terminal", property(lambda self: False))
+    with cli.progress() as phases, phases("write"):
+        pass
+    assert shown == ["load ..."] and "write" in phases.seconds

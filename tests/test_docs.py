@@ -20,3 +20,20 @@ def test_off_by_default_passes_say_why():
     for info in all_passes():
         if not info.default:
             assert info.note, f"{info.name} is off by default without a note saying why"
+
+
+README = DOC.parents[1] / "README.md"
+
+
+def test_readme_python_blocks_run(tmp_path, monkeypatch, capsys):
+    """Every ```python block of the README runs as written (in a scratch folder)."""
+    import re
+
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text("utf-8"), flags=re.S)
+    assert blocks, "the README has no Python example"
+    monkeypatch.chdir(tmp_path)
+    for code in blocks:
+        exec(compile(code, str(README), "exec"), {"__name__": "__readme__"})
+    printed = capsys.readouterr().out
+    assert "ModelProto <OptimizeResult ModelProto: nodes 15 -> 10" in printed
+    assert "of its bound" in printed and "input ['IdentityRemovalFusionPass'" in printed

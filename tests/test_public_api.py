@@ -34,7 +34,15 @@ def test_the_package_exports_its_api_with_docstrings():
         if name != "__version__":
             assert value.__doc__, name
     assert {"optimize", "verify", "passes", "InferenceSession", "Options"} <= set(dir(opfuse))
+    import importlib
+
+    from opfuse.registry import all_passes
+
+    importlib.import_module("opfuse.passes.batchnorm")  # a submodule import must not rebind
+
+    all_passes()
     assert callable(opfuse.verify) and opfuse.verify.__module__ == "opfuse.public"
+    assert callable(opfuse.passes) and opfuse.passes() == all_passes()
     assert (Path(opfuse.__file__).parent / "py.typed").exists()
 
 
@@ -142,9 +150,12 @@ def test_inference_session_runs_the_optimized_model_and_leaves_the_file_alone(tm
 
 
 def test_inference_session_takes_a_model_proto_and_optimize_options():
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = opfuse.InferenceSession(
-        onnx.load(str(EXAMPLE)), disable=["ConvBatchNormFusionPass"], verify=False
+        onnx.load(str(EXAMPLE)), opts, disable=["ConvBatchNormFusionPass"], verify=False
     )
+    assert sess.get_session_options().graph_optimization_level == opts.graph_optimization_level
     assert sess.optimize_result.verify is None
     assert "ConvBatchNormFusionPass" not in sess.optimize_result.fired()
     with pytest.raises(OpfuseError, match="takes no output"):
@@ -204,3 +215,34 @@ def test_mypy_sees_concrete_types_in_a_user_script(tmp_path):
     assert 'user.py:6: note: Revealed type is "str"' in proc.stdout, proc.stdout
     assert 'user.py:7: note: Revealed type is "bool"' in proc.stdout, proc.stdout
     assert "user.py:8: error:" in proc.stdout and '"disabel"' in proc.stdout, proc.stdout
+
+
+def test_a_pass_that_breaks_the_model_for_onnxruntime_is_blamed(monkeypatch):
+    """An optimized model onnxruntime cannot load is a failed verification (exit 1) with
+    the pass to blame, not bad input."""
+    from opfuse.passes import batchnorm
+
+    real = batchnorm.bn_affine
+
+    def wrong_length(m, bn="bn"):
+        s, t = real(m, bn)
+        return s, np.concatenate([t, t[:1]])  # one bias too many for the Conv
+
+    monkeypatch.setattr(batchnorm, "bn_affine", wrong_length)
+    with pytest.raises(VerificationError) as exc:
+        opfuse.optimize(onnx.load(str(EXAMPLE)))
+    assert exc.value.culprit == "ConvBatchNormFusionPass"
+    assert "the optimized model" in str(exc.value) and "opfuse-" not in str(exc.value)
+    assert "try --disable ConvBatchNormFusionPass" in str(exc.value)
+
+
+def test_importing_opfuse_is_cheap_and_names_load_on_first_use():
+    code = (
+        "import sys, opfuse; heavy = {'onnxruntime', 'onnx_ir'} & set(sys.modules); "
+        "assert not heavy, heavy; assert set(opfuse.__all__) <= set(dir(opfuse)); "
+        "from opfuse.verify import compare_files; import opfuse.passes.batchnorm; "
+        "assert callable(opfuse.verify) and callable(opfuse.passes); "
+        "assert opfuse.optimize.__module__ == 'opfuse.public'"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

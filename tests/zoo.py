@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ZOO = ROOT.parent / "shared" / "zoo"
+# OPFUSE_ZOO: the zoo's folder where it is not ../shared/zoo (a git worktree elsewhere)
+ZOO = Path(os.environ.get("OPFUSE_ZOO", ROOT.parent / "shared" / "zoo"))
 ZOO_MODELS = sorted(p.stem for p in (ZOO / "models").glob("*.onnx")) if ZOO.exists() else []

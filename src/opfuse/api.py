@@ -3,6 +3,7 @@ optimize a model in memory or file to file, verify it, and blame the pass that b
 
 from __future__ import annotations
 
+import functools
 import io as _bytes_io
 import json
 import logging
@@ -10,7 +11,7 @@ import os
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -340,13 +341,14 @@ def optimize_file(
             raise
         raise type(exc)(f"{input_path}: {exc}") from None
     model = result.model
-    compare = {
-        "rtol": rtol,
-        "atol": atol,
-        "input_shapes": input_shapes,
-        "inputs_npz": inputs_npz,
-        "seed": seed,
-    }
+    compare = functools.partial(
+        compare_files,
+        rtol=rtol,
+        atol=atol,
+        input_shapes=input_shapes,
+        inputs_npz=inputs_npz,
+        seed=seed,
+    )
 
     def fails_without(disabled: list[str]) -> bool:
         """Re-optimize the input with ``disabled`` off too: does verification fail?"""
@@ -362,9 +364,11 @@ def optimize_file(
         with tempfile.TemporaryDirectory(prefix="opfuse-bisect-") as tmp:
             staged = io.save_model(again.model, Path(tmp) / "bisect.onnx", external=external)
             try:
-                return not compare_files(input_path, staged, **compare).ok  # type: ignore[arg-type]
-            except VerificationError:
-                return True
+                return not compare(input_path, staged).ok
+            except OpfuseError as exc:
+                if isinstance(exc, VerificationError) or str(staged) in str(exc):
+                    return True  # the re-optimized model cannot load or run
+                raise
 
     with (
         phases("write"),
@@ -373,27 +377,20 @@ def optimize_file(
         if verify:
             with phases("verify"):
                 try:
-                    report = compare_files(input_path, staged, **compare)  # type: ignore[arg-type]
-                except VerificationError as exc:  # the optimized model cannot run
-                    report = None
-                    cannot_run = str(exc)
-            result.verify = report
-            if report is None or not report.ok:
-                fired = [n for n in result.fired() if not get_pass(n).mandatory]
-                culprit = None
-                if bisect and fired:
-                    with phases("bisect"):
-                        culprit = first_bad_pass(fired, fails_without)
-                if report is None:
-                    hint = f"; try --disable {culprit}" if culprit else ""
-                    raise VerificationError(f"{cannot_run}{hint}", culprit=culprit)
+                    result.verify = compare(input_path, staged)
+                except OpfuseError as exc:
+                    if not isinstance(exc, VerificationError) and str(staged) not in str(exc):
+                        raise  # about the input model or the user's inputs
+                    # the optimized model cannot load or run in onnxruntime: our fault
+                    text = str(exc).replace(str(staged), "the optimized model")
+                    blame = fails_without if bisect else None
+                    raise _failure(result, text, blame, phases=phases) from None
+            if not result.verify.ok:
                 saved = None
                 if save_failing_inputs is not None:
-                    saved = str(save_inputs(report.feeds, save_failing_inputs))
-                message = failure_message(report, culprit, bisect and bool(fired), saved)
-                raise VerificationError(
-                    f"verification failed: {message}", report=report, culprit=culprit
-                )
+                    saved = save_inputs(result.verify.feeds, save_failing_inputs)
+                blame = fails_without if bisect else None
+                raise _failure(result, None, blame, saved, phases)
     result.timings = dict(phases.seconds)
     if verify:  # the verifier ran inside the write phase: count it once
         result.timings["write"] -= result.timings.get("verify", 0.0)
@@ -403,6 +400,30 @@ def optimize_file(
     result.output_bytes = _file_bytes(output_path)
     result.output = Path(output_path)
     return result
+
+
+def _failure(
+    result: OptimizeResult[ir.Model],
+    cannot_run: str | None,
+    fails_without: Callable[[list[str]], bool] | None,
+    saved: Path | None = None,
+    phases: Phases | None = None,
+) -> VerificationError:
+    """The error of a failed verification (``result.verify`` differs, or the optimized
+    model cannot run: ``cannot_run``): what differs, the first of the optional passes that
+    fired to blame (bisecting with ``fails_without``), where the inputs were saved."""
+    fired = [n for n in result.fired() if not get_pass(n).mandatory]
+    culprit = None
+    if fails_without is not None and fired:
+        with (phases or Phases())("bisect"):
+            culprit = first_bad_pass(fired, fails_without)
+    report = result.verify
+    if cannot_run is not None or report is None:
+        hint = f"; the first pass to blame is {culprit}: try --disable {culprit}" if culprit else ""
+        return VerificationError(f"verification failed: {cannot_run}{hint}", culprit=culprit)
+    searched = fails_without is not None and bool(fired)
+    message = failure_message(report, culprit, searched, None if saved is None else str(saved))
+    return VerificationError(f"verification failed: {message}", report=report, culprit=culprit)
 
 
 def save_inputs(feeds: Mapping[str, np.ndarray], path: str | os.PathLike[str]) -> Path:

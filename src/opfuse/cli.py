@@ -20,7 +20,7 @@ from rich.table import Table
 
 from opfuse import __version__
 from opfuse.advisor.target import builtin_targets
-from opfuse.errors import OpfuseError
+from opfuse.errors import EXIT_STATUSES, OpfuseError
 from opfuse.phases import Phases
 from opfuse.tune_cli import (
     benchmark_lines,
@@ -39,12 +39,6 @@ LOG_LEVELS = ("error", "warning", "info", "debug")
 PathArg = click.Path(path_type=Path)
 
 
-EXIT_STATUSES = (
-    "Exit status: 0 done; 1 verification failed (nothing written); 2 bad input or a "
-    "refused option (one line on stderr, nothing written); 3 internal error; 130 interrupted."
-)
-
-
 @contextmanager
 def progress() -> Iterator[Phases]:
     """Phase timing; on a terminal also a spinner on stderr naming the phase under way."""
@@ -55,7 +49,8 @@ def progress() -> Iterator[Phases]:
         yield Phases(lambda text: status.update(f"{text} ..."))
 
 
-def _deprecated(ctx: click.Context, old: str, new: str) -> None:
+def _deprecated(old: str, new: str) -> None:
+    """An old option name still works, with this warning."""
     err.print(f"opfuse: warning: {old} is deprecated; use {new}", markup=False)
 
 
@@ -227,13 +222,12 @@ def optimize(
     from opfuse.public import make_options
     from opfuse.verify import parse_input_shapes
 
-    ctx = click.get_current_context()
     for old, new, values in (
         ("--inputs", "--keep-inputs", old_inputs),
         ("--outputs", "--keep-outputs", old_outputs),
     ):
         if values:
-            _deprecated(ctx, old, new)
+            _deprecated(old, new)
     _check_verifier_options(verify, verify_inputs, "--verify-inputs", input_shape)
     refuse_without_benchmark(benchmark)
     settings = settings_from(runtime)
@@ -404,11 +398,10 @@ def verify(
     from opfuse.verdict import bound_text, failure_message, inputs_text, share
     from opfuse.verify import compare_files, parse_input_shapes
 
-    ctx = click.get_current_context()
     if old_inputs is not None:
         if verify_inputs is not None:
             raise OpfuseError("--inputs is the old name of --verify-inputs; give only one")
-        _deprecated(ctx, "--inputs", "--verify-inputs")
+        _deprecated("--inputs", "--verify-inputs")
         verify_inputs = old_inputs
     _check_verifier_options(True, verify_inputs, "--verify-inputs", input_shape)
     for path in (original, optimized):
@@ -457,7 +450,7 @@ def verify(
         sys.exit(1)
 
 
-@app.command()
+@app.command(epilog=EXIT_STATUSES)
 @click.option(
     "--format",
     "fmt",

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+EXIT_STATUSES = (
+    "Exit status: 0 done; 1 verification failed (nothing written); 2 bad input or a "
+    "refused option (one line on stderr, nothing written); 3 internal error; 130 interrupted."
+)
+
 
 class OpfuseError(Exception):
     """Bad input or a refused operation: one line for the user, exit status 2."""

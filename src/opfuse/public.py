@@ -8,6 +8,7 @@ verification can re-run the original). The model given is never changed.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -182,8 +183,9 @@ def optimize(
     )
     result.output = Path(output) if output is not None else None
     if isinstance(model, onnx.ModelProto):
-        proto_result: OptimizeResult[onnx.ModelProto] = OptimizeResult(
-            **{**result.__dict__, "model": ir.to_proto(result.model)}
+        proto_result: OptimizeResult[onnx.ModelProto] = dataclasses.replace(
+            result,  # type: ignore[arg-type, assignment]
+            model=ir.to_proto(result.model),
         )
         workdir.cleanup()
         return proto_result

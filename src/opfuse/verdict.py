@@ -11,7 +11,7 @@ def share(o: OutputDiff) -> str:
     if not o.ok and o.detail:
         return "-"
     if o.used >= 10:
-        return f"{o.used:.3g}x"
+        return f"{o.used:.0f}x"
     return f"{o.used:.1%}" if o.used < 0.1 else f"{o.used:.0%}"
 
 

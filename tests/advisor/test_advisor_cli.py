@@ -195,3 +195,14 @@ def test_profile_and_advise_write_their_files_atomically(tmp_path) -> None:  # t
     assert result.exit_code == 0, result.output
     assert json.loads(report.read_text())["schema"] == "opfuse.advise/1"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json", "r.json", "swish.onnx"]
+
+
+def test_narrow_tables_drop_constant_and_repeated_columns():
+    from opfuse.advisor.cli import fit_columns
+
+    columns = ("Op Name", "Count", "Total", "Avg", "Provider")
+    rows = [("a", "1", "5.0", "5.0", "CPU"), ("b", "1", "3.0", "3.0", "CPU")]
+    shown, cells, same = fit_columns(columns, rows, width=20, keep=("Op Name", "Total"))
+    assert shown == ["Op Name", "Total"] and cells == [["a", "5.0"], ["b", "3.0"]]
+    assert same == "Count 1, Provider CPU"
+    assert fit_columns(columns, rows, width=200)[0] == list(columns)  # it fits: all of it

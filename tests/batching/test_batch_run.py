@@ -27,7 +27,7 @@ from opfuse.verify import compare_files
 LIMITS = {"timeout": 6.0, "max_memory": 1 << 30}
 FIELDS = {
     "schema", "model", "relpath", "sha256", "options_key", "limits", "status", "error",
-    "nodes_before", "nodes_after", "passes", "verification", "latency_ratio", "output",
+    "nodes_before", "nodes_after", "passes", "verification", "latency_ratio", "tune", "output",
     "reports", "started", "seconds", "optimize_seconds", "peak_memory", "versions",
 }  # fmt: skip
 

@@ -276,3 +276,45 @@ def test_add_before_a_padded_conv_is_not_folded(pads, folded):
         assert op_types(optimized) == {"Add": 1, "Conv": 1}
         assert effected(result, AIPP) == 0
         assert any(r.startswith("Conv pads with zeros") for r in reasons(result, AIPP))
+
+
+def test_float32_conv_mul_add_fold_gives_onnxruntimes_bits():
+    """onnxruntime folds Conv -> Mul -> Add by per-channel constants at load time in
+    float32 (W * c, b * c, + d); opfuse folds them with the same steps, so under
+    ORT_ENABLE_ALL the two models give the same bits."""
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    c = 64
+    inits = {
+        "w": rng.standard_normal((c, 16, 3, 3)).astype(np.float32),
+        "b": rng.standard_normal(c).astype(np.float32),
+        "k": rng.uniform(0.5, 2, (c, 1, 1)).astype(np.float32),
+        "d": rng.standard_normal((c, 1, 1)).astype(np.float32),
+    }
+    model = model_from_text(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1,16,6,6] x) => (float[1,{c},6,6] y) {{
+          v = Conv<pads=[1,1,1,1]>(x, w, b)
+          m = Mul(v, k)
+          y = Add(m, d)
+        }}""",
+        inits,
+    )
+    optimized, _ = check_rule(model, MUL, ADD, "BatchNormSmallOpsFusionPass")  # the chain's
+    assert op_types(optimized) == {"Conv": 1}
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    feeds = {"x": rng.standard_normal((1, 16, 6, 6)).astype(np.float32)}
+    want, got = (
+        ort.InferenceSession(ir.to_proto(m).SerializeToString(), opts).run(None, feeds)[0]
+        for m in (model, optimized)
+    )
+    assert np.array_equal(want, got)
+    # not vacuous: float64 rounded once gives other bias bits
+    b64 = (inits["b"] * inits["k"].reshape(-1).astype(np.float64) + inits["d"].reshape(-1)).astype(
+        np.float32
+    )
+    bias = next(v for v in optimized.graph.initializers.values() if v.name.endswith("bias_affine"))
+    assert not np.array_equal(bias.const_value.numpy(), b64)

@@ -113,3 +113,32 @@ def test_channel_mismatch_is_not_folded():
         )
     result = run_passes(model, PASS)
     assert effected(result, PASS) == 0
+
+
+def _run_ort_all(model, feeds) -> list[np.ndarray]:
+    """Outputs under onnxruntime's default optimizations (it folds BN itself)."""
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.intra_op_num_threads = 1
+    data = ir.to_proto(model).SerializeToString()
+    return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_float32_fold_is_bit_identical_to_onnxruntimes_own(bias):
+    """onnxruntime folds Conv+BN at load time in float32, step by step; opfuse folds with
+    the same steps, so both models give the same bits under ORT_ENABLE_ALL."""
+    model = conv_bn(bias=bias, cin=16, cout=64)
+    optimized, _ = check_rule(model, PASS)
+    feeds = {"x": rng.standard_normal((1, 16, 6, 6)).astype(np.float32)}
+    for want, got in zip(_run_ort_all(model, feeds), _run_ort_all(optimized, feeds), strict=True):
+        assert np.array_equal(want, got)
+    # not vacuous: the float64 fold (rounded once) gives other weight bits
+    p = {k: model.graph.initializers[k].const_value.numpy() for k in ("w", "scale", "var")}
+    s64 = p["scale"].astype(np.float64) / np.sqrt(p["var"].astype(np.float64) + 1e-5)
+    w64 = (p["w"] * s64.reshape(-1, 1, 1, 1)).astype(np.float32)
+    folded = next(v for v in optimized.graph.initializers.values() if v.name.endswith("weight_bn"))
+    assert not np.array_equal(folded.const_value.numpy(), w64)

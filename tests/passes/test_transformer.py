@@ -135,7 +135,7 @@ def test_layer_norm_needs_opset_17():
     model = layer_norm(opset=16)
     result = run_passes(model, LN)
     assert LN not in result.passes
-    assert any("LayerNormFusionPass skipped: needs opset 17-" in w for w in result.warnings)
+    assert any("LayerNormFusionPass skipped: needs opset 17+" in w for w in result.warnings)
     assert "LayerNormalization" not in op_types(model)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -16,6 +16,7 @@ from rich.table import Table
 
 from opfuse.advisor.profile import GRAPH_OPT_LEVELS, op_statistic, top_nodes
 from opfuse.advisor.report import CAPTION, ORIGINAL, RUNS_NOTE, nodes_text
+from opfuse.errors import EXIT_STATUSES
 
 PathArg = click.Path(path_type=Path)
 NUMERIC = ("Count", "Total Time(us)", "Avg Time(us)", "Ratio(%)")
@@ -23,7 +24,9 @@ NUMERIC = ("Count", "Total Time(us)", "Avg Time(us)", "Ratio(%)")
 
 @contextmanager
 def _progress() -> Iterator:  # type: ignore[type-arg]
-    """A rich progress bar on stderr; step(what, done, total) advances it."""
+    """A rich progress bar on stderr (on a terminal only); step(what, done, total)
+    advances it, step(what) shows a phase without a count (loading, mapping kernels).
+    A new phase hides the phases before it."""
     err = Console(stderr=True)
     with Progress(
         TextColumn("{task.description}"),
@@ -36,12 +39,38 @@ def _progress() -> Iterator:  # type: ignore[type-arg]
     ) as bar:
         tasks: dict[str, object] = {}
 
-        def step(what: str, done: int, total: int) -> None:
+        def step(what: str, done: int = 0, total: int | None = None) -> None:
             if what not in tasks:
+                for task in tasks.values():
+                    bar.update(task, visible=False)  # type: ignore[arg-type]
                 tasks[what] = bar.add_task(what, total=total)
             bar.update(tasks[what], completed=done, total=total)  # type: ignore[arg-type]
 
         yield step
+
+
+def fit_columns(
+    columns: Sequence[str], rows: Sequence[Sequence[str]], width: int, keep: Sequence[str] = ()
+) -> tuple[list[str], list[list[str]], str]:
+    """On a terminal too narrow for the whole table, drop (except ``keep``) the columns
+    whose value is the same in every row, said once instead (``Count 1, Provider
+    CPUExecutionProvider``), and those equal to an earlier column in every row (the
+    average when every count is 1). Returns the columns, the rows and the note."""
+    natural = sum(max([len(c), *(len(r[i]) for r in rows)]) + 3 for i, c in enumerate(columns))
+    if natural <= width or len(rows) < 2:
+        return list(columns), [list(r) for r in rows], ""
+    constant = [
+        i
+        for i, c in enumerate(columns)
+        if c not in keep and len({r[i] for r in rows}) == 1 and rows[0][i]
+    ]
+    kept: list[int] = []
+    for i, c in enumerate(columns):
+        repeats = any(all(r[i] == r[j] for r in rows) for j in kept)
+        if i not in constant and (c in keep or not repeats):
+            kept.append(i)
+    same = ", ".join(f"{columns[i]} {rows[0][i]}" for i in constant)
+    return [columns[i] for i in kept], [[r[i] for i in kept] for r in rows], same
 
 
 def _write(output: Path, text: str, inputs: dict[str, Path | None]) -> None:
@@ -58,7 +87,7 @@ def _shapes(specs: tuple[str, ...]) -> dict[str, list[int]]:
     return parse_input_shapes(list(specs))
 
 
-@click.command()
+@click.command(epilog=EXIT_STATUSES)
 @click.argument("model", type=PathArg)
 @click.option("--runs", default=10, show_default=True, help="Profiled inference runs.")
 @click.option("--warmup", default=2, show_default=True, help="Runs dropped before profiling.")
@@ -113,6 +142,7 @@ def profile(
     if output is not None:  # before the runs: never over the model, a folder that exists
         check_output_path(output, [model])
     with _progress() as step, tempfile.TemporaryDirectory(prefix="opfuse-profile-") as tmp:
+        step("onnxruntime: session and warm-up runs")
         prof = run_onnxruntime(
             model,
             runs=runs,
@@ -126,6 +156,7 @@ def profile(
             progress=lambda done, total: step("profiling", done, total),
         )
         # map onnxruntime's fused kernel names back to the model's nodes
+        step("mapping onnxruntime's kernels to the model's nodes")
         graph = from_model(load_model(model))
         if prof.ort_optimized_model:  # kernels are placed on the graph onnxruntime ran
             runtime = from_model(ir.load(prof.ort_optimized_model))
@@ -191,12 +222,7 @@ def profile(
             f"{100 * s.share:.2f}",
         )
     out.print(table)
-    table = Table(
-        title=f"Top {len(slow)} slow nodes (per run)",
-        title_justify="left",
-        caption=CAPTION,
-    )
-    for col in (
+    columns = (
         "Op Name",
         "OP Type",
         "Count",
@@ -205,10 +231,9 @@ def profile(
         "Ratio(%)",
         "Provider",
         ORIGINAL,
-    ):
-        table.add_column(col, justify="right" if col in NUMERIC else "left")
-    for r in slow:
-        table.add_row(
+    )
+    rows = [
+        (
             r.name,
             r.op_type,
             str(r.calls),
@@ -218,12 +243,24 @@ def profile(
             r.provider,
             nodes_text(r.name, originals[r.name]),
         )
+        for r in slow
+    ]
+    shown, cells, same = fit_columns(columns, rows, out.width, keep=("Op Name", "Total Time(us)"))
+    table = Table(
+        title=f"Top {len(slow)} slow nodes (per run)" + (f"; {same}" if same else ""),
+        title_justify="left",
+        caption=CAPTION,
+    )
+    for col in shown:
+        table.add_column(col, justify="right" if col in NUMERIC else "left")
+    for row in cells:
+        table.add_row(*row)
     out.print(table)
     if output is not None:
         out.print(f"profile written to {output}", markup=False)
 
 
-@click.command()
+@click.command(epilog=EXIT_STATUSES)
 @click.argument("model", type=PathArg, required=False)
 @click.option(
     "--profile",

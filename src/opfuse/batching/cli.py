@@ -156,15 +156,38 @@ def print_summary(run: BatchRun, console: Console) -> None:
 @click.option("--fusion-switch-file", type=PathArg, help="CANN-format switch file for all models.")
 @click.option("--enable", multiple=True, help="Turn a pass on.")
 @click.option("--disable", multiple=True, help="Turn a pass off.")
-@click.option("--verify/--no-verify", default=True, show_default=True)
+@click.option(
+    "--verify/--no-verify",
+    default=True,
+    show_default=True,
+    help="Compare each output with its input model before writing it.",
+)
 @click.option("--rtol", default=1e-4, show_default=True, help="Relative tolerance.")
 @click.option("--atol", default=1e-5, show_default=True, help="Absolute tolerance.")
 @click.option("--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224.")
-@click.option("--fold-size-limit", default=DEFAULT_FOLD_SIZE_LIMIT, show_default=True)
+@click.option(
+    "--fold-size-limit",
+    default=DEFAULT_FOLD_SIZE_LIMIT,
+    show_default=True,
+    help="Largest constant (bytes) a fold may create.",
+)
 @click.option("--target-opset", type=int, help="Convert to this opset first.")
-@click.option("--layout", type=click.Choice(["keep", "nchw", "nhwc"]), default="keep")
+@click.option(
+    "--layout",
+    type=click.Choice(["keep", "nchw", "nhwc"]),
+    default="keep",
+    show_default=True,
+    help="Layout of image inputs/outputs; nchw changes the models' interface.",
+)
 @click.option("--target", help="Runtime whose UBFusion passes may run.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="json: the summary and every record on stdout.",
+)
 def batch(
     inputs: tuple[Path, ...],
     outdir: Path,

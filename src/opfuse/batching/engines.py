@@ -25,8 +25,11 @@ OnStart = Callable[[Job], None]
 class Engine(Protocol):
     name: str
 
-    def run(self, jobs: Sequence[Job], outdir: str, on_start: OnStart) -> Iterator[dict[str, Any]]:
-        """Yield each job's record as it finishes; closing the iterator stops the rest."""
+    def run(
+        self, jobs: Sequence[Job], outdir: str, on_start: OnStart, stop: threading.Event
+    ) -> Iterator[dict[str, Any]]:
+        """Yield each job's record as it finishes. ``stop`` set, or the iterator closed:
+        the running tasks are killed, the queued ones dropped."""
         ...
 
 
@@ -38,9 +41,9 @@ class LocalEngine:
     def __init__(self, workers: int | None = None) -> None:
         self.workers = max(1, workers or os.cpu_count() or 1)
 
-    def run(self, jobs: Sequence[Job], outdir: str, on_start: OnStart) -> Iterator[dict[str, Any]]:
-        stop = threading.Event()
-
+    def run(
+        self, jobs: Sequence[Job], outdir: str, on_start: OnStart, stop: threading.Event
+    ) -> Iterator[dict[str, Any]]:
         def task(job: Job) -> dict[str, Any]:
             if stop.is_set():
                 raise Interrupted(job.model)
@@ -50,7 +53,7 @@ class LocalEngine:
         pool = ThreadPoolExecutor(self.workers, thread_name_prefix="opfuse-batch")
         pending: set[Future[dict[str, Any]]] = {pool.submit(task, job) for job in jobs}
         try:
-            while pending:
+            while pending and not stop.is_set():
                 done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
                 for future in done:
                     yield future.result()
@@ -136,7 +139,9 @@ class RayEngine:
                     "folder must be on storage every node mounts at the same path"
                 )
 
-    def run(self, jobs: Sequence[Job], outdir: str, on_start: OnStart) -> Iterator[dict[str, Any]]:
+    def run(
+        self, jobs: Sequence[Job], outdir: str, on_start: OnStart, stop: threading.Event
+    ) -> Iterator[dict[str, Any]]:
         ray, started = self._init()
         try:
             self.check_paths(ray, jobs, outdir)
@@ -155,7 +160,7 @@ class RayEngine:
             del queue[:slots]
             pending = list(refs)
             try:
-                while pending:
+                while pending and not stop.is_set():
                     done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
                     for ref in done:
                         yield self._record(ray, ref, refs[ref])

@@ -3,9 +3,12 @@ append each record as it arrives, and write the summary page."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +63,20 @@ class BatchRun:
         }
 
 
+@contextlib.contextmanager
+def _ctrl_c_sets(stop: threading.Event) -> Iterator[None]:
+    """While the engine runs, Ctrl-C sets ``stop`` instead of raising KeyboardInterrupt
+    (which could land inside the pool's locks and deadlock its shutdown)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _hash_jobs(jobs: list[Job]) -> dict[str, str | None]:
     digests: dict[str, str | None] = {}
     for job in jobs:
@@ -105,18 +122,21 @@ def run_batch(
     progress.planned(len(jobs), len(run.skipped))
     start = time.perf_counter()
     jobs_by_model = {job.model: job for job in todo}
-    stream = runner.run(todo, str(out), progress.started) if todo else iter(())
+    stop = threading.Event()
+    stream = runner.run(todo, str(out), progress.started, stop) if todo else iter(())
     try:
-        for record in stream:
-            results.append(out, record)
-            by_model[record["model"]] = record
-            progress.finished(jobs_by_model[record["model"]], record)
-    except KeyboardInterrupt:
-        run.interrupted = True
+        with _ctrl_c_sets(stop):
+            for record in stream:
+                results.append(out, record)
+                by_model[record["model"]] = record
+                progress.finished(jobs_by_model[record["model"]], record)
+    except KeyboardInterrupt:  # a ^C outside the main thread's handler
+        stop.set()
     finally:
         close: Callable[[], None] | None = getattr(stream, "close", None)
         if close is not None:
             close()  # stops the engine: kills running children, drops the queue
+    run.interrupted = stop.is_set()
     run.seconds = time.perf_counter() - start
     run.records = [by_model[job.model] for job in jobs if job.model in by_model]
     write_summary_html(out, run.records, run.summary())

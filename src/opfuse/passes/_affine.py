@@ -4,7 +4,8 @@ A linear layer here is Conv, ConvTranspose, Gemm, or MatMul with a constant weig
 (optionally followed by a bias Add, and optionally by one Transpose that moves the
 channel axis, as NHWC exports put after every Conv). Its output channels are one axis
 of the value the affine map reads; folding scales the weight along that axis and turns
-the bias into ``bias * s + t``, all in float64, cast back once.
+the bias into ``bias * s + t``, in float64 cast back once, or (``native_arithmetic``) in
+the weight's dtype as onnxruntime's own Conv+Mul/Add fusions compute it.
 """
 
 from __future__ import annotations
@@ -177,19 +178,33 @@ def as_vector(array: np.ndarray, channels: int) -> np.ndarray:
     return np.broadcast_to(array.astype(np.float64).reshape(-1), (channels,)).copy()
 
 
+def native_arithmetic(dtype: np.dtype, s: np.ndarray, t: np.ndarray) -> bool:
+    """Whether to fold in the weight's own dtype, step by step, as onnxruntime's load-time
+    Conv+Mul and Conv+Add fusions do: for float32/float64 weights when s and t are exact
+    in that dtype (a model's own constants). Then ``W * s`` and ``b * s + t`` round as
+    onnxruntime's do, so both give the same bits; otherwise float64, rounded once."""
+    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        return False
+    return all(np.array_equal(v.astype(dtype).astype(v.dtype), v) for v in (s, t))
+
+
 def fold(lin: Linear, b: Builder, s: np.ndarray, t: np.ndarray) -> ir.Value:
     """Build ``s * lin(x) + t`` as one linear layer (and its Transpose); s, t per channel."""
     node, w = lin.node, lin.weight
     dtype = w.dtype
     name = node.name or node.op_type.lower()
-    w64 = w.astype(np.float64)
+    if native_arithmetic(dtype, s, t) and (lin.bias is None or lin.bias.dtype == dtype):
+        s, t = s.astype(dtype), t.astype(dtype)
+        w64 = w  # "64": the working precision, here the weight's own
+    else:
+        w64 = w.astype(np.float64)
     inputs: list[ir.Value | None]
     attrs = dict(node.attributes.items())
     if node.op_type in ("Conv", "ConvTranspose"):
         group = int(attr(node, "group", 1))
         new_w = scale_out_channels(w64, s, node.op_type == "ConvTranspose", group)
-        bias = lin.bias.astype(np.float64) if lin.bias is not None else np.zeros_like(s)
-        new_b = bias * s + t
+        bias = lin.bias.astype(w64.dtype) if lin.bias is not None else None
+        new_b = bias * s + t if bias is not None else t
         inputs = [node.inputs[0], b.const(new_w.astype(dtype), f"{name}.weight_affine")]
         inputs.append(b.const(new_b.astype(dtype), f"{name}.bias_affine"))
         out = b.op(node.op_type, inputs, attrs, like=node)
@@ -205,7 +220,7 @@ def fold(lin: Linear, b: Builder, s: np.ndarray, t: np.ndarray) -> ir.Value:
         inputs = [node.inputs[0], b.const(new_w.astype(dtype), f"{name}.weight_affine")]
         out = b.op("MatMul", inputs, attrs, like=node)
         if lin.bias is not None:
-            new_b = lin.bias.astype(np.float64) * s + t
+            new_b = lin.bias.astype(w64.dtype) * s + t
         else:
             new_b = t if np.any(t) else None
         if new_b is not None:

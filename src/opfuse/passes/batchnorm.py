@@ -4,7 +4,16 @@ MatMul, Gemm when BN's channel axis 1 is the weight's output axis, i.e. a rank-2
     y = gamma * (conv(x, W) + b - mean) / sqrt(var + eps) + beta
       = conv(x, W * s) + (b - mean) * s + beta,        s = gamma / sqrt(var + eps)
 
-with s applied per output channel. Arithmetic is done in float64 and cast back once.
+with s applied per output channel.
+
+float32 and float64 folds use onnxruntime's own arithmetic (its ConvBNFusion and
+MatMulBNFusion at load time): every step in the parameters' dtype, in its order,
+
+    s = scale / sqrt(var + eps);  W' = W * s;  b' = (b - mean) * s + beta  (or beta - mean * s)
+
+so where onnxruntime folds the same BatchNormalization, the optimized model is
+bit-identical to the original under its default optimizations. Other dtypes (float16)
+are folded in float64 and rounded once.
 """
 
 from __future__ import annotations
@@ -28,13 +37,24 @@ from opfuse.rewrite import Builder, Match, Op, Optional, PassContext, Rule, Var
 from opfuse.rewrite.pattern import const_array
 
 BN_PARAMS = ("scale", "bias", "mean", "var")
+ORT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))  # folded as onnxruntime does
+
+
+def ort_arithmetic(m: Match, *keys: str) -> np.dtype | None:
+    """The dtype to fold in with onnxruntime's arithmetic: that of the BN parameters and
+    the constants ``keys`` when they all share a float32/float64 dtype, else None."""
+    dtypes = {m[k].dtype for k in (*BN_PARAMS, *keys) if k in m.consts}
+    dtype = next(iter(dtypes)) if len(dtypes) == 1 else None
+    return dtype if dtype in ORT_DTYPES else None
 
 
 def bn_affine(m: Match, bn: str = "bn") -> tuple[np.ndarray, np.ndarray]:
-    """The per-channel (s, t) with BN(y) = s * y + t, in float64."""
+    """The per-channel (s, t) with BN(y) = s * y + t: in the parameters' dtype with
+    onnxruntime's steps for float32/float64 (see the module docstring), else float64."""
     eps = float(m.attr(bn, "epsilon", 1e-5))
-    scale, bias, mean, var = (m[k].astype(np.float64) for k in BN_PARAMS)
-    s = scale / np.sqrt(var + eps)
+    dtype = ort_arithmetic(m) or np.dtype(np.float64)
+    scale, bias, mean, var = (m[k].astype(dtype, copy=False) for k in BN_PARAMS)
+    s = scale / np.sqrt(var + dtype.type(eps))
     return s, bias - mean * s
 
 
@@ -99,10 +119,14 @@ class ConvBatchNormRule(Rule):
         group = int(attr(conv, "group", 1))
         w = m["w"]
         s, t = bn_affine(m)
-        bias = m["b"].astype(np.float64) if "b" in m.consts else np.zeros_like(s)
-        new_w = scaled_weight(w, s, transposed, group)
+        if ort_arithmetic(m, "w", "b") is not None:  # onnxruntime's steps, in w's dtype
+            new_w = scale_out_channels(w, s, transposed, group)
+            new_b = (m["b"] - m["mean"]) * s + m["bias"] if "b" in m.consts else t
+        else:
+            bias = m["b"].astype(np.float64) if "b" in m.consts else np.zeros_like(s)
+            new_w = scaled_weight(w, s.astype(np.float64), transposed, group)
+            new_b = (bias * s + t).astype(w.dtype)
         drop_pages(m.value("w"))  # a large external weight was read once: unmap its pages
-        new_b = (bias * s + t).astype(w.dtype)
         attrs = {k: a for k, a in conv.attributes.items()}
         out = b.op(
             conv.op_type,
