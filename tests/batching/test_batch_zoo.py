@@ -33,7 +33,7 @@ def test_zoo_batch_with_a_truncated_a_hanging_and_a_memory_hungry_model(zoo_dir,
     needs_16_gib(models / "oom.onnx")
     truncated(models / "truncated.onnx")
     out = tmp_path / "out"
-    args = [models, "-o", out, "--workers", "2", "--timeout", "300", "--max-memory", "4G"]
+    args = [models, "-o", out, "--workers", "2", "--timeout", "90", "--max-memory", "4G"]
     first = opfuse_batch(*args, "--format", "json")
     assert first.returncode == 1, first.stderr  # three models failed
     records = json.loads(first.stdout)["records"]

@@ -44,11 +44,13 @@ class LocalEngine:
     def run(
         self, jobs: Sequence[Job], outdir: str, on_start: OnStart, stop: threading.Event
     ) -> Iterator[dict[str, Any]]:
+        halt = threading.Event()  # set on the way out: running children are killed
+
         def task(job: Job) -> dict[str, Any]:
-            if stop.is_set():
+            if halt.is_set():
                 raise Interrupted(job.model)
             on_start(job)
-            return run_isolated(job, outdir, stop)
+            return run_isolated(job, outdir, halt)
 
         pool = ThreadPoolExecutor(self.workers, thread_name_prefix="opfuse-batch")
         pending: set[Future[dict[str, Any]]] = {pool.submit(task, job) for job in jobs}
@@ -58,7 +60,7 @@ class LocalEngine:
                 for future in done:
                     yield future.result()
         finally:  # finished, Ctrl-C or the caller closed us: kill what still runs
-            stop.set()
+            halt.set()
             for future in pending:
                 future.cancel()
             pool.shutdown(wait=True)
