@@ -11,7 +11,7 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,ray]'  # ray: the batch engine's tests run a local cluster
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -38,7 +38,7 @@ fuzz: $(STAMP)
 	OPFUSE_FUZZ_EXAMPLES=10000 $(BIN)/pytest -q tests/test_fuzz.py --hypothesis-show-statistics
 
 $(VENV)/.bench: $(STAMP)
-	$(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/pip install -q -e '.[test,ray,bench]'
 	touch $(VENV)/.bench
 
 bench: $(VENV)/.bench

@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from opfuse.advisor.advise import AdviseOptions, advise
     from opfuse.api import OptimizeResult
+    from opfuse.batching import batch
     from opfuse.errors import EngineError, OpfuseError, VerificationError
     from opfuse.public import optimize, passes, verify
     from opfuse.registry import PassInfo
@@ -41,6 +42,7 @@ _WHERE = {
     "OutputDiff": "opfuse.verify",
     "advise": "opfuse.advisor.advise",
     "AdviseOptions": "opfuse.advisor.advise",
+    "batch": "opfuse.batching",
     "OpfuseError": "opfuse.errors",
     "VerificationError": "opfuse.errors",
     "EngineError": "opfuse.errors",
@@ -58,6 +60,7 @@ __all__ = [
     "VerifyReport",
     "__version__",
     "advise",
+    "batch",
     "optimize",
     "passes",
     "verify",

@@ -536,6 +536,10 @@ app.add_command(profile)
 app.add_command(advise)
 app.add_command(tune)
 
+from opfuse.batching.cli import batch  # noqa: E402  (opfuse batch)
+
+app.add_command(batch)
+
 
 def main() -> None:
     """Console entry point: one-line errors and exit statuses instead of tracebacks."""

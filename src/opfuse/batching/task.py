@@ -1,0 +1,235 @@
+"""One model's task: a plain function of (job, OUTDIR) -> result record.
+
+It never raises for a model's own failure: bad input, a failed verification or a memory
+error become the record's status. It runs inside an isolated child process
+(``opfuse.batching.isolate``), which adds what only the parent can see (timeout, a crash).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from opfuse import __version__
+from opfuse.batching.jobs import Job
+from opfuse.errors import OpfuseError, VerificationError
+
+SCHEMA = "opfuse.batch/1"
+# the record's statuses, in the order the summary lists them
+STATUSES = ("ok", "verify_failed", "refused", "crashed", "timeout", "oom")
+# fields that are measurements of this run, not results: they differ between engines/runs
+TIMING_FIELDS = ("started", "seconds", "optimize_seconds", "peak_memory", "latency_ratio", "tune")
+OOM_MARKERS = ("Failed to allocate memory", "bad_alloc", "Cannot allocate memory")
+BENCH_ROUNDS = 20
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def versions() -> dict[str, str]:
+    import onnx
+    import onnxruntime
+
+    return {
+        "opfuse": __version__,
+        "onnxruntime": onnxruntime.__version__,
+        "onnx": onnx.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def base_record(job: Job) -> dict[str, Any]:
+    """The fields every record has, whatever happened to the model."""
+    try:
+        digest: str | None = sha256_file(job.model)
+    except OSError:
+        digest = None
+    return {
+        "schema": SCHEMA,
+        "model": job.model,
+        "relpath": job.relpath,
+        "sha256": digest,
+        "options_key": job.options.key(),
+        "limits": job.options.limits(),
+        "status": "crashed",
+        "error": None,
+        "nodes_before": None,
+        "nodes_after": None,
+        "passes": {},
+        "verification": None,
+        "latency_ratio": None,
+        "tune": None,
+        "output": None,
+        "reports": {},
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "seconds": None,
+        "optimize_seconds": None,
+        "peak_memory": None,
+        "versions": versions(),
+    }
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def status_of(exc: BaseException) -> str:
+    """The record status a task's exception means."""
+    if isinstance(exc, MemoryError) or any(m in str(exc) for m in OOM_MARKERS):
+        return "oom"
+    if isinstance(exc, VerificationError):
+        return "verify_failed"
+    if isinstance(exc, OpfuseError):
+        return "refused"
+    return "crashed"
+
+
+def optimize_model_file(job: Job, output: Path) -> Any:
+    """The one adapter between batch and opfuse's Python API: optimize, verify, write."""
+    from opfuse import optimize
+
+    o = job.options
+    return optimize(
+        job.model,
+        output=output,
+        fusion_switch_file=o.switch_file,
+        enable=o.enable,
+        disable=o.disable,
+        fusion_result=output.with_suffix(".fusion_result.json"),
+        verify=o.verify,
+        rtol=o.rtol,
+        atol=o.atol,
+        input_shape=o.input_shape,
+        verify_inputs=o.verify_inputs,
+        fold_size_limit=o.fold_size_limit,
+        target_opset=o.target_opset,
+        layout=o.layout,
+        target=o.target,
+    )
+
+
+def run_task(job: Job, outdir: str) -> dict[str, Any]:
+    """Optimize (and optionally advise and benchmark) one model into OUTDIR."""
+    start = time.perf_counter()
+    record = base_record(job)
+    output = job.output(outdir)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        result = optimize_model_file(job, output)
+        record["nodes_before"] = sum(result.before.values())
+        record["nodes_after"] = sum(result.after.values())
+        record["passes"] = {name: count for name, count in _effected(result.log).items() if count}
+        if result.verify is not None:
+            record["verification"] = result.verify.to_json()
+        record["optimize_seconds"] = round(result.seconds, 3)
+        # paths relative to OUTDIR: records stay true when OUTDIR moves, and equal across engines
+        record["output"] = job.relpath
+        record["reports"]["fusion_result"] = _sibling(job.relpath, ".fusion_result.json")
+        if job.options.advise:
+            _advise(job, output)
+            record["reports"]["advise_json"] = _sibling(job.relpath, ".advise.json")
+            record["reports"]["advise_html"] = _sibling(job.relpath, ".advise.html")
+        if job.options.benchmark:
+            record["latency_ratio"] = latency_ratio(job, output)
+        if job.options.tune:
+            record["tune"] = _tune(job, output)
+            record["reports"]["tune"] = _sibling(job.relpath, ".tune.json")
+        record["status"] = "ok"
+    except Exception as exc:  # a model's failure is its record, never the batch's
+        record["status"] = status_of(exc)
+        record["error"] = one_line(exc)
+        if record["status"] == "crashed":
+            record["error"] = f"{type(exc).__name__}: {record['error']}"
+    record["seconds"] = round(time.perf_counter() - start, 3)
+    return record
+
+
+def _effected(log: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for stats in log:
+        counts[stats.pass_name] = counts.get(stats.pass_name, 0) + stats.effected
+    return counts
+
+
+def _sibling(relpath: str, suffix: str) -> str:
+    return Path(relpath).with_suffix(suffix).as_posix()
+
+
+def _advise(job: Job, output: Path) -> None:
+    """The advisor's JSON and HTML reports of the input model beside its output."""
+    from opfuse.advisor.advise import AdviseOptions, advise
+    from opfuse.advisor.html import render_html
+    from opfuse.io import write_text
+
+    report = advise(job.model, options=AdviseOptions(input_shapes=job.options.input_shape))
+    text = json.dumps(report, indent=2) + "\n"
+    write_text(output.with_suffix(".advise.json"), text, inputs=[job.model])
+    write_text(output.with_suffix(".advise.html"), render_html(report), inputs=[job.model])
+
+
+def _tune(job: Job, output: Path) -> dict[str, Any]:
+    """``opfuse tune`` within the model's budget: the fastest verified settings on
+    onnxruntime (one thread), written beside the output as NAME.tuned.onnx with its switch
+    file and report; the default optimization stays the output."""
+    from opfuse import tune as tuning
+    from opfuse.runtime import get_runtime
+
+    o = job.options
+    settings = tuning.TuneSettings(
+        budget_s=o.tune or 0.0,
+        input_shapes=o.input_shape,
+        inputs_npz=o.verify_inputs,
+        rtol=o.rtol,
+        atol=o.atol,
+    )
+    paths = [output.with_suffix(s) for s in (".tuned.onnx", ".fusion_switch.cfg", ".tune.json")]
+
+    def keep(found: Any, built: Any) -> None:
+        tuning.write_outputs(found, built, job.model, *paths)
+
+    runtime = get_runtime("onnxruntime", threads=1)
+    result = tuning.tune(job.model, runtime, settings, workdir=output.parent, keep=keep)
+    return {
+        "best": result.best.label,
+        "beat_original": result.beat_original,
+        "latency_ratio": result.ratio,
+        "model": _sibling(job.relpath, ".tuned.onnx"),
+        "switch_file": _sibling(job.relpath, ".fusion_switch.cfg"),
+    }
+
+
+def latency_ratio(job: Job, output: Path, rounds: int = BENCH_ROUNDS) -> float:
+    """Median latency of the optimized model over the original's, both under onnxruntime
+    with its default optimizations and one thread, runs paired and interleaved."""
+    from opfuse.verify import make_inputs, session
+
+    original = session(job.model, optimize=True, threads=1)
+    optimized = session(output, optimize=True, threads=1)
+    feeds = make_inputs(original, job.options.input_shape, job.options.verify_inputs)
+    wanted = {i.name for i in optimized.get_inputs()}
+    if set(feeds) != wanted:  # --layout changed the interface: no like-for-like timing
+        raise OpfuseError(f"{job.model}: --benchmark needs the model's inputs unchanged")
+    ratios = []
+    for _ in range(2):  # warm-up
+        original.run(None, feeds)
+        optimized.run(None, feeds)
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        original.run(None, feeds)
+        t1 = time.perf_counter()
+        optimized.run(None, feeds)
+        t2 = time.perf_counter()
+        ratios.append((t2 - t1) / max(t1 - t0, 1e-9))
+    return round(statistics.median(ratios), 4)
