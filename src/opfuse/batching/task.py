@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-import statistics
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,7 +25,7 @@ STATUSES = ("ok", "verify_failed", "refused", "crashed", "timeout", "oom")
 # fields that are measurements of this run, not results: they differ between engines/runs
 TIMING_FIELDS = ("started", "seconds", "optimize_seconds", "peak_memory", "latency_ratio", "tune")
 OOM_MARKERS = ("Failed to allocate memory", "bad_alloc", "Cannot allocate memory")
-BENCH_ROUNDS = 20
+BENCH_SECONDS = 3.0  # --benchmark's measuring time per model
 
 
 def sha256_file(path: str | Path) -> str:
@@ -194,10 +193,12 @@ def _tune(job: Job, output: Path) -> dict[str, Any]:
         rtol=o.rtol,
         atol=o.atol,
     )
-    paths = [output.with_suffix(s) for s in (".tuned.onnx", ".fusion_switch.cfg", ".tune.json")]
+    tuned, switch_file, report = (
+        output.with_suffix(s) for s in (".tuned.onnx", ".fusion_switch.cfg", ".tune.json")
+    )
 
     def keep(found: Any, built: Any) -> None:
-        tuning.write_outputs(found, built, job.model, *paths)
+        tuning.write_outputs(found, built, job.model, tuned, switch_file, report, o.input_shape)
 
     runtime = get_runtime("onnxruntime", threads=1)
     result = tuning.tune(job.model, runtime, settings, workdir=output.parent, keep=keep)
@@ -210,26 +211,18 @@ def _tune(job: Job, output: Path) -> dict[str, Any]:
     }
 
 
-def latency_ratio(job: Job, output: Path, rounds: int = BENCH_ROUNDS) -> float:
-    """Median latency of the optimized model over the original's, both under onnxruntime
-    with its default optimizations and one thread, runs paired and interleaved."""
-    from opfuse.verify import make_inputs, session
+def latency_ratio(job: Job, output: Path, seconds: float = BENCH_SECONDS) -> float:
+    """The optimized model's latency over the original's under onnxruntime (default
+    optimizations, one thread), measured paired and interleaved by opfuse.measure."""
+    from opfuse.measure import measure
+    from opfuse.runtime import get_runtime
 
-    original = session(job.model, optimize=True, threads=1)
-    optimized = session(output, optimize=True, threads=1)
-    feeds = make_inputs(original, job.options.input_shape, job.options.verify_inputs)
-    wanted = {i.name for i in optimized.get_inputs()}
-    if set(feeds) != wanted:  # --layout changed the interface: no like-for-like timing
-        raise OpfuseError(f"{job.model}: --benchmark needs the model's inputs unchanged")
-    ratios = []
-    for _ in range(2):  # warm-up
-        original.run(None, feeds)
-        optimized.run(None, feeds)
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        original.run(None, feeds)
-        t1 = time.perf_counter()
-        optimized.run(None, feeds)
-        t2 = time.perf_counter()
-        ratios.append((t2 - t1) / max(t1 - t0, 1e-9))
-    return round(statistics.median(ratios), 4)
+    found = measure(
+        job.model,
+        {"opfuse": output},
+        get_runtime("onnxruntime", threads=1),
+        seconds=seconds,
+        input_shapes=job.options.input_shape,
+        inputs_npz=job.options.verify_inputs,
+    )
+    return round(found.ratio("opfuse"), 4)
