@@ -97,7 +97,7 @@ def test_op_summary_skips_the_trial(tmp_path) -> None:  # type: ignore[no-untype
     assert steps["skipped"] == "no model given" and steps["commands"] == []
 
 
-def test_opset_upgrade_is_suggested_where_a_pass_needs_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_opset_upgrade_is_suggested_where_a_pass_needs_it(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """An erf GELU at opset 17: --target-opset 20 lets GeluFusionPass fuse it."""
     rng = np.random.default_rng(0)
     inits = {
@@ -125,6 +125,12 @@ def test_opset_upgrade_is_suggested_where_a_pass_needs_it(tmp_path) -> None:  # 
     assert "GeluFusionPass: 1 matches" in upgrade["why"]
     assert "Gelu +1" in upgrade["effect"] and upgrade["helps"] is True
     assert upgrade["ratio"] == pytest.approx((50.0 * 0 + 2.0 * 2) / (2.0 * 6), abs=1e-4)
+    monkeypatch.chdir(tmp_path)
+    args = shlex.split(upgrade["command"])  # run as printed: the same graph, the same ratio
+    result = CliRunner().invoke(app, args[1:])
+    assert result.exit_code == 0, result.output
+    out = tmp_path / args[args.index("-o") + 1]
+    assert cost(out) / cost(model) == pytest.approx(upgrade["ratio"], abs=1e-4)
 
 
 def test_first_screen_has_next_steps_and_the_groups_the_runtime_does_not_fuse(tmp_path) -> None:  # type: ignore[no-untyped-def]
