@@ -11,6 +11,7 @@ the weight's dtype as onnxruntime's own Conv+Mul/Add fusions compute it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import onnx_ir as ir
@@ -361,11 +362,14 @@ class ChainMatch(Match):
     linear: Linear | str | None
 
 
-def match_chain(node: ir.Node) -> ChainMatch | None:
+C = TypeVar("C", bound=ChainMatch)
+
+
+def match_chain(node: ir.Node, match_type: type[C]) -> C | None:
     chain = chain_ending_at(node)
     if chain is None:
         return None
-    m = ChainMatch(node)
+    m = match_type(node)
     m.chain = chain
     m.nodes += chain.nodes
     for i, step in enumerate(chain.steps):

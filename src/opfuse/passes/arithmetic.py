@@ -84,7 +84,9 @@ def _growth_reason(arrays: list[np.ndarray]) -> str | None:
     return None
 
 
-class ChainMatch(Match):
+class ConstantPairMatch(Match):
+    """Two nested ops with a constant operand each (the chain rules' match)."""
+
     inner: ir.Node
     outer: Term
     first: Term
@@ -92,10 +94,12 @@ class ChainMatch(Match):
     sign: int
 
 
-class _ChainRule(Rule):
+class _ChainRule(Rule[ConstantPairMatch]):
     ops: tuple[str, str]  # the operation and its inverse: (Add, Sub) or (Mul, Div)
 
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
+    # imperative: "exactly one operand constant, on either side of a non-commuting op"
+    # reads the node's operands as a signed term, which no declaration says shorter
+    def match(self, node: ir.Node, ctx: PassContext) -> ConstantPairMatch | None:
         outer = _term(node)
         if outer is None:
             return None
@@ -105,17 +109,16 @@ class _ChainRule(Rule):
         first = _term(inner)
         if first is None:
             return None
-        m = ChainMatch(node)
+        m = ConstantPairMatch(node)
         m.nodes += [node, inner]
         m.inner, m.outer, m.first = inner, outer, first
         m.consts["c_outer"], m.consts["c_inner"] = outer[2], first[2]
         return m
 
-    def check(self, m: Match, ctx: PassContext) -> str | None:
+    def check(self, m: ConstantPairMatch, ctx: PassContext) -> str | None:
         dtype = m.root.outputs[0].dtype
         if dtype is None:
             return "output dtype unknown"
-        assert isinstance(m, ChainMatch)
         if any(c.dtype != dtype.numpy() for c in (m.outer[2], m.first[2])):
             return "constants differ from the output dtype"
         reason = self.check_constants(m, dtype) or _growth_reason([m.first[2], m.outer[2]])
@@ -128,13 +131,13 @@ class _ChainRule(Rule):
             return f"cannot combine the constants: {exc}"
         return self.check_total(m, dtype)
 
-    def check_constants(self, m: ChainMatch, dtype: ir.DataType) -> str | None:
+    def check_constants(self, m: ConstantPairMatch, dtype: ir.DataType) -> str | None:
         return None
 
-    def check_total(self, m: ChainMatch, dtype: ir.DataType) -> str | None:
+    def check_total(self, m: ConstantPairMatch, dtype: ir.DataType) -> str | None:
         return None
 
-    def combine(self, m: ChainMatch, ctx: PassContext) -> tuple[np.ndarray, int]:
+    def combine(self, m: ConstantPairMatch, ctx: PassContext) -> tuple[np.ndarray, int]:
         """The combined constant (by the ONNX evaluator) and its sign in the result.
 
         The sign of k in the result: k and c cannot both be inverted while x is, since
@@ -157,8 +160,7 @@ class AddSubChainRule(_ChainRule):
     roots = ("Add", "Sub")
     ops = ("Add", "Sub")
 
-    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        assert isinstance(m, ChainMatch)
+    def rewrite(self, m: ConstantPairMatch, b: Builder, ctx: PassContext):
         x, s = m.first[0], m.outer[1] * m.first[1]  # x's sign in the result
         k = b.const(m.total, f"{m.root.name or 'add'}_const")
         if s > 0:
@@ -173,7 +175,7 @@ class MulDivChainRule(_ChainRule):
     roots = ("Mul", "Div")
     ops = ("Mul", "Div")
 
-    def check_constants(self, m: ChainMatch, dtype: ir.DataType) -> str | None:
+    def check_constants(self, m: ConstantPairMatch, dtype: ir.DataType) -> str | None:
         divides = "Div" in (m.root.op_type, m.inner.op_type)
         if not dtype.is_floating_point():
             return "integer division does not reassociate" if divides else None
@@ -184,13 +186,12 @@ class MulDivChainRule(_ChainRule):
             return "a divisor constant has zeros"
         return None
 
-    def check_total(self, m: ChainMatch, dtype: ir.DataType) -> str | None:
+    def check_total(self, m: ConstantPairMatch, dtype: ir.DataType) -> str | None:
         if dtype.is_floating_point() and not np.all(np.isfinite(m.total)):
             return "the combined constant overflows"
         return None
 
-    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        assert isinstance(m, ChainMatch)
+    def rewrite(self, m: ConstantPairMatch, b: Builder, ctx: PassContext):
         x, s = m.first[0], m.outer[1] * m.first[1]
         k = b.const(m.total, f"{m.root.name or 'mul'}_const")
         if s > 0:

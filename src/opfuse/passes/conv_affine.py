@@ -51,14 +51,15 @@ from opfuse.rewrite import Builder, Match, PassContext, Rule
 from opfuse.rewrite.pattern import const_array
 
 
-class _SingleStepRule(Rule):
+class _SingleStepRule(Rule[ChainMatch]):
     """One affine op after a linear layer, folded into it."""
 
     kinds: tuple[str, ...] = ()
     roots = ("Add", "Sub", "Mul", "Div")
 
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        m = match_chain(node)
+    # imperative: the same chain walk as BatchNormSmallOpsRule (chain_ending_at)
+    def match(self, node: ir.Node, ctx: PassContext) -> ChainMatch | None:
+        m = match_chain(node, ChainMatch)
         if m is None or m.linear is None:
             return None
         body = body_of(m)
@@ -69,12 +70,10 @@ class _SingleStepRule(Rule):
     def accepts(self, m: ChainMatch, body: list) -> bool:
         return True
 
-    def check(self, m: Match, ctx: PassContext) -> str | None:
-        assert isinstance(m, ChainMatch)
+    def check(self, m: ChainMatch, ctx: PassContext) -> str | None:
         return linear_reason(m, m.linear, m.chain.shapes)
 
-    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        assert isinstance(m, ChainMatch)
+    def rewrite(self, m: ChainMatch, b: Builder, ctx: PassContext):
         return [fold_chain(m, b)]
 
 

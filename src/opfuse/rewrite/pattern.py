@@ -6,13 +6,26 @@
 
 ``Var`` binds any value, ``Const`` a value with a constant tensor (an initializer or a
 Constant node's output), ``Op`` the output of a node of one of the given op types, whose
-inputs match in order; ``Optional`` also matches an absent input. Two-input Add and Mul
-match either operand order.
+inputs match in order; ``Optional`` also matches an absent input; ``Or`` the first of its
+alternatives that matches.
+
+Patterns are DAGs, not only trees: a name bound once is a reference the second time. The
+same ``Var`` name must bind the same value, and the same named ``Op`` object used twice must
+meet the same node (``exp`` below is one node read by the Div and by the ReduceSum):
+
+    exp = Op("Exp", Var("x"), name="exp")
+    Op("Div", exp, Op("ReduceSum", exp, variadic=True))
+
+Predicates: ``Const(value=0.5)`` (every element equal to it), ``Const(where=f)``,
+``Op(..., attrs={"axis": -1})`` (an attribute's value, or a callable given the value or
+None). A two-input op commutes when declared (``commute=True``) and by default for the ops
+in ``COMMUTATIVE``. Matching is greedy: once an input has matched, a later failure retries
+only the other operand order of a commuting op, not the alternatives inside that input.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -111,20 +124,62 @@ class Var(Pattern):
         return True
 
 
-class Const(Var):
-    """A value with a constant tensor; ``m[name]`` is its numpy array."""
+class Const(Pattern):
+    """A value with a constant tensor; ``m[name]`` is its numpy array (unnamed: nothing is
+    bound). ``value``: every element equals it (within ``rtol`` when given); ``where``: a
+    test of the array."""
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        value: float | None = None,
+        rtol: float | None = None,
+        where: Callable[[np.ndarray], bool] | None = None,
+    ) -> None:
+        self.name = name
+        self.value = value
+        self.rtol = rtol
+        self.where = where
 
     def match(self, value: ir.Value | None, m: Match) -> bool:
         if value is None:
             return False
-        if self.name in m.values:
+        if self.name is not None and self.name in m.values:
             return m.values[self.name] is value
         array = const_array(value)
-        if array is None:
+        if array is None or not self.accepts(array):
             return False
-        m.values[self.name] = value
-        m.consts[self.name] = array
+        if self.name is not None:
+            m.values[self.name] = value
+            m.consts[self.name] = array
         return True
+
+    def accepts(self, array: np.ndarray) -> bool:
+        if self.value is not None:
+            if array.size == 0 or array.dtype.kind not in "biuf":
+                return False
+            if self.rtol is None:
+                if not np.all(array == self.value):
+                    return False
+            elif not np.allclose(array, self.value, rtol=self.rtol, atol=0.0):
+                return False
+        return self.where is None or bool(self.where(array))
+
+
+class Or(Pattern):
+    """The first alternative that matches (its bindings only)."""
+
+    def __init__(self, *alternatives: Pattern) -> None:
+        self.alternatives = alternatives
+
+    def match(self, value: ir.Value | None, m: Match) -> bool:
+        for alternative in self.alternatives:
+            state = m._state()
+            if alternative.match(value, m):
+                return True
+            m._restore(state)
+        return False
 
 
 class Optional(Pattern):
@@ -147,12 +202,16 @@ class Op(Pattern):
         name: str | None = None,
         output: int = 0,
         variadic: bool = False,
+        attrs: Mapping[str, Any] | None = None,
+        commute: bool | None = None,
     ) -> None:
         self.op_types = (op_types,) if isinstance(op_types, str) else tuple(op_types)
         self.inputs = inputs
         self.name = name
         self.output = output
         self.variadic = variadic  # extra trailing inputs are allowed and ignored
+        self.attrs = dict(attrs or {})
+        self.commute = commute  # None: the ops in COMMUTATIVE
 
     def match(self, value: ir.Value | None, m: Match) -> bool:
         if value is None:
@@ -160,19 +219,27 @@ class Op(Pattern):
         node = value.producer()
         if node is None or node.outputs[self.output] is not value:
             return False
+        if self.name is not None and self.name in m.node_names:
+            return m.node_names[self.name] is node  # a reference to a node bound earlier
         return self.match_node(node, m)
 
     def match_node(self, node: ir.Node, m: Match) -> bool:
         if node.op_type not in self.op_types or node.domain not in DEFAULT_DOMAINS:
             return False
-        if node in m.nodes:  # a diamond back to a node already matched: not a tree
+        if node in m.nodes:  # the same node reached twice by unnamed patterns
             return False
+        for key, wanted in self.attrs.items():
+            a = node.attributes.get(key)
+            actual_value = None if a is None else a.value
+            if not (wanted(actual_value) if callable(wanted) else actual_value == wanted):
+                return False
         actual = list(node.inputs)
         extra = actual[len(self.inputs) :]
         if extra and not self.variadic and any(v is not None for v in extra):
             return False
         orders = [list(range(len(self.inputs)))]
-        if node.op_type in COMMUTATIVE and len(self.inputs) == 2 and len(actual) == 2:
+        commute = node.op_type in COMMUTATIVE if self.commute is None else self.commute
+        if commute and len(self.inputs) == 2 and len(actual) == 2:
             orders.append([1, 0])
         for order in orders:
             state = m._state()

@@ -4,7 +4,7 @@ rewrite that builds the replacement."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from typing import ClassVar, Generic, TypeVar, cast
 
 import onnx_ir as ir
 
@@ -13,11 +13,16 @@ from opfuse.rewrite.context import PassContext
 from opfuse.rewrite.pattern import Match, Op
 
 Replacement = Sequence[ir.Value | None] | Mapping[ir.Value, ir.Value]
+M = TypeVar("M", bound=Match)
 
 
-class Rule:
+class Rule(Generic[M]):
     """Subclasses set ``name`` (the pattern name in the effect log) and ``pattern``, or
-    override ``match`` for what a tree pattern cannot say.
+    override ``match`` for what a pattern cannot say (say why in a comment).
+
+    What ``check`` computes for ``rewrite`` lives in a declared field of a ``Match``
+    subclass: the rule is ``Rule[MyMatch]`` and sets ``match_type = MyMatch`` (a rule never
+    hangs attributes on a match).
 
     The driver checks, for every rule, that each matched node other than the root feeds
     only the match and is not a graph output, and that float constants have the root's
@@ -30,6 +35,7 @@ class Rule:
     roots: ClassVar[tuple[str, ...]] = ()  # defaults to the pattern's op types
     exclusive: ClassVar[bool] = True
     constants: ClassVar[tuple[str, ...]] = ()  # bound names that must be constant tensors
+    match_type: type[Match] = Match  # the class ``match`` builds: M
 
     def root_types(self) -> tuple[str, ...]:
         if self.roots:
@@ -37,16 +43,16 @@ class Rule:
         assert self.pattern is not None, f"{type(self).__name__} needs a pattern or roots"
         return self.pattern.op_types
 
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
+    def match(self, node: ir.Node, ctx: PassContext) -> M | None:
         assert self.pattern is not None
-        m = Match(node)
+        m = cast(M, self.match_type(node))
         return m if self.pattern.match_node(node, m) else None
 
-    def check(self, m: Match, ctx: PassContext) -> str | None:
+    def check(self, m: M, ctx: PassContext) -> str | None:
         """Return why the rewrite cannot be applied, or None when it can."""
         return None
 
-    def rewrite(self, m: Match, b: Builder, ctx: PassContext) -> Replacement:
+    def rewrite(self, m: M, b: Builder, ctx: PassContext) -> Replacement:
         """Build the replacement; return new values for the root's outputs, in order
         (None for an output nothing uses), or a mapping old value -> new value."""
         raise NotImplementedError
