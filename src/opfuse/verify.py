@@ -8,6 +8,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
@@ -15,6 +16,9 @@ import onnxruntime as ort
 from opfuse import tolerance, verify_inputs
 from opfuse.errors import OpfuseError, VerificationError
 from opfuse.verify_inputs import InputPlan
+
+if TYPE_CHECKING:
+    import onnx
 
 # optimized model metadata: {input name: permutation from the original's layout}
 INPUT_PERMUTATION_KEY = "opfuse.input_permutation"
@@ -434,12 +438,12 @@ def judge_by_float64(
             d.detail = "within the original's own float32 error against float64"
 
 
-def _proto_session(model: object) -> ort.InferenceSession:
+def _proto_session(model: onnx.ModelProto) -> ort.InferenceSession:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.log_severity_level = 4
     return ort.InferenceSession(
-        model.SerializeToString(),  # type: ignore[attr-defined]
+        model.SerializeToString(),
         opts,
         providers=["CPUExecutionProvider"],
     )

@@ -83,9 +83,10 @@ def from_model(model: ir.Model) -> OpGraph:
 
     scalars: dict[str, float] = {}
 
-    def scalar(name: str, tensor: object) -> None:
+    def scalar(name: str, tensor: ir.TensorProtocol | None) -> None:
         with contextlib.suppress(Exception):  # strings, sparse or external data
-            array = tensor.numpy()  # type: ignore[attr-defined]
+            assert tensor is not None
+            array = tensor.numpy()
             if array.size == 1 and array.dtype.kind in "fiu":
                 scalars[name] = float(array.reshape(()))
 

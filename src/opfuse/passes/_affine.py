@@ -361,6 +361,11 @@ class ChainMatch(Match):
     chain: Chain
     linear: Linear | str | None
 
+    def covered(self) -> list[ir.Node]:
+        lin = self.linear
+        extra = [lin.node, *lin.nodes] if isinstance(lin, Linear) else []
+        return list(dict.fromkeys([*super().covered(), *extra]))
+
 
 C = TypeVar("C", bound=ChainMatch)
 

@@ -165,6 +165,11 @@ def identity_reshape(reshape: ir.Node) -> bool:
 class LinearBnMatch(Match):
     linear: Linear | str  # the MatMul/Gemm before the BN, or why it is not one
 
+    def covered(self) -> list[ir.Node]:
+        lin = self.linear
+        extra = [lin.node, *lin.nodes] if isinstance(lin, Linear) else []
+        return list(dict.fromkeys([*super().covered(), *extra]))
+
 
 class MatMulBatchNormRule(Rule[LinearBnMatch]):
     """[Reshape(] MatMul/Gemm(x, W) [+ b] [)] -> BatchNormalization

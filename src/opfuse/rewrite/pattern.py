@@ -102,6 +102,12 @@ class Match:
         a = self.node_names[node_name].attributes.get(attr)
         return default if a is None else a.value
 
+    def covered(self) -> list[ir.Node]:
+        """Every node the match concerns, root first: the nodes it would replace and the
+        ones it names. A subclass adds what its state points at (the layer an affine
+        chain would fold into), so a refusal can be placed on all of them."""
+        return list(dict.fromkeys([self.root, *self.nodes, *self.node_names.values()]))
+
 
 class Pattern:
     def match(self, value: ir.Value | None, m: Match) -> bool:
