@@ -14,14 +14,12 @@ import numpy as np
 import onnxruntime as ort
 
 from opfuse import tolerance, verify_inputs
-from opfuse.errors import OpfuseError, VerificationError
+from opfuse.errors import OpfuseError, VerificationError, first_line
+from opfuse.graphs import INPUT_PERMUTATION_KEY
 from opfuse.verify_inputs import InputPlan
 
 if TYPE_CHECKING:
     import onnx
-
-# optimized model metadata: {input name: permutation from the original's layout}
-INPUT_PERMUTATION_KEY = "opfuse.input_permutation"
 
 ORT_DTYPES = {f"tensor({k})": v for k, v in verify_inputs.ORT_DTYPES.items() if k != "string"}
 
@@ -40,7 +38,7 @@ def session(
     try:
         return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own exception types
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise OpfuseError(f"{path}: onnxruntime cannot load the model: {first}") from None
 
 
@@ -186,7 +184,7 @@ def run_model(
     try:
         return list(sess.run(None, feeds, quiet))
     except Exception as exc:  # onnxruntime raises its own exception types
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         shapes = ", ".join(  # a sequence input is a list of arrays
             f"{k} {list(v.shape) if hasattr(v, 'shape') else 'sequence'}" for k, v in feeds.items()
         )

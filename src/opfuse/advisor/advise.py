@@ -38,7 +38,7 @@ from opfuse.advisor.profile import (
 from opfuse.advisor.ran import RanGraph, ran_graph
 from opfuse.advisor.target import load_target
 from opfuse.advisor.trial import AIPP_PASS, Refusal, Trial, registered
-from opfuse.errors import OpfuseError
+from opfuse.errors import OpfuseError, first_line
 from opfuse.registry import all_passes
 from opfuse.runtime import Runtime, get_runtime
 from opfuse.shapes import infer_shapes
@@ -131,7 +131,7 @@ def _ort_graph(path: str | os.PathLike[str], level: str, provider: str, tmp: str
     try:
         ort.InferenceSession(str(path), opts, providers=providers)
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise OpfuseError(f"{path}: onnxruntime cannot load the model: {first}") from None
     return from_model(ir.load(out))
 

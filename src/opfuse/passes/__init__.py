@@ -8,7 +8,7 @@ PIPELINE_ORDER = (
     "strip_unused",  # first: later passes see only what is kept
     "cleanup",
     "slices",
-    "constant_folding",  # with shape_arith's rules
+    "constant_folding",  # with _shape_arith's rules
     "control_flow",  # constant-condition Ifs, once their conditions are folded
     "arithmetic",
     "replace",

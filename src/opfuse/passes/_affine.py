@@ -16,9 +16,9 @@ from typing import TypeVar
 import numpy as np
 import onnx_ir as ir
 
-from opfuse.passes._util import attr, rank
+from opfuse.passes._util import DEFAULT_DOMAINS, attr, producer, rank
 from opfuse.rewrite import Builder, Match
-from opfuse.rewrite.pattern import DEFAULT_DOMAINS, const_array
+from opfuse.rewrite.pattern import const_array
 
 LINEAR_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
@@ -35,14 +35,6 @@ def scale_out_channels(w: np.ndarray, s: np.ndarray, transposed: bool, group: in
 
 def out_channels(w: np.ndarray, transposed: bool, group: int) -> int:
     return int(w.shape[1] * group) if transposed else int(w.shape[0])
-
-
-def producer(value: ir.Value | None, *op_types: str) -> ir.Node | None:
-    """The default-domain node of one of ``op_types`` that makes ``value``, else None."""
-    node = value.producer() if value is not None else None
-    if node is None or node.op_type not in op_types or node.domain not in DEFAULT_DOMAINS:
-        return None
-    return node
 
 
 @dataclass

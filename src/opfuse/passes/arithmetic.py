@@ -19,10 +19,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from opfuse.passes._evaluate import EvaluationError, evaluate_op
-from opfuse.passes._util import attr, static_shape
-from opfuse.passes.cleanup import forward
-from opfuse.passes.constant_folding import FOLD_GROWTH_ALLOWANCE
+from opfuse.passes._evaluate import FOLD_GROWTH_ALLOWANCE, EvaluationError, evaluate_op
+from opfuse.passes._util import DEFAULT_DOMAINS, attr, forward, static_shape
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Match, PassContext, Rule
 from opfuse.rewrite.pattern import const_array
@@ -104,7 +102,7 @@ class _ChainRule(Rule[ConstantPairMatch]):
         if outer is None:
             return None
         inner = outer[0].producer()
-        if inner is None or inner.op_type not in self.ops or inner.domain not in ("", "ai.onnx"):
+        if inner is None or inner.op_type not in self.ops or inner.domain not in DEFAULT_DOMAINS:
             return None
         first = _term(inner)
         if first is None:

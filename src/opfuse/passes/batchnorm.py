@@ -21,7 +21,6 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from opfuse.io import drop_pages
 from opfuse.passes._affine import (
     Linear,
     find_linear,
@@ -31,7 +30,7 @@ from opfuse.passes._affine import (
     producer,
     scale_out_channels,
 )
-from opfuse.passes._util import attr
+from opfuse.passes._util import attr, drop_pages
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Match, Op, Optional, PassContext, Rule, Var
 from opfuse.rewrite.pattern import const_array

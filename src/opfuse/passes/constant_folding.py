@@ -1,6 +1,6 @@
 """Constant folding: a node whose inputs are all constants becomes its value, computed by
 onnx's reference evaluator (onnxruntime when that fails), and Constant nodes become
-initializers. The shape rules of shape_arith run in the same pass.
+initializers. The shape rules of _shape_arith run in the same pass.
 
 Size rule: a fold whose result is no larger than the constant inputs only it reads (which
 go with it) always happens (a transposed weight); otherwise the result must fit
@@ -25,13 +25,18 @@ import onnx
 import onnx_ir as ir
 
 from opfuse.graphs import all_graphs, node_graphs
-from opfuse.passes._evaluate import EvaluationError, evaluate, nondeterministic, output_bytes
-from opfuse.passes.shape_arith import SHAPE_RULES
+from opfuse.passes._evaluate import (
+    FOLD_GROWTH_ALLOWANCE,
+    EvaluationError,
+    evaluate,
+    nondeterministic,
+    output_bytes,
+)
+from opfuse.passes._shape_arith import SHAPE_RULES
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Match, PassContext, Rule
+from opfuse.rewrite.builder import constant_value
 from opfuse.rewrite.pattern import const_array
-
-FOLD_GROWTH_ALLOWANCE = 4096  # bytes one fold may add to the model (shape-sized results)
 
 # ops whose output size is set by input values, not input shapes: never evaluated before
 # shape inference has sized their result
@@ -124,14 +129,6 @@ def _kept_bytes(node: ir.Node, arrays: list[np.ndarray | None]) -> int | None:
 class FoldMatch(Match):
     arrays: list[np.ndarray | None]
     results: list[np.ndarray]
-
-
-def constant_value(array: np.ndarray, b: Builder, old: ir.Value, like: ir.Node) -> ir.Value:
-    """A constant for ``old``: an initializer, or a Constant node when ``old`` is a graph
-    output (a graph output cannot be an initializer)."""
-    if old.is_graph_output():
-        return b.op("Constant", [], {"value": ir.tensor(array)}, like=like)
-    return b.const(array, old.name or "folded")
 
 
 class ConstantNodeRule(Rule):

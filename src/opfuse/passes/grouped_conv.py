@@ -16,8 +16,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from opfuse.passes._affine import producer
-from opfuse.passes._util import attr
+from opfuse.passes._util import attr, producer
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Match, PassContext, Rule
 from opfuse.rewrite.pattern import const_array

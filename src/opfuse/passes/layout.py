@@ -22,22 +22,22 @@ from collections.abc import Iterable
 import numpy as np
 import onnx_ir as ir
 
+from opfuse.graphs import INPUT_PERMUTATION_KEY
 from opfuse.passes._layout_ops import (
     Perm,
     compose,
     data_inputs,
     inverse,
     is_identity,
-    rank_of,
     remap,
     stored_constant,
 )
-from opfuse.passes._util import attr, static_shape
+from opfuse.passes._util import DEFAULT_DOMAINS, attr, perm_of, rank, static_shape
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import PassContext
 from opfuse.rewrite.builder import NameScope
+from opfuse.rewrite.edit import add_initializer, replace_value
 from opfuse.rewrite.pattern import const_array
-from opfuse.verify import INPUT_PERMUTATION_KEY
 
 MAX_SWEEPS = 4
 # --layout: how an image input is re-declared, as the perm from the original layout
@@ -45,18 +45,9 @@ LAYOUT_INPUT_PERM: dict[str, Perm] = {"nchw": (0, 3, 1, 2), "nhwc": (0, 2, 3, 1)
 NOT_WORTH = "moving the Transposes through this region would not remove any"
 
 
-def perm_of(node: ir.Node) -> Perm | None:
-    """A Transpose's permutation (None when its rank is unknown)."""
-    perm = attr(node, "perm")
-    if perm is not None:
-        return tuple(int(p) for p in perm)
-    n = rank_of(node.inputs[0])
-    return None if n is None else tuple(reversed(range(n)))
-
-
 def _producer_perm(value: ir.Value) -> Perm | None:
     node = value.producer()
-    if node is None or node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+    if node is None or node.op_type != "Transpose" or node.domain not in DEFAULT_DOMAINS:
         return None
     return perm_of(node)
 
@@ -98,12 +89,7 @@ class _Sweep:
         )
 
     def _const(self, array: np.ndarray, base: str) -> ir.Value:
-        value = ir.Value(name=self.names.value(base), const_value=ir.tensor(array))
-        value.const_value.name = value.name  # type: ignore[union-attr]
-        value.type = ir.TensorType(value.const_value.dtype)  # type: ignore[union-attr]
-        value.shape = ir.Shape(array.shape)
-        self.graph.register_initializer(value)
-        return value
+        return add_initializer(self.graph, self.names, array, base)
 
     def _eligible(self, node: ir.Node, n: int) -> list[int] | None:
         if id(node) in self.visited or id(node) not in self.order or node.graph is not self.graph:
@@ -128,7 +114,7 @@ class _Sweep:
             out = node.outputs[0]
             fixed = x.is_graph_input() or x.is_graph_output() or x.is_initializer()
             if is_identity(c) and not (out.is_graph_output() and fixed):
-                self._replace(out, x)
+                replace_value(out, x)
                 self.graph.remove(node, safe=True)
             else:
                 node.replace_input_with(0, x)
@@ -143,7 +129,7 @@ class _Sweep:
         if self.layout_perm is None or self.graph is not self.ctx.model.graph:
             return
         for v in list(self.graph.inputs):
-            if v.is_graph_output() or v.is_initializer() or rank_of(v) != len(self.layout_perm):
+            if v.is_graph_output() or v.is_initializer() or rank(v) != len(self.layout_perm):
                 continue
             users = [u for u, _ in v.uses()]
             if not users or not all(
@@ -155,7 +141,7 @@ class _Sweep:
             ):
                 continue
             for user in dict.fromkeys(users):
-                self._replace(user.outputs[0], v)
+                replace_value(user.outputs[0], v)
                 self.graph.remove(user, safe=True)
             self._relayout_input(v, self.layout_perm)
             self.inputs += 1
@@ -224,7 +210,7 @@ class _Sweep:
                 name=self.names.node(f"{base}/Reshape"),
             )
             self.graph.insert_before(node, merged)
-            self._replace(node.outputs[0], out)
+            replace_value(node.outputs[0], out)
             self.graph.remove(node, safe=True)
             self.graph.remove(reshape, safe=True)
             self.units += 1
@@ -278,7 +264,7 @@ class _Sweep:
             node = queue.pop()
             for i in region[id(node)][1]:
                 v = node.inputs[i]
-                if v is None or rank_of(v) != n or const_array(v) is not None:
+                if v is None or rank(v) != n or const_array(v) is not None:
                     continue
                 producer = v.producer()
                 if producer is not None and (d := self._eligible(producer, n)) is not None:
@@ -286,7 +272,7 @@ class _Sweep:
                     self.visited.add(id(producer))
                     queue.append(producer)
             for out in node.outputs:
-                if rank_of(out) != n:
+                if rank(out) != n:
                     continue
                 for user, idx in out.uses():
                     d = self._eligible(user, n)
@@ -491,7 +477,7 @@ class _Sweep:
     ) -> None:
         """Give the consumers outside the region the value they expect."""
         if t is None or is_identity(t):
-            self._replace(out, new_out)
+            replace_value(out, new_out)
             return
         materialized: ir.Value | None = None
 
@@ -511,7 +497,7 @@ class _Sweep:
                 if is_identity(c) and not (
                     user.outputs[0].is_graph_output() and new_out.is_graph_output()
                 ):
-                    self._replace(user.outputs[0], new_out)
+                    replace_value(user.outputs[0], new_out)
                     self.graph.remove(user, safe=True)
                 else:
                     user.replace_input_with(0, new_out)
@@ -521,15 +507,7 @@ class _Sweep:
             else:
                 user.replace_input_with(idx, logical())
         if out.is_graph_output():
-            self._replace(out, logical())
-
-    def _replace(self, old: ir.Value, new: ir.Value) -> None:
-        """Every use of ``old`` reads ``new``; a graph output keeps its name."""
-        if old.is_graph_output():
-            name = old.name
-            old.name = None
-            new.name = name
-        old.replace_all_uses_with(new, replace_graph_outputs=True)
+            replace_value(out, logical())
 
     def _remap_shape(self, shape: ir.Node, stored_value: ir.Value, t: Perm) -> None:
         """Shape(transpose(stored, t)) ==> Gather(Shape(stored), t[start:end]), or the
@@ -558,7 +536,7 @@ class _Sweep:
             name=shape.name,
         )
         self.graph.insert_before(shape, [new_shape, gather])
-        self._replace(out, gathered)
+        replace_value(out, gathered)
         self.graph.remove(shape, safe=True)
 
     def _relayout_input(self, v: ir.Value, perm: Perm) -> None:

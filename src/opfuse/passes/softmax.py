@@ -21,30 +21,9 @@ from typing import ClassVar
 
 import onnx_ir as ir
 
-from opfuse.passes._util import attr, rank
+from opfuse.passes._util import attr, producer, rank, reduce_axes
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Match, PassContext, Rule
-from opfuse.rewrite.pattern import DEFAULT_DOMAINS, const_array
-
-
-def producer(value: ir.Value | None, op_type: str) -> ir.Node | None:
-    """The default-domain node of ``op_type`` that makes ``value``, else None."""
-    node = value.producer() if value is not None else None
-    if node is None or node.op_type != op_type or node.domain not in DEFAULT_DOMAINS:
-        return None
-    return node
-
-
-def reduce_axes(node: ir.Node) -> list[int] | None:
-    """A Reduce* node's axes (attribute, or constant second input); [] reduces all dims
-    (or none, with noop_with_empty_axes); None when the axes input is not constant."""
-    axes = attr(node, "axes")
-    if axes is not None:
-        return [int(a) for a in axes]
-    if len(node.inputs) > 1 and node.inputs[1] is not None:
-        array = const_array(node.inputs[1])
-        return None if array is None else [int(a) for a in array.reshape(-1)]
-    return []
 
 
 def single_axis(node: ir.Node, x_rank: int | None) -> tuple[int | None, str | None]:

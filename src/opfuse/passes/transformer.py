@@ -33,8 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from opfuse.passes._util import attr, rank, scalar_value
-from opfuse.passes.softmax import producer, reduce_axes
+from opfuse.passes._util import attr, producer, rank, reduce_axes, scalar_value
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Match, Op, Optional, PassContext, Rule, Var
 from opfuse.rewrite.pattern import const_array

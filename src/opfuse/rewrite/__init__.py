@@ -2,6 +2,7 @@
 
 from opfuse.rewrite.builder import Builder
 from opfuse.rewrite.context import Options, PassContext
+from opfuse.rewrite.passinfo import PassInfo
 from opfuse.rewrite.pattern import Const, Match, Op, Optional, Or, Var
 from opfuse.rewrite.rule import Rule
 
@@ -14,6 +15,7 @@ __all__ = [
     "Options",
     "Or",
     "PassContext",
+    "PassInfo",
     "Rule",
     "Var",
 ]

@@ -11,9 +11,10 @@ import numpy as np
 import onnx_ir as ir
 
 from opfuse.errors import EngineError
-from opfuse.registry import PassInfo
 from opfuse.rewrite.builder import Builder, NameScope
 from opfuse.rewrite.context import PassContext
+from opfuse.rewrite.edit import replace_value
+from opfuse.rewrite.passinfo import PassInfo
 from opfuse.rewrite.pattern import DEFAULT_DOMAINS, Match, const_array
 from opfuse.rewrite.rule import Rule
 
@@ -171,11 +172,7 @@ class Driver:
                 new.type = old.type
             if new.shape is None and old.shape is not None:
                 new.shape = old.shape.copy()
-            if old.is_graph_output():
-                # the replacement takes the output's name; callers feed and read by name
-                old_name, old.name = old.name, None
-                new.name = old_name
-            old.replace_all_uses_with(new, replace_graph_outputs=True)
+            replace_value(old, new)
         removed = _remove_dead(graph, m.nodes)
         for node in removed:
             self.names.nodes.discard(node.name or "")

@@ -31,8 +31,9 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from opfuse.graphs import DEFAULT_DOMAINS
+
 COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "And", "Or", "Xor", "Equal"})
-DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
 def const_array(value: ir.Value | None) -> np.ndarray | None:

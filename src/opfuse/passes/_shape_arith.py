@@ -18,8 +18,9 @@ import numpy as np
 import onnx_ir as ir
 
 from opfuse.passes._evaluate import EvaluationError, evaluate_op
-from opfuse.passes._util import attr
+from opfuse.passes._util import DEFAULT_DOMAINS, attr
 from opfuse.rewrite import Builder, Match, PassContext, Rule
+from opfuse.rewrite.builder import constant_value
 from opfuse.rewrite.pattern import const_array
 
 # an element of a shape vector: ("const", n) | ("dim", value, index) | ("unknown",)
@@ -65,7 +66,7 @@ def _shape_positions(node: ir.Node) -> list[int] | None:
 
 def _shape_producer(value: ir.Value | None) -> ir.Node | None:
     node = value.producer() if value is not None else None
-    if node is None or node.op_type != "Shape" or node.domain not in ("", "ai.onnx"):
+    if node is None or node.op_type != "Shape" or node.domain not in DEFAULT_DOMAINS:
         return None
     return node
 
@@ -154,7 +155,6 @@ class ShapeStaticRule(Rule):
         return None
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        from opfuse.passes.constant_folding import constant_value
 
         dims = np.array(_shape_dims(m.root), dtype=np.int64)
         return [constant_value(dims, b, m.root.outputs[0], m.root)]
@@ -194,7 +194,6 @@ class ShapeGatherRule(Rule):
         return None
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        from opfuse.passes.constant_folding import constant_value
 
         return [constant_value(m.consts["_dims"], b, m.root.outputs[0], m.root)]
 
@@ -218,7 +217,7 @@ def shape_elements(value: ir.Value) -> list[Element] | None:
     if array is not None:
         return [("const", int(v)) for v in array.reshape(-1)]
     node = value.producer()
-    if node is not None and node.domain in ("", "ai.onnx"):
+    if node is not None and node.domain in DEFAULT_DOMAINS:
         if node.op_type == "Concat" and attr(node, "axis", 0) in (0, -1):
             parts = [shape_elements(v) if v is not None else None for v in node.inputs]
             if all(p is not None for p in parts):
