@@ -23,7 +23,7 @@ from opfuse.passes._evaluate import FOLD_GROWTH_ALLOWANCE, EvaluationError, eval
 from opfuse.passes._util import DEFAULT_DOMAINS, attr, forward, static_shape
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Match, PassContext, Rule
-from opfuse.rewrite.pattern import const_array
+from opfuse.rewrite.pattern import Const, Op, Or, Var, const_array
 
 # (the non-constant operand, its sign/exponent, the constant, its sign/exponent)
 Term = tuple[ir.Value, int, np.ndarray, int]
@@ -197,19 +197,17 @@ class MulDivChainRule(_ChainRule):
         return [b.op("Div", [k, x], like=m.root)]
 
 
+def _constants_to_sum(node: ir.Node) -> bool:
+    """Two constant inputs or more, and not all of them (that is folding's job)."""
+    arrays = [const_array(v) for v in node.inputs]
+    return sum(a is not None for a in arrays) >= 2 and not all(a is not None for a in arrays)
+
+
 class SumConstantsRule(Rule):
     """Sum(c1, x, c2, y) ==> Sum(c1 + c2, x, y)"""
 
     name = "sum_constants"
-    roots = ("Sum",)
-
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        arrays = [const_array(v) for v in node.inputs]
-        if sum(a is not None for a in arrays) < 2 or all(a is not None for a in arrays):
-            return None
-        m = Match(node)
-        m.nodes.append(node)
-        return m
+    pattern = Op("Sum", variadic=True, where=_constants_to_sum)
 
     def check(self, m: Match, ctx: PassContext) -> str | None:
         dtype = m.root.outputs[0].dtype
@@ -235,26 +233,22 @@ class ConcatMatch(Match):
     pieces: list[ir.Value | np.ndarray]  # kept inputs and merged runs of constants
 
 
-class ConcatConstantsRule(Rule):
+def _adjacent_constants(node: ir.Node) -> bool:
+    """Two constant inputs side by side, and not all constant (folding's job)."""
+    arrays = [const_array(v) for v in node.inputs]
+    if all(a is not None for a in arrays):
+        return False
+    return any(a is not None and b is not None for a, b in zip(arrays, arrays[1:], strict=False))
+
+
+class ConcatConstantsRule(Rule[ConcatMatch]):
     """Concat(a, c1, c2, b) ==> Concat(a, concat(c1, c2), b)"""
 
     name = "concat_constants"
-    roots = ("Concat",)
+    pattern = Op("Concat", variadic=True, where=_adjacent_constants)
+    match_type = ConcatMatch
 
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        arrays = [const_array(v) for v in node.inputs]
-        if all(a is not None for a in arrays):
-            return None  # constant folding's job
-        if not any(
-            a is not None and b is not None for a, b in zip(arrays, arrays[1:], strict=False)
-        ):
-            return None
-        m = ConcatMatch(node)
-        m.nodes.append(node)
-        return m
-
-    def check(self, m: Match, ctx: PassContext) -> str | None:
-        assert isinstance(m, ConcatMatch)
+    def check(self, m: ConcatMatch, ctx: PassContext) -> str | None:
         axis = attr(m.root, "axis", 0)
         m.pieces = []
         run: list[tuple[ir.Value, np.ndarray]] = []
@@ -277,23 +271,17 @@ class ConcatConstantsRule(Rule):
             return f"cannot combine the constants: {exc}"
         return None
 
-    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        assert isinstance(m, ConcatMatch)
+    def rewrite(self, m: ConcatMatch, b: Builder, ctx: PassContext):
         name = f"{m.root.name or 'concat'}_const"
         inputs = [b.const(p, name) if isinstance(p, np.ndarray) else p for p in m.pieces]
         return [b.op("Concat", inputs, {"axis": attr(m.root, "axis", 0)}, like=m.root)]
 
 
-class NeutralMatch(Match):
-    x: ir.Value
-    c: np.ndarray
+X = Var("x", constant=False)  # the operand that is not a constant
 
 
-NEUTRAL = {"Add": (0, (0, 1)), "Sub": (0, (1,)), "Mul": (1, (0, 1)), "Div": (1, (1,))}
-
-
-def _neutral_check(m: NeutralMatch) -> str | None:
-    grows = _operand_grows(m.x, m.c)
+def _neutral_check(m: Match) -> str | None:
+    grows = _operand_grows(m.value("x"), m["c"])
     if grows is None:
         return "x's shape is unknown where the constant broadcasts"
     if grows and static_shape(m.root.outputs[0]) is None:
@@ -305,100 +293,65 @@ class NeutralElementRule(Rule):
     """x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1 ==> x (Expand(x) when c broadcasts x)"""
 
     name = "neutral_element"
-    roots = tuple(NEUTRAL)
-
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        found = _binary_const(node)
-        if found is None:
-            return None
-        x, c, pos = found
-        neutral, positions = NEUTRAL[node.op_type]
-        if pos not in positions or c.size == 0 or not np.all(c == neutral):
-            return None
-        m = NeutralMatch(node)
-        m.nodes.append(node)
-        m.x, m.c = x, c
-        return m
+    pattern = Or(
+        Op("Add", X, Const("c", value=0)),  # either order
+        Op("Sub", X, Const("c", value=0)),
+        Op("Mul", X, Const("c", value=1)),  # either order
+        Op("Div", X, Const("c", value=1)),
+    )
 
     def check(self, m: Match, ctx: PassContext) -> str | None:
-        assert isinstance(m, NeutralMatch)
         return _neutral_check(m)
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        assert isinstance(m, NeutralMatch)
-        if _operand_grows(m.x, m.c):
+        x = m.value("x")
+        if _operand_grows(x, m["c"]):
             shape = static_shape(m.root.outputs[0])
             dims = b.const(np.array(shape, dtype=np.int64), f"{m.root.name or 'expand'}_shape")
-            return [b.op("Expand", [m.x, dims], like=m.root)]
-        return [forward(m, b, m.x)]
+            return [b.op("Expand", [x, dims], like=m.root)]
+        return [forward(m, b, x)]
 
 
 class ConstantOperandRule(Rule):
     """0 - y ==> Neg(y); 1 / y ==> Reciprocal(y)"""
 
     name = "zero_minus_one_div"
-    roots = ("Sub", "Div")
-
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        found = _binary_const(node)
-        if found is None:
-            return None
-        y, c, pos = found
-        value = 0 if node.op_type == "Sub" else 1
-        if pos != 0 or c.size == 0 or not np.all(c == value):
-            return None
-        m = NeutralMatch(node)
-        m.nodes.append(node)
-        m.x, m.c = y, c
-        return m
+    pattern = Or(Op("Sub", Const("c", value=0), X), Op("Div", Const("c", value=1), X))
 
     def check(self, m: Match, ctx: PassContext) -> str | None:
-        assert isinstance(m, NeutralMatch)
-        dtype = m.x.dtype
+        dtype = m.value("x").dtype
         if dtype is None:
             return "input dtype unknown"
         if m.root.op_type == "Div" and not dtype.is_floating_point():
             return "Reciprocal needs a float input"
         if m.root.op_type == "Sub" and not (dtype.is_floating_point() or dtype.is_signed()):
             return "Neg needs a signed input"
-        grows = _operand_grows(m.x, m.c)
+        grows = _operand_grows(m.value("x"), m["c"])
         if grows is None:
             return "y's shape is unknown where the constant broadcasts"
         return "the constant broadcasts y to a larger shape" if grows else None
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        assert isinstance(m, NeutralMatch)
         op = "Neg" if m.root.op_type == "Sub" else "Reciprocal"
-        return [b.op(op, [m.x], like=m.root)]
+        return [b.op(op, [m.value("x")], like=m.root)]
 
 
 class MulByZeroRule(Rule):
     """x * 0 ==> zeros of the output's shape (wrong when x holds inf or NaN)"""
 
     name = "mul_by_zero"
-    roots = ("Mul",)
-
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        found = _binary_const(node)
-        if found is None or found[1].size == 0 or np.any(found[1] != 0):
-            return None
-        m = NeutralMatch(node)
-        m.nodes.append(node)
-        m.x, m.c = found[0], found[1]
-        return m
+    pattern = Op("Mul", X, Const("c", value=0))  # either order
 
     def check(self, m: Match, ctx: PassContext) -> str | None:
-        assert isinstance(m, NeutralMatch)
         return _neutral_check(m)
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        assert isinstance(m, NeutralMatch)
-        zero = ir.tensor(np.zeros(1, dtype=m.c.dtype))
+        zero = ir.tensor(np.zeros(1, dtype=m["c"].dtype))
         shape = static_shape(m.root.outputs[0])
         if shape is not None:
             dims = b.const(np.array(shape, dtype=np.int64), f"{m.root.name or 'zeros'}_shape")
         else:
-            dims = b.op("Shape", [m.x])
+            dims = b.op("Shape", [m.value("x")])
         return [b.op("ConstantOfShape", [dims], {"value": zero}, like=m.root)]
 
 

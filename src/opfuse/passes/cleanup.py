@@ -9,7 +9,7 @@ import onnx_ir as ir
 
 from opfuse.passes._util import attr, axes_of, forward, needs_identity, perm_of, rank, static_shape
 from opfuse.registry import PassInfo, register
-from opfuse.rewrite import Builder, Const, Match, Op, Optional, PassContext, Rule, Var
+from opfuse.rewrite import Builder, Const, Match, Op, Optional, Or, PassContext, Rule, Var
 from opfuse.rewrite.pattern import const_array
 
 INT64_BIG = 2**31 - 1  # Slice ends at or past this cover any real dim
@@ -181,27 +181,16 @@ class PadNoOpRule(Rule):
     """Pad with all pads zero ==> x"""
 
     name = "pad_noop"
-    roots = ("Pad",)
-
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        m = Match(node)
-        if not node.inputs or node.inputs[0] is None:
-            return None
-        m.values["x"] = node.inputs[0]
-        m.nodes.append(node)
-        pads = attr(node, "pads")
-        if pads is None:
-            if len(node.inputs) < 2 or node.inputs[1] is None:
-                return None
-            m.values["pads"] = node.inputs[1]
-        else:
-            m.consts["pads"] = np.asarray(pads)
-        return m
-
+    # the pads: an input since opset 11, an attribute before
+    pattern = Or(
+        Op("Pad", Var("x"), attrs={"pads": lambda p: p is not None}, variadic=True),
+        Op("Pad", Var("x"), Var("pads"), variadic=True),
+    )
     constants = ("pads",)
 
     def check(self, m: Match, ctx: PassContext) -> str | None:
-        return None if not np.any(m["pads"]) else "pads are not zero"
+        pads = m["pads"] if "pads" in m else m.root.attributes["pads"].value
+        return None if not np.any(pads) else "pads are not zero"
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
         return [forward(m, b, m.value("x"))]
@@ -211,17 +200,10 @@ class SingleInputRule(Rule):
     """Concat of one input, Split into one output ==> x"""
 
     name = "single_input"
-    roots = ("Concat", "Split", "Sum", "Max", "Min", "Mean")
-
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        if len(node.inputs) < 1 or node.inputs[0] is None or len(node.outputs) != 1:
-            return None
-        if node.op_type != "Split" and len(node.inputs) != 1:
-            return None
-        m = Match(node)
-        m.nodes.append(node)
-        m.values["x"] = node.inputs[0]
-        return m
+    pattern = Or(
+        Op(("Concat", "Sum", "Max", "Min", "Mean"), Var("x"), where=lambda n: len(n.inputs) == 1),
+        Op("Split", Var("x"), variadic=True, where=lambda n: len(n.outputs) == 1),
+    )
 
     def check(self, m: Match, ctx: PassContext) -> str | None:
         x, y = m.value("x"), m.root.outputs[0]

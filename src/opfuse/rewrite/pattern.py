@@ -17,8 +17,10 @@ meet the same node (``exp`` below is one node read by the Div and by the ReduceS
     Op("Div", exp, Op("ReduceSum", exp, variadic=True))
 
 Predicates: ``Const(value=0.5)`` (every element equal to it), ``Const(where=f)``,
-``Op(..., attrs={"axis": -1})`` (an attribute's value, or a callable given the value or
-None). A two-input op commutes when declared (``commute=True``) and by default for the ops
+``Var("x", constant=False)`` (not a constant), ``Op(..., attrs={"axis": -1})`` (an
+attribute's value, or a callable given the value or None), ``Op(..., where=f)`` (a test of
+the node, for what no input pattern says: a variadic op's inputs, its outputs). A rule's
+root may be an ``Or`` of ``Op``s. A two-input op commutes when declared (``commute=True``) and by default for the ops
 in ``COMMUTATIVE``. Matching is greedy: once an input has matched, a later failure retries
 only the other operand order of a commuting op, not the alternatives inside that input.
 """
@@ -116,10 +118,12 @@ class Pattern:
 
 
 class Var(Pattern):
-    """Any present value; the same name twice must bind the same value."""
+    """Any present value; the same name twice must bind the same value.
+    ``constant=False``: a value with no constant tensor."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, constant: bool | None = None) -> None:
         self.name = name
+        self.constant = constant
 
     def match(self, value: ir.Value | None, m: Match) -> bool:
         if value is None:
@@ -127,6 +131,8 @@ class Var(Pattern):
         bound = m.values.get(self.name)
         if bound is not None:
             return bound is value
+        if self.constant is not None and (const_array(value) is not None) != self.constant:
+            return False
         m.values[self.name] = value
         return True
 
@@ -164,7 +170,7 @@ class Const(Pattern):
 
     def accepts(self, array: np.ndarray) -> bool:
         if self.value is not None:
-            if array.size == 0 or array.dtype.kind not in "biuf":
+            if array.size == 0 or array.dtype.kind not in "biufc":
                 return False
             if self.rtol is None:
                 if not np.all(array == self.value):
@@ -184,6 +190,24 @@ class Or(Pattern):
         for alternative in self.alternatives:
             state = m._state()
             if alternative.match(value, m):
+                return True
+            m._restore(state)
+        return False
+
+    @property
+    def op_types(self) -> tuple[str, ...]:
+        """The root op types of alternatives that are all ``Op``s (a rule's root)."""
+        types: list[str] = []
+        for alternative in self.alternatives:
+            assert isinstance(alternative, (Op, Or)), "a root Or holds Op patterns"
+            types += alternative.op_types
+        return tuple(dict.fromkeys(types))
+
+    def match_node(self, node: ir.Node, m: Match) -> bool:
+        for alternative in self.alternatives:
+            assert isinstance(alternative, (Op, Or)), "a root Or holds Op patterns"
+            state = m._state()
+            if alternative.match_node(node, m):
                 return True
             m._restore(state)
         return False
@@ -211,6 +235,7 @@ class Op(Pattern):
         variadic: bool = False,
         attrs: Mapping[str, Any] | None = None,
         commute: bool | None = None,
+        where: Callable[[ir.Node], bool] | None = None,
     ) -> None:
         self.op_types = (op_types,) if isinstance(op_types, str) else tuple(op_types)
         self.inputs = inputs
@@ -219,6 +244,7 @@ class Op(Pattern):
         self.variadic = variadic  # extra trailing inputs are allowed and ignored
         self.attrs = dict(attrs or {})
         self.commute = commute  # None: the ops in COMMUTATIVE
+        self.where = where
 
     def match(self, value: ir.Value | None, m: Match) -> bool:
         if value is None:
@@ -240,6 +266,8 @@ class Op(Pattern):
             actual_value = None if a is None else a.value
             if not (wanted(actual_value) if callable(wanted) else actual_value == wanted):
                 return False
+        if self.where is not None and not self.where(node):
+            return False
         actual = list(node.inputs)
         extra = actual[len(self.inputs) :]
         if extra and not self.variadic and any(v is not None for v in extra):

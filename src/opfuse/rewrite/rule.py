@@ -10,7 +10,7 @@ import onnx_ir as ir
 
 from opfuse.rewrite.builder import Builder
 from opfuse.rewrite.context import PassContext
-from opfuse.rewrite.pattern import Match, Op
+from opfuse.rewrite.pattern import Match, Op, Or
 
 Replacement = Sequence[ir.Value | None] | Mapping[ir.Value, ir.Value]
 M = TypeVar("M", bound=Match)
@@ -31,7 +31,7 @@ class Rule(Generic[M]):
     """
 
     name: ClassVar[str]
-    pattern: ClassVar[Op | None] = None
+    pattern: ClassVar[Op | Or | None] = None
     roots: ClassVar[tuple[str, ...]] = ()  # defaults to the pattern's op types
     exclusive: ClassVar[bool] = True
     constants: ClassVar[tuple[str, ...]] = ()  # bound names that must be constant tensors
