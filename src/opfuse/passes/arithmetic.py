@@ -203,13 +203,18 @@ def _constants_to_sum(node: ir.Node) -> bool:
     return sum(a is not None for a in arrays) >= 2 and not all(a is not None for a in arrays)
 
 
-class SumConstantsRule(Rule):
+class SumMatch(Match):
+    total: np.ndarray  # the constants' sum, computed in the check
+
+
+class SumConstantsRule(Rule[SumMatch]):
     """Sum(c1, x, c2, y) ==> Sum(c1 + c2, x, y)"""
 
     name = "sum_constants"
     pattern = Op("Sum", variadic=True, where=_constants_to_sum)
+    match_type = SumMatch
 
-    def check(self, m: Match, ctx: PassContext) -> str | None:
+    def check(self, m: SumMatch, ctx: PassContext) -> str | None:
         dtype = m.root.outputs[0].dtype
         arrays = [a for a in map(const_array, m.root.inputs) if a is not None]
         if dtype is None or any(a.dtype != dtype.numpy() for a in arrays):
@@ -218,13 +223,13 @@ class SumConstantsRule(Rule):
         if reason:
             return reason
         try:
-            m.consts["_total"] = evaluate_op("Sum", arrays, ctx.opset)
+            m.total = evaluate_op("Sum", arrays, ctx.opset)
         except EvaluationError as exc:
             return f"cannot combine the constants: {exc}"
         return None
 
-    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        k = b.const(m.consts["_total"], f"{m.root.name or 'sum'}_const")
+    def rewrite(self, m: SumMatch, b: Builder, ctx: PassContext):
+        k = b.const(m.total, f"{m.root.name or 'sum'}_const")
         rest = [v for v in m.root.inputs if const_array(v) is None]
         return [b.op("Sum", [k, *rest], like=m.root)]
 

@@ -34,7 +34,7 @@ from opfuse.passes._evaluate import (
 )
 from opfuse.passes._shape_arith import SHAPE_RULES
 from opfuse.registry import PassInfo, register
-from opfuse.rewrite import Builder, Match, PassContext, Rule
+from opfuse.rewrite import Builder, Match, Op, PassContext, Rule
 from opfuse.rewrite.builder import constant_value
 from opfuse.rewrite.pattern import const_array
 
@@ -135,15 +135,8 @@ class ConstantNodeRule(Rule):
     """Constant node ==> initializer (what onnxsim and onnxslim do too)"""
 
     name = "constant_node"
-    roots = ("Constant",)
-
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        out = node.outputs[0]
-        if out.is_graph_output():
-            return None  # stays a node: a graph output cannot be an initializer
-        m = Match(node)
-        m.nodes.append(node)
-        return m
+    # a graph output stays a node: it cannot be an initializer
+    pattern = Op("Constant", where=lambda node: not node.outputs[0].is_graph_output())
 
     def check(self, m: Match, ctx: PassContext) -> str | None:
         if (ctx.model.ir_version or 0) < 4:
@@ -170,7 +163,7 @@ def _dense_tensor(node: ir.Node) -> ir.TensorProtocol | None:
     return attr.value
 
 
-class FoldRule(Rule):
+class FoldRule(Rule[FoldMatch]):
     """op(c1, c2, ...) ==> its value, evaluated by onnx's reference evaluator"""
 
     name = "fold"
@@ -179,7 +172,9 @@ class FoldRule(Rule):
     def root_types(self) -> tuple[str, ...]:
         return foldable_op_types()
 
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
+    # imperative: any op type (the whole default domain) whose present inputs are all
+    # constant, whatever its arity; the arrays read here are the check's inputs
+    def match(self, node: ir.Node, ctx: PassContext) -> FoldMatch | None:
         arrays: list[np.ndarray | None] = []
         for v in node.inputs:
             if v is None:
@@ -194,8 +189,7 @@ class FoldRule(Rule):
         m.arrays = arrays
         return m
 
-    def check(self, m: Match, ctx: PassContext) -> str | None:
-        assert isinstance(m, FoldMatch)
+    def check(self, m: FoldMatch, ctx: PassContext) -> str | None:
         node = m.root
         random = nondeterministic(node, ctx.opset)
         if random:
@@ -225,8 +219,7 @@ class FoldRule(Rule):
             return f"cannot evaluate: {exc}"
         return _size_reason(sum(r.nbytes for r in m.results), freed, limit)
 
-    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        assert isinstance(m, FoldMatch)
+    def rewrite(self, m: FoldMatch, b: Builder, ctx: PassContext):
         return [
             constant_value(r, b, out, m.root) if (out.uses() or out.is_graph_output()) else None
             for r, out in zip(m.results, m.root.outputs, strict=True)
