@@ -11,13 +11,13 @@ the weight's dtype as onnxruntime's own Conv+Mul/Add fusions compute it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import numpy as np
 import onnx_ir as ir
 
 from opfuse.passes._util import DEFAULT_DOMAINS, attr, producer, rank
-from opfuse.rewrite import Builder, Match
+from opfuse.rewrite import Builder, Match, PassContext, Rule
 from opfuse.rewrite.pattern import const_array
 
 LINEAR_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
@@ -362,18 +362,29 @@ class ChainMatch(Match):
 C = TypeVar("C", bound=ChainMatch)
 
 
-def match_chain(node: ir.Node, match_type: type[C]) -> C | None:
-    chain = chain_ending_at(node)
-    if chain is None:
-        return None
-    m = match_type(node)
-    m.chain = chain
-    m.nodes += chain.nodes
-    for i, step in enumerate(chain.steps):
-        m.consts[f"c{i}"] = step.const
-    m.values["x"] = chain.x
-    m.linear = find_linear(chain.x)
-    return m
+class AffineChainRule(Rule[C]):
+    """A rule rooted at the last op of a per-channel affine chain; ``accepts`` says
+    which chains it takes. Subclasses set ``match_type`` (ChainMatch or a subclass)."""
+
+    roots = AFFINE_OPS
+
+    # imperative: a chain of any length (chain_ending_at), with the linear layer before
+    # it found through a Transpose or bias Add (find_linear): no fixed-size pattern
+    def match(self, node: ir.Node, ctx: PassContext) -> C | None:
+        chain = chain_ending_at(node)
+        if chain is None:
+            return None
+        m = cast(C, self.match_type(node))
+        m.chain = chain
+        m.nodes += chain.nodes
+        for i, step in enumerate(chain.steps):
+            m.consts[f"c{i}"] = step.const
+        m.values["x"] = chain.x
+        m.linear = find_linear(chain.x)
+        return m if self.accepts(m) else None
+
+    def accepts(self, m: C) -> bool:
+        return True
 
 
 def body_of(m: ChainMatch) -> list[Step]:

@@ -25,19 +25,18 @@ results may differ from the op-by-op evaluation in the last ulps (as a folded BN
 from __future__ import annotations
 
 import numpy as np
-import onnx_ir as ir
 
 from opfuse.passes._affine import (
+    AffineChainRule,
     ChainMatch,
     body_of,
     channel_axis,
     fold_chain,
     linear_reason,
-    match_chain,
 )
 from opfuse.passes._util import rank
 from opfuse.registry import PassInfo, register
-from opfuse.rewrite import Builder, PassContext, Rule
+from opfuse.rewrite import Builder, PassContext
 
 
 def bn_axis_ok(m: ChainMatch, ctx: PassContext) -> bool:
@@ -60,20 +59,15 @@ class SmallOpsMatch(ChainMatch):
     mode: str = "fold"  # the check's choice: "fold" into the layer, one "bn", or "muladd"
 
 
-class BatchNormSmallOpsRule(Rule[SmallOpsMatch]):
+class BatchNormSmallOpsRule(AffineChainRule[SmallOpsMatch]):
     """(x - mean) * k + beta and kin (2+ per-channel affine ops) ==> the linear layer
     before it, or one BatchNormalization, or one Mul + Add"""
 
     name = "bn_small_ops"
-    roots = ("Add", "Sub", "Mul", "Div")
+    match_type = SmallOpsMatch
 
-    # imperative: a chain of any length of per-channel ops (chain_ending_at), shared
-    # with conv_affine
-    def match(self, node: ir.Node, ctx: PassContext) -> SmallOpsMatch | None:
-        m = match_chain(node, SmallOpsMatch)
-        if m is None or len(body_of(m)) < 2:
-            return None
-        return m
+    def accepts(self, m: SmallOpsMatch) -> bool:
+        return len(body_of(m)) >= 2
 
     def check(self, m: SmallOpsMatch, ctx: PassContext) -> str | None:
         reason = linear_reason(m, m.linear, m.chain.shapes)
