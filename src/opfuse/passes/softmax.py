@@ -21,9 +21,9 @@ from typing import ClassVar
 
 import onnx_ir as ir
 
-from opfuse.passes._util import attr, producer, rank, reduce_axes
+from opfuse.passes._util import attr, rank, reduce_axes
 from opfuse.registry import PassInfo, register
-from opfuse.rewrite import Builder, Match, PassContext, Rule
+from opfuse.rewrite import Builder, Match, Op, Or, PassContext, Rule, Var
 
 
 def single_axis(node: ir.Node, x_rank: int | None) -> tuple[int | None, str | None]:
@@ -41,31 +41,21 @@ def single_axis(node: ir.Node, x_rank: int | None) -> tuple[int | None, str | No
     return axis, None
 
 
+X = Var("x")
+# one Exp node read twice; the max subtraction when it is there, else x is Exp's input
+EXP = Op(
+    "Exp",
+    Or(Op("Sub", X, Op("ReduceMax", X, name="max", variadic=True), name="sub"), X),
+    name="exp",
+)
+
+
 class SoftmaxRule(Rule):
     """Div(Exp(x - ReduceMax(x)), ReduceSum(Exp(...))) on one axis ==> Softmax(x, axis)"""
 
     name = "softmax"
-    roots = ("Div",)
+    pattern = Op("Div", EXP, Op("ReduceSum", EXP, name="sum", variadic=True), name="div")
     with_max: ClassVar[bool] = True
-
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        e, s = node.inputs[0], node.inputs[1]
-        exp, total = producer(e, "Exp"), producer(s, "ReduceSum")
-        if exp is None or total is None or total.inputs[0] is not e:
-            return None
-        m = Match(node)
-        m.nodes += [node, exp, total]
-        m.node_names.update(div=node, exp=exp, sum=total)
-        z = exp.inputs[0]
-        sub = producer(z, "Sub")
-        peak = producer(sub.inputs[1], "ReduceMax") if sub is not None else None
-        if sub is not None and peak is not None and peak.inputs[0] is sub.inputs[0]:
-            m.nodes += [sub, peak]
-            m.node_names.update(sub=sub, max=peak)
-            z = sub.inputs[0]
-        assert z is not None
-        m.values["x"] = z
-        return m
 
     def check(self, m: Match, ctx: PassContext) -> str | None:
         if self.with_max and "max" not in m:
