@@ -52,6 +52,8 @@ class AippRule(Rule):
     roots = ("Conv",)
     exclusive = False  # checked here: chain values may also feed Shape (their shape stays)
 
+    # imperative: a chain of any length and any order of preprocessing ops back to a
+    # graph input (a pattern has a fixed shape)
     def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
         chain: list[ir.Node] = []
         value = node.inputs[0]
