@@ -13,6 +13,7 @@ PIPELINE_ORDER = (
     "arithmetic",
     "replace",
     "softmax",
+    "hardswish",
     "layout",  # before the Conv fusions: BN small ops meet their Conv once Transposes are gone
     "aipp",  # first-layer preprocessing into the first Conv, once its Transposes are gone
     "batchnorm",
