@@ -39,7 +39,7 @@ from opfuse.advisor.ran import RanGraph, ran_graph
 from opfuse.advisor.target import load_target
 from opfuse.advisor.trial import AIPP_PASS, Refusal, Trial, registered
 from opfuse.errors import OpfuseError, first_line
-from opfuse.registry import all_passes
+from opfuse.passes import all_passes
 from opfuse.runtime import Runtime, get_runtime
 from opfuse.shapes import infer_shapes
 
