@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opfuse.registry import all_passes, markdown_table
+from opfuse.passes import all_passes
+from opfuse.registry import markdown_table
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "PASSES.md"
 

@@ -26,8 +26,9 @@ from opfuse import io
 from opfuse.blame import first_bad_pass
 from opfuse.errors import OpfuseError, VerificationError, first_line
 from opfuse.graphs import all_graphs
+from opfuse.passes import all_passes, get_pass
 from opfuse.phases import Phases
-from opfuse.registry import PassInfo, all_passes, get_pass
+from opfuse.registry import PassInfo
 from opfuse.rewrite.context import Options, PassContext
 from opfuse.rewrite.driver import Driver
 from opfuse.rewrite.stats import EffectLog

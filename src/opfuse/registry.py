@@ -1,4 +1,7 @@
-"""Pass metadata: the one source for the CLI's pass table, switch files and docs."""
+"""Pass metadata: the one source for the CLI's pass table, switch files and docs.
+
+The table the pass modules register into. It sits below them (it imports none):
+``opfuse.passes.all_passes`` loads every pass module and gives the passes in order."""
 
 from __future__ import annotations
 
@@ -11,10 +14,9 @@ __all__ = [
     "GraphFunction",
     "PassInfo",
     "Section",
-    "all_passes",
-    "get_pass",
     "markdown_table",
     "register",
+    "registered",
 ]
 
 
@@ -24,7 +26,7 @@ _MODULE: dict[str, str] = {}  # pass name -> the module that registered it
 
 def register(info: PassInfo) -> PassInfo:
     """Add a pass. Execution order: the module's place in passes.PIPELINE_ORDER, then
-    registration order within the module."""
+    registration order within the module (``opfuse.passes.all_passes``)."""
     if info.name in _PASSES:
         raise ValueError(f"pass {info.name} registered twice")
     _PASSES[info.name] = info
@@ -32,22 +34,10 @@ def register(info: PassInfo) -> PassInfo:
     return info
 
 
-def all_passes() -> list[PassInfo]:
-    from opfuse.passes import PIPELINE_ORDER  # importing it registers every pass
-
-    position = {module: i for i, module in enumerate(PIPELINE_ORDER)}
-    for name, module in _MODULE.items():
-        if module not in position:
-            raise RuntimeError(f"pass {name}: module {module} is not in PIPELINE_ORDER")
-    ordered = sorted(
-        enumerate(_PASSES.values()), key=lambda ip: (position[_MODULE[ip[1].name]], ip[0])
-    )
-    return [info for _, info in ordered]
-
-
-def get_pass(name: str) -> PassInfo:
-    all_passes()
-    return _PASSES[name]
+def registered() -> list[tuple[PassInfo, str]]:
+    """Every registered pass with the name of the module that registered it, in
+    registration order (``opfuse.passes.all_passes`` puts them in execution order)."""
+    return [(info, _MODULE[name]) for name, info in _PASSES.items()]
 
 
 def markdown_table(passes: Sequence[PassInfo]) -> str:

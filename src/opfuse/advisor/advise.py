@@ -18,13 +18,13 @@ import onnx_ir as ir
 from opfuse import io
 from opfuse.advisor import constraints
 from opfuse.advisor.activations import find_activations
+from opfuse.advisor.aipp import NORMALIZATION, aipp_chains
 from opfuse.advisor.attribution import Resolver, attribute, original_nodes, runtime_kernels
 from opfuse.advisor.calibrate import Measure, Peaks, machine_peaks
 from opfuse.advisor.graph import OpGraph, from_chain, from_model
 from opfuse.advisor.groups import Group, grow_groups, rank_groups
 from opfuse.advisor.l2 import RATIO_KEYS, estimate_ratios, l2_chains
 from opfuse.advisor.nextsteps import TRIAL_SECONDS, dominant, trial
-from opfuse.advisor.opkinds import Kind, classify
 from opfuse.advisor.profile import (
     OpRecord,
     Profile,
@@ -38,8 +38,9 @@ from opfuse.advisor.profile import (
 from opfuse.advisor.ran import RanGraph, ran_graph
 from opfuse.advisor.target import load_target
 from opfuse.advisor.trial import AIPP_PASS, Refusal, Trial, registered
+from opfuse.advisor.verdict import Verdict
 from opfuse.errors import OpfuseError, first_line
-from opfuse.registry import all_passes
+from opfuse.passes import all_passes
 from opfuse.runtime import Runtime, get_runtime
 from opfuse.shapes import infer_shapes
 
@@ -49,24 +50,6 @@ CALIBRATED = frozenset({"builtin:cpu", "builtin:cuda"})
 VARIANCE_NODE = 0.25  # a node's IQR over its median above which runs are called unsteady
 VARIANCE_TOTAL = 0.10  # the same for the sum of all nodes per run
 VARIANCE_MIN_SHARE = 0.01  # nodes below this share of the time are not worth a warning
-# ops that hardware preprocessing (AIPP) can take over in front of the first Conv
-PREPROCESS = frozenset(
-    {
-        "Cast",
-        "Transpose",
-        "Mul",
-        "Add",
-        "Sub",
-        "Div",
-        "Pad",
-        "BatchNormalization",
-        "TransData",
-        "Identity",
-        "Cast2",
-        "TransposeD",
-    }
-)
-NORMALIZATION = frozenset({"Mul", "Add", "Sub", "Div", "BatchNormalization"})
 Step = Callable[[str, int, int], None]
 
 
@@ -362,21 +345,15 @@ class Advisor:
         total = self.profile.total_us or 1.0
         rows = []
         for grp in groups:
-            opfuse: dict[str, object] = {
-                "pass": None,
-                "available": bool(ub_passes),
-                "fires": None,
-                "reason": "a UB fusion is the backend's: opfuse keeps the graph in standard "
+            opfuse = Verdict(
+                None,
+                available=bool(ub_passes),
+                reason="a UB fusion is the backend's: opfuse keeps the graph in standard "
                 "ONNX ops" + (f" (UBFusion passes: {', '.join(ub_passes)})" if ub_passes else ""),
-            }
+            )
             hit = self._refusal_about(grp.names, refused, self.graph)
             if hit is not None:  # a pass matched the group (not just one node) and gave up
-                opfuse = {
-                    "pass": hit.pass_name,
-                    "available": True,
-                    "fires": False,
-                    "reason": hit.reason,
-                }
+                opfuse = Verdict(hit.pass_name, available=True, fires=False, reason=hit.reason)
             removed = self._removed_us(grp.members)
             row: dict[str, object] = {
                 "subgraph": 0,
@@ -396,7 +373,7 @@ class Advisor:
                 "duration_us": round(grp.duration_us, 3),
                 "share": round(grp.duration_us / total, 6),
                 "opfuse_removes_us": round(removed, 3) if removed is not None else None,
-                "opfuse": opfuse,
+                "opfuse": opfuse.to_json(),
                 "onnxruntime": self._ort_fuses(grp.members),
             }
             rows.append(row)
@@ -496,24 +473,7 @@ class Advisor:
 
     def _aipp(self) -> list[dict[str, object]]:
         g = self.original_graph if self.original is not None else self.graph
-        chains = []
-        for start in g.graph_inputs:
-            chain: list[int] = []
-            tensor, conv = start, None
-            for _ in range(64):
-                users = [c for c in g.consumers.get(tensor, []) if g.nodes[c].op_type != "Shape"]
-                if len(users) != 1:
-                    break
-                node = g.nodes[users[0]]
-                if classify(node.op_type) is Kind.CONV and node.op_type not in ("MatMul", "Gemm"):
-                    conv = node
-                    break
-                if node.op_type not in PREPROCESS or len(node.outputs) != 1:
-                    break
-                chain.append(node.index)
-                tensor = node.outputs[0]
-            if conv is not None and chain:
-                chains.append((chain, conv))
+        chains = aipp_chains(g)
         if not chains:
             return []
         trial = self._aipp_trial()
@@ -526,23 +486,23 @@ class Advisor:
                     self._time(i) for i in {self.node_of[n] for n in names if n in self.node_of}
                 )
                 verdict = (
-                    trial.verdict(AIPP_PASS, [*names, conv.name], self.original_types)
+                    Verdict.from_json(
+                        trial.verdict(AIPP_PASS, [*names, conv.name], self.original_types)
+                    )
                     if trial is not None
-                    else {
-                        "pass": AIPP_PASS,
-                        "available": False,
-                        "fires": None,
-                        "reason": f"{AIPP_PASS} is not registered in this opfuse yet",
-                    }
+                    else Verdict(
+                        AIPP_PASS,
+                        available=False,
+                        reason=f"{AIPP_PASS} is not registered in this opfuse yet",
+                    )
                 )
             else:
                 dur = sum(self._time(i) for i in chain)
-                verdict = {
-                    "pass": AIPP_PASS,
-                    "available": AIPP_PASS in registered(),
-                    "fires": None,
-                    "reason": "no model given: not tried",
-                }
+                verdict = Verdict(
+                    AIPP_PASS,
+                    available=AIPP_PASS in registered(),
+                    reason="no model given: not tried",
+                )
             rows.append(
                 {
                     "nodes": names,
@@ -552,7 +512,7 @@ class Advisor:
                     ],
                     "first_conv": conv.name,
                     "duration_us": round(dur, 3),
-                    "opfuse": verdict,
+                    "opfuse": verdict.to_json(),
                 }
             )
         return rows
@@ -633,12 +593,9 @@ class Advisor:
                     "batch_split": split,
                     "ratios_source": "+".join(sorted(sources)),
                     "ops": ops,
-                    "opfuse": {
-                        "pass": None,
-                        "available": False,
-                        "fires": None,
-                        "reason": "L2 fusion and batch split are the runtime's",
-                    },
+                    "opfuse": Verdict(
+                        None, available=False, reason="L2 fusion and batch split are the runtime's"
+                    ).to_json(),
                 }
             )
         return rows
@@ -765,19 +722,18 @@ class Advisor:
             }
             for hint in constraints.replace_hints(self.original_graph, orig_times):
                 if hint.opfuse_pass:
-                    hint.verdict = self.trial.verdict(
-                        hint.opfuse_pass, [hint.node], self.original_types
+                    hint.verdict = Verdict.from_json(
+                        self.trial.verdict(hint.opfuse_pass, [hint.node], self.original_types)
                     )
                 hints.append(hint)
         else:
             for hint in constraints.replace_hints(self.graph, times):
                 if hint.opfuse_pass:
-                    hint.verdict = {
-                        "pass": hint.opfuse_pass,
-                        "available": hint.opfuse_pass in registered(),
-                        "fires": None,
-                        "reason": "no model given: not tried",
-                    }
+                    hint.verdict = Verdict(
+                        hint.opfuse_pass,
+                        available=hint.opfuse_pass in registered(),
+                        reason="no model given: not tried",
+                    )
                 hints.append(hint)
         hints += constraints.fallback_hints(
             self.profile.records, self.profile.provider, self.profile.source

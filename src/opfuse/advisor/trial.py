@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import onnx_ir as ir
 
 from opfuse.api import OptimizeResult, optimize_model
-from opfuse.registry import all_passes
+from opfuse.passes import all_passes
 from opfuse.rewrite.context import Options, PassContext
 from opfuse.rewrite.driver import Driver
 from opfuse.rewrite.stats import EffectLog
