@@ -1,5 +1,5 @@
-"""A rule: a pattern rooted at one op type, a check that says why it cannot fire, and a
-rewrite that builds the replacement."""
+"""A rule: a pattern rooted at a node of given op types, a check that says why it cannot
+fire, and a rewrite that builds the replacement."""
 
 from __future__ import annotations
 
@@ -25,9 +25,11 @@ class Rule(Generic[M]):
     hangs attributes on a match).
 
     The driver checks, for every rule, that each matched node other than the root feeds
-    only the match and is not a graph output, and that float constants have the root's
-    dtype, and that the names in ``constants`` are bound to constant tensors (so a
-    ``Var`` there yields the reason "... is not a constant" rather than no match). Rules that keep intermediate nodes alive set ``exclusive = False``.
+    only the match and is not a graph output, that float constants have the root's dtype,
+    and that the names in ``constants`` are bound to constant tensors (so a ``Var`` there
+    yields the reason "... is not a constant" rather than no match). Rules that keep
+    intermediate nodes alive set ``exclusive = False``. docs/WRITING_A_RULE.md has the
+    whole contract and a worked example.
     """
 
     name: ClassVar[str]
