@@ -168,13 +168,13 @@ def test_every_option_of_every_command_has_help():
     ],
 )
 def test_typo_suggestions_compare_whole_names_and_abbreviations(typed, meant):
-    from opfuse.registry import all_passes
+    from opfuse.passes import all_passes
 
     assert closest(typed, [p.name for p in all_passes()]) == meant
 
 
 def test_an_unrelated_name_gets_no_suggestion(tmp_path, monkeypatch, capsys):
-    from opfuse.registry import all_passes
+    from opfuse.passes import all_passes
 
     assert closest("Frobnicate", [p.name for p in all_passes()]) is None
     status, _, stderr = run(
@@ -186,7 +186,7 @@ def test_an_unrelated_name_gets_no_suggestion(tmp_path, monkeypatch, capsys):
 
 
 def test_passes_is_compact_by_default_and_full_with_verbose(monkeypatch, capsys):
-    from opfuse.registry import all_passes
+    from opfuse.passes import all_passes
 
     status, stdout, _ = run(["passes"], monkeypatch, capsys)
     assert status == 0

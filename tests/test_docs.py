@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opfuse.registry import all_passes, markdown_table
+from opfuse.passes import all_passes
+from opfuse.registry import markdown_table
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "PASSES.md"
 
@@ -37,3 +38,23 @@ def test_readme_python_blocks_run(tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr().out
     assert "ModelProto <OptimizeResult ModelProto: nodes 15 -> 10" in printed
     assert "of its bound" in printed and "input ['IdentityRemovalFusionPass'" in printed
+
+
+def test_writing_a_rule_quotes_the_files_it_names():
+    """Each ```python block of a section of docs/WRITING_A_RULE.md that names a file is
+    that file's own text, so the worked example stays the code that ships and is tested."""
+    import re
+
+    root = DOC.parents[1]
+    text = (root / "docs" / "WRITING_A_RULE.md").read_text("utf-8")
+    quoted = 0
+    for section in text.split("\n## "):
+        blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+        path = re.search(r"`((?:src|tests)/[\w/]+\.py)`", section)
+        if path is None or not blocks:
+            continue
+        source = (root / path.group(1)).read_text("utf-8")
+        for block in blocks:
+            assert block in source, f"a block of WRITING_A_RULE.md is not in {path.group(1)}"
+            quoted += 1
+    assert quoted >= 3

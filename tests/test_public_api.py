@@ -36,7 +36,7 @@ def test_the_package_exports_its_api_with_docstrings():
     assert {"optimize", "verify", "passes", "InferenceSession", "Options"} <= set(dir(opfuse))
     import importlib
 
-    from opfuse.registry import all_passes
+    from opfuse.passes import all_passes
 
     importlib.import_module("opfuse.passes.batchnorm")  # a submodule import must not rebind
 

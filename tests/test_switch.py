@@ -7,7 +7,8 @@ import json
 import pytest
 
 from opfuse.errors import OpfuseError
-from opfuse.registry import PassInfo, all_passes
+from opfuse.passes import all_passes
+from opfuse.registry import PassInfo
 from opfuse.rewrite import Rule
 from opfuse.switch import cann_only_names, parse_switch_data, parse_switch_file, resolve
 

@@ -24,10 +24,11 @@ import onnx_ir as ir
 
 from opfuse import io
 from opfuse.blame import first_bad_pass
-from opfuse.errors import OpfuseError, VerificationError
+from opfuse.errors import OpfuseError, VerificationError, first_line
 from opfuse.graphs import all_graphs
+from opfuse.passes import all_passes, get_pass
 from opfuse.phases import Phases
-from opfuse.registry import PassInfo, all_passes, get_pass
+from opfuse.registry import PassInfo
 from opfuse.rewrite.context import Options, PassContext
 from opfuse.rewrite.driver import Driver
 from opfuse.rewrite.stats import EffectLog
@@ -202,7 +203,7 @@ def convert_opset(model: ir.Model, target: int) -> ir.Model:
     try:
         converted = onnx.version_converter.convert_version(ir.to_proto(model), target)
     except Exception as exc:  # the converter raises plain RuntimeError/ValueError
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise OpfuseError(f"cannot convert the model to opset {target}: {first}") from None
     new = ir.from_proto(converted)
     base_dirs = {

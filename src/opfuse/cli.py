@@ -478,7 +478,8 @@ def verify(
 )
 def passes(fmt: str, verbose: bool) -> None:
     """List every pass in execution order: switch name, default, what it does."""
-    from opfuse.registry import all_passes, markdown_table
+    from opfuse.passes import all_passes
+    from opfuse.registry import markdown_table
 
     infos = all_passes()
     if fmt == "markdown":

@@ -10,6 +10,12 @@ EXIT_STATUSES = (
 )
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's first non-empty line, or its type's name when it has no message."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class OpfuseError(Exception):
     """Bad input or a refused operation: one line for the user, exit status 2."""
 

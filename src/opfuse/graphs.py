@@ -11,6 +11,11 @@ from collections.abc import Iterator
 
 import onnx_ir as ir
 
+DEFAULT_DOMAINS = ("", "ai.onnx")  # the ONNX operator set, under either of its names
+# model metadata: the inputs --layout re-declared, as {name: perm}; the layout pass
+# writes it, the verifier reads it to feed both models the same data
+INPUT_PERMUTATION_KEY = "opfuse.input_permutation"
+
 _GRAPH = ir.AttributeType.GRAPH
 _GRAPHS = ir.AttributeType.GRAPHS
 

@@ -9,7 +9,6 @@ target and renames into place, so an interrupted save never leaves a partial fil
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import re
 import shutil
@@ -22,14 +21,13 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from opfuse.errors import OpfuseError
-from opfuse.graphs import all_graphs
+from opfuse.errors import OpfuseError, first_line
+from opfuse.graphs import DEFAULT_DOMAINS, all_graphs
 from opfuse.shapes import infer_proto
 
 MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
 TWO_GB = 2**31
-DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
 def _iter_tensor_protos(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
@@ -110,7 +108,7 @@ def read_proto(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, bool]:
     try:
         proto = onnx.load_model_from_string(data)
     except (DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        first = first_line(exc)
         raise OpfuseError(f"{p}: not an ONNX model or truncated ({first})") from None
     if proto.ir_version <= 0 or not proto.HasField("graph"):
         raise OpfuseError(f"{p}: not an ONNX model (no IR version or no graph)")
@@ -125,7 +123,7 @@ def read_proto(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, bool]:
         # the checker reads external data files itself only when given the path
         onnx.checker.check_model(str(p) if external else data)
     except onnx.checker.ValidationError as exc:
-        first = str(exc).strip().splitlines()[0]
+        first = first_line(exc)
         raise OpfuseError(f"{p}: fails onnx.checker: {first}") from None
     return proto, external
 
@@ -166,17 +164,6 @@ def tensor_bytes(model: ir.Model) -> int:
 def _all_initializers(model: ir.Model) -> Iterator[ir.Value]:
     for graph in all_graphs(model.graph):
         yield from graph.initializers.values()
-
-
-def drop_pages(value: ir.Value | None) -> None:
-    """Let the kernel take back the pages of a memory-mapped external weight that a fold
-    has read (they are read from the file again if needed), so folding several large
-    weights does not keep every one of them in the process's memory."""
-    tensor = value.const_value if value is not None else None
-    raw = getattr(tensor, "raw", None)
-    if isinstance(tensor, ir.ExternalTensor) and raw is not None and hasattr(mmap, "MADV_DONTNEED"):
-        with contextlib.suppress(OSError, ValueError):
-            raw.madvise(mmap.MADV_DONTNEED)
 
 
 def check_output_path(
@@ -348,7 +335,7 @@ def _without_derivable_value_info(model: ir.Model) -> Iterator[None]:
     saved = []
     for graph in all_graphs(model.graph):
         values = [v for v in graph.initializers.values() if not v.is_graph_input()]
-        values += [out for node in graph if node.domain in ("", "ai.onnx") for out in node.outputs]
+        values += [out for node in graph if node.domain in DEFAULT_DOMAINS for out in node.outputs]
         for value in values:
             if not value.is_graph_output() and (value.type or value.shape):
                 saved.append((value, value.type, value.shape))

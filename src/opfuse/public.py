@@ -22,8 +22,9 @@ from opfuse import io
 from opfuse.advisor.target import builtin_targets
 from opfuse.api import OptimizeResult, optimize_file
 from opfuse.errors import OpfuseError
+from opfuse.passes import all_passes
 from opfuse.phases import Phases
-from opfuse.registry import PassInfo, all_passes
+from opfuse.registry import PassInfo
 from opfuse.rewrite.context import DEFAULT_FOLD_SIZE_LIMIT, Options
 from opfuse.verify import VerifyReport, compare_files
 

@@ -1,65 +1,23 @@
-"""Pass metadata: the one source for the CLI's pass table, switch files and docs."""
+"""Pass metadata: the one source for the CLI's pass table, switch files and docs.
+
+The table the pass modules register into. It sits below them (it imports none):
+``opfuse.passes.all_passes`` loads every pass module and gives the passes in order."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Sequence
 
-if TYPE_CHECKING:
-    from opfuse.rewrite.context import PassContext
-    from opfuse.rewrite.rule import Rule
+from opfuse.rewrite.passinfo import GraphFunction, PassInfo, Section
 
-Section = Literal["GraphFusion", "UBFusion"]
-GraphFunction = Callable[["PassContext"], None]
-
-
-@dataclass(frozen=True)
-class PassInfo:
-    """One switchable pass.
-
-    A pass is either a list of rules (run together by the worklist driver) or a function
-    over the whole graph (``run``), for what is not a local pattern (dead-code removal,
-    layout propagation). ``run`` records its effect counts on the context itself.
-    """
-
-    name: str
-    description: str
-    section: Section = "GraphFusion"
-    default: bool = True
-    mandatory: bool = False
-    opset_min: int = 1
-    opset_max: int | None = None
-    rules: Sequence[Rule] = field(default_factory=tuple)
-    run: GraphFunction | None = None
-    note: str = ""  # documented caveat (why it is off by default, thresholds)
-
-    def __post_init__(self) -> None:
-        if not (self.name[:1].isupper() and self.name.endswith("FusionPass")):
-            raise ValueError(f"pass name {self.name!r} must be CamelCase ending in FusionPass")
-        if bool(self.rules) == (self.run is not None):
-            raise ValueError(f"pass {self.name} needs exactly one of rules or run")
-
-    @property
-    def summary(self) -> str:
-        """The description's first clause, at most about 70 characters (``passes``)."""
-        text = self.description
-        for stop in ("; ", " (", ": "):
-            text = text.split(stop, 1)[0]
-        if len(text) > 72:
-            text = text[:70].rsplit(" ", 1)[0] + " ..."
-        return text
-
-    @property
-    def opset_range(self) -> str:
-        """``7-17``, or ``23+`` for 23 and later."""
-        if self.opset_max is None:
-            return f"{self.opset_min}+"
-        return f"{self.opset_min}-{self.opset_max}"
-
-    def applies_to_opset(self, opset: int) -> bool:
-        return self.opset_min <= opset and (self.opset_max is None or opset <= self.opset_max)
+__all__ = [
+    "GraphFunction",
+    "PassInfo",
+    "Section",
+    "markdown_table",
+    "register",
+    "registered",
+]
 
 
 _PASSES: dict[str, PassInfo] = {}
@@ -68,7 +26,7 @@ _MODULE: dict[str, str] = {}  # pass name -> the module that registered it
 
 def register(info: PassInfo) -> PassInfo:
     """Add a pass. Execution order: the module's place in passes.PIPELINE_ORDER, then
-    registration order within the module."""
+    registration order within the module (``opfuse.passes.all_passes``)."""
     if info.name in _PASSES:
         raise ValueError(f"pass {info.name} registered twice")
     _PASSES[info.name] = info
@@ -76,22 +34,10 @@ def register(info: PassInfo) -> PassInfo:
     return info
 
 
-def all_passes() -> list[PassInfo]:
-    from opfuse.passes import PIPELINE_ORDER  # importing it registers every pass
-
-    position = {module: i for i, module in enumerate(PIPELINE_ORDER)}
-    for name, module in _MODULE.items():
-        if module not in position:
-            raise RuntimeError(f"pass {name}: module {module} is not in PIPELINE_ORDER")
-    ordered = sorted(
-        enumerate(_PASSES.values()), key=lambda ip: (position[_MODULE[ip[1].name]], ip[0])
-    )
-    return [info for _, info in ordered]
-
-
-def get_pass(name: str) -> PassInfo:
-    all_passes()
-    return _PASSES[name]
+def registered() -> list[tuple[PassInfo, str]]:
+    """Every registered pass with the name of the module that registered it, in
+    registration order (``opfuse.passes.all_passes`` puts them in execution order)."""
+    return [(info, _MODULE[name]) for name, info in _PASSES.items()]
 
 
 def markdown_table(passes: Sequence[PassInfo]) -> str:

@@ -16,7 +16,8 @@ The fuzz harness (tests/test_fuzz.py) judges its random graphs by the same rule.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
@@ -58,7 +59,20 @@ def within_rounding(
     return bool(np.all(np.abs(g - t) <= allowed(r, rtol, atol) + ERROR_FACTOR * error))
 
 
-Session = Callable[[onnx.ModelProto], object]  # a model -> an onnxruntime session
+class NodeArg(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class RuntimeSession(Protocol):
+    """What run_float64 uses of an onnxruntime InferenceSession."""
+
+    def get_inputs(self) -> Sequence[NodeArg]: ...
+    def get_outputs(self) -> Sequence[NodeArg]: ...
+    def run(self, output_names: Any, input_feed: Any) -> Sequence[Any]: ...
+
+
+Session = Callable[[onnx.ModelProto], RuntimeSession]  # a model -> an onnxruntime session
 
 
 def run_float64(
@@ -80,8 +94,8 @@ def run_float64(
                 raise
             islands.add(node)
             continue
-        wanted = {i.name for i in sess.get_inputs()}  # type: ignore[attr-defined]
-        values = sess.run(  # type: ignore[attr-defined]
+        wanted = {i.name for i in sess.get_inputs()}
+        values = sess.run(
             None,
             {
                 k: (v.astype(np.float64) if v.dtype == np.float32 else v)
@@ -89,7 +103,7 @@ def run_float64(
                 if k in wanted
             },
         )
-        outputs = [o.name for o in sess.get_outputs()]  # type: ignore[attr-defined]
+        outputs = [o.name for o in sess.get_outputs()]
         return dict(zip(outputs, values, strict=True))
     raise RuntimeError("no float64 model onnxruntime accepts")
 

@@ -16,7 +16,7 @@ from opfuse import io
 from opfuse.api import optimize_file, optimize_model
 from opfuse.errors import OpfuseError
 from opfuse.graphs import all_graphs
-from opfuse.registry import all_passes
+from opfuse.passes import all_passes
 from opfuse.rewrite.context import Options, PassContext
 from opfuse.rewrite.rule import Rule
 from opfuse.rewrite.stats import EffectLog

@@ -8,16 +8,18 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
 
 from opfuse import tolerance, verify_inputs
-from opfuse.errors import OpfuseError, VerificationError
+from opfuse.errors import OpfuseError, VerificationError, first_line
+from opfuse.graphs import INPUT_PERMUTATION_KEY
 from opfuse.verify_inputs import InputPlan
 
-# optimized model metadata: {input name: permutation from the original's layout}
-INPUT_PERMUTATION_KEY = "opfuse.input_permutation"
+if TYPE_CHECKING:
+    import onnx
 
 ORT_DTYPES = {f"tensor({k})": v for k, v in verify_inputs.ORT_DTYPES.items() if k != "string"}
 
@@ -36,7 +38,7 @@ def session(
     try:
         return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own exception types
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise OpfuseError(f"{path}: onnxruntime cannot load the model: {first}") from None
 
 
@@ -182,7 +184,7 @@ def run_model(
     try:
         return list(sess.run(None, feeds, quiet))
     except Exception as exc:  # onnxruntime raises its own exception types
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         shapes = ", ".join(  # a sequence input is a list of arrays
             f"{k} {list(v.shape) if hasattr(v, 'shape') else 'sequence'}" for k, v in feeds.items()
         )
@@ -434,12 +436,12 @@ def judge_by_float64(
             d.detail = "within the original's own float32 error against float64"
 
 
-def _proto_session(model: object) -> ort.InferenceSession:
+def _proto_session(model: onnx.ModelProto) -> ort.InferenceSession:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.log_severity_level = 4
     return ort.InferenceSession(
-        model.SerializeToString(),  # type: ignore[attr-defined]
+        model.SerializeToString(),
         opts,
         providers=["CPUExecutionProvider"],
     )

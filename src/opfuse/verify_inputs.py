@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
@@ -243,8 +244,19 @@ def _element_shape(proto: onnx.ModelProto | None, name: str) -> list[object] | N
     return None
 
 
+class InputSpec(Protocol):
+    """What generate reads of an onnxruntime NodeArg."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def shape(self) -> Any: ...
+
+
 def generate(
-    specs: Sequence[object],
+    specs: Sequence[InputSpec],
     input_shapes: Mapping[str, list[int]] | None,
     proto: onnx.ModelProto | None,
     seed: int = 0,
@@ -256,13 +268,13 @@ def generate(
     dims = Dims()
     given = input_shapes or {}
     for spec in specs:
-        if spec.name in given:  # type: ignore[attr-defined]
-            dims.bind(spec.shape or [], given[spec.name])  # type: ignore[attr-defined]
+        if spec.name in given:
+            dims.bind(spec.shape or [], given[spec.name])
     uses = integer_uses(proto)
     feeds: dict[str, object] = {}
     how: dict[str, str] = {}
     for spec in specs:
-        name, type_text = spec.name, spec.type  # type: ignore[attr-defined]
+        name, type_text = spec.name, spec.type
         wrappers, elem = _parse_type(type_text)
         dtype = ORT_DTYPES.get(elem)
         if dtype is None:
@@ -270,7 +282,7 @@ def generate(
                 f"input {name!r} has type {type_text}, which verify cannot generate; "
                 "give the inputs with --verify-inputs inputs.npz"
             )
-        declared = _element_shape(proto, name) if wrappers else spec.shape  # type: ignore[attr-defined]
+        declared = _element_shape(proto, name) if wrappers else spec.shape
         shape = list(given[name]) if name in given else dims.sizes(declared)
         numeric = dtype not in (np.str_, np.bool_)
         use = uses.get(name) if numeric and not wrappers else None

@@ -21,7 +21,8 @@ N = helper.make_node
 
 
 def hardswish_net() -> onnx.ModelProto:
-    """Conv -> x * Clip(x + 3, 0, 6) / 6 (HardSwish written out, as Keras exports it)."""
+    """Conv -> x * Clip(x + 3, 0, 6) / 6 (HardSwish written out, as Keras exports it), at
+    opset 13: from 14 on HardSwishFusionPass folds it before ConvAdd can be refused."""
     inits = {
         "W": np.random.default_rng(0).standard_normal((16, 16, 1, 1)).astype(np.float32),
         "three": np.array(3.0, np.float32),
@@ -35,7 +36,7 @@ def hardswish_net() -> onnx.ModelProto:
         N("Mul", ["c", "cl"], ["m"], name="mul"),
         N("Div", ["m", "six"], ["y"], name="div6"),
     ]
-    return make_model(nodes, {"x": [1, 16, 8, 8]}, {"y": [1, 16, 8, 8]}, inits)
+    return make_model(nodes, {"x": [1, 16, 8, 8]}, {"y": [1, 16, 8, 8]}, inits, opset=13)
 
 
 def test_no_fold_suggested_across_a_value_read_again(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -127,6 +127,28 @@ def test_profile_rejects_a_missing_provider(tmp_path) -> None:  # type: ignore[n
     assert "--provider NoSuchExecutionProvider: not available here" in str(result.exception)
 
 
+def test_the_profile_function_gives_what_the_command_prints(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``opfuse profile --format json`` is the JSON of ``advisor.profiling.profile``."""
+    from opfuse.advisor.profiling import profile
+
+    model = tmp_path / "swish.onnx"
+    onnx.save(swish_net(), model)
+    report = profile(model, runs=2, warmup=1, graph_opt="disable", top=3)
+    data = report.to_json()
+    assert data["nodes"] == len(swish_net().graph.node) and data["runs"] == 2
+    assert len(data["top_nodes"]) == 3 and set(report.originals) == {r.name for r in report.slow}
+    assert {r["name"]: r["nodes"] for r in data["top_nodes"]} == {
+        r.name: [r.name] for r in report.slow
+    }  # at ORT_DISABLE_ALL every profiled name is the model's node
+    args = ["profile", str(model), "--runs", "2", "--warmup", "1", "--graph-opt", "disable"]
+    printed = json.loads(CliRunner().invoke(app, [*args, "--top", "3", "--format", "json"]).output)
+    assert printed.keys() == data.keys() and printed["nodes"] == data["nodes"]
+    # the same op types (their order is by measured time, which differs between runs)
+    assert sorted(s["op_type"] for s in printed["op_statistic"]) == sorted(
+        s["op_type"] for s in data["op_statistic"]
+    )
+
+
 def test_profile_maps_fused_kernel_names_to_the_models_nodes(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """At ORT_ENABLE_ALL onnxruntime names kernels after tensors (``c1_nchwc``) or fusions
     (``mul1/QuickGeluFusion/``); the original node(s) column names the model's nodes."""
@@ -159,12 +181,14 @@ def test_a_bad_output_fails_before_profiling(tmp_path, monkeypatch, command, out
     only after the whole profiling run)."""
     import opfuse.advisor.advise
     import opfuse.advisor.profile
+    import opfuse.advisor.profiling
 
     def profiled(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise AssertionError("profiled before checking -o")
 
     monkeypatch.setattr(opfuse.advisor.profile, "run_onnxruntime", profiled)
     monkeypatch.setattr(opfuse.advisor.advise, "run_onnxruntime", profiled)
+    monkeypatch.setattr(opfuse.advisor.profiling, "run_onnxruntime", profiled)
     model = tmp_path / "swish.onnx"
     onnx.save(swish_net(), model)
     before = model.read_bytes()

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from opfuse.advisor.advise import AdviseOptions, Advisor
+from opfuse.advisor.advise import AdviseOptions, advise, analyse
+from opfuse.advisor.advise import report as make_report
 from opfuse.advisor.html import render_html
 from opfuse.advisor.report import render_text
 
@@ -23,8 +24,8 @@ def zoo(request) -> Path:  # type: ignore[no-untyped-def]
 
 
 def test_efficientnet_conv_sigmoid_mul_groups(zoo, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    advisor = Advisor(AdviseOptions(runs=3, warmup=1))
-    report = advisor.run(zoo / "efficientnet_b0.onnx")
+    analysis = analyse(zoo / "efficientnet_b0.onnx", options=AdviseOptions(runs=3, warmup=1))
+    report = make_report(analysis)
     ub = report["ub_fusion"]
     # the depthwise Conv, its SiLU (one member) and the squeeze-excite Mul, as msadvisor
     # groups EfficientNet's blocks; the other Conv+SiLU groups have no squeeze-excite
@@ -39,7 +40,7 @@ def test_efficientnet_conv_sigmoid_mul_groups(zoo, tmp_path) -> None:  # type: i
     assert len(swish) >= 40
     durations = [g["duration_us"] for g in se]  # one type, onnxruntime fuses none whole
     assert durations == sorted(durations, reverse=True) and durations[-1] > 0
-    measured = {r.name: r.duration_us for r in advisor.profile.records}
+    measured = {r.name: r.duration_us for r in analysis.profile.records}
     for g in ub:  # group durations are what the profile measured for their nodes
         assert g["duration_us"] == pytest.approx(sum(measured[n] for n in g["nodes"]), abs=1e-2)
     assert report["profile"]["unmapped_us"] == 0
@@ -51,7 +52,7 @@ def test_efficientnet_conv_sigmoid_mul_groups(zoo, tmp_path) -> None:  # type: i
 def test_keras_mobilenetv3_first_layer_names_the_normalization(zoo, capsys) -> None:  # type: ignore[no-untyped-def]
     from rich.console import Console
 
-    report = Advisor(AdviseOptions(runs=2, warmup=1)).run(zoo / "keras_mobilenetv3small.onnx")
+    report = advise(zoo / "keras_mobilenetv3small.onnx", options=AdviseOptions(runs=2, warmup=1))
     (aipp,) = report["aipp_fusion"]
     assert aipp["normalization"] == ["/Mul", "/Add"]
     assert aipp["op_types"][:4] == ["Cast", "Cast", "Mul", "Add"]
@@ -64,7 +65,7 @@ def test_keras_mobilenetv3_first_layer_names_the_normalization(zoo, capsys) -> N
 
 
 def test_resnet_residual_add_joins_its_conv(zoo) -> None:  # type: ignore[no-untyped-def]
-    report = Advisor(AdviseOptions(runs=2, warmup=1)).run(zoo / "resnet18.onnx")
+    report = advise(zoo / "resnet18.onnx", options=AdviseOptions(runs=2, warmup=1))
     types = [g["fusion_type"] for g in report["ub_fusion"]]
     assert types.count("Conv+Add+Relu") == 8  # every basic block's second Conv
     assert "Add+Relu" not in types
@@ -80,8 +81,8 @@ def test_keras_resnet50_first_screen_is_actionable(zoo) -> None:  # type: ignore
 
     from rich.console import Console
 
-    report = Advisor(AdviseOptions(runs=2, warmup=1, trial_seconds=1.0)).run(
-        zoo / "keras_resnet50.onnx"
+    report = advise(
+        zoo / "keras_resnet50.onnx", options=AdviseOptions(runs=2, warmup=1, trial_seconds=1.0)
     )
     steps = report["next_steps"]["commands"]
     assert any(c["flags"] == ["--layout", "nchw"] for c in steps)

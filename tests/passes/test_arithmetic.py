@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from helpers import check_rule, effected, model_from_text, op_types, reasons, run_passes
-from opfuse.registry import get_pass
+from opfuse.passes import get_pass
 
 PUSH = "ConstantPushDownFusionPass"
 NEUTRAL = "NeutralElementFusionPass"

@@ -23,7 +23,7 @@ from helpers import (
     run_model,
 )
 from opfuse.api import optimize_file
-from opfuse.passes.layout import NOT_WORTH
+from opfuse.passes._layout_regions import NOT_WORTH
 from opfuse.rewrite.context import Options
 from opfuse.verify import INPUT_PERMUTATION_KEY
 

@@ -19,7 +19,7 @@ from helpers import (
     run_passes,
 )
 from opfuse.api import optimize_model
-from opfuse.registry import get_pass
+from opfuse.passes import get_pass
 
 PASS = "PowToMulFusionPass"
 SQRT = "PowToSqrtFusionPass"

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from opfuse.advisor.profile import GRAPH_OPT_LEVELS, op_statistic, top_nodes
+from opfuse.advisor.profile import GRAPH_OPT_LEVELS
 from opfuse.advisor.report import CAPTION, ORIGINAL, RUNS_NOTE, nodes_text
 from opfuse.errors import EXIT_STATUSES
 
@@ -129,21 +129,10 @@ def profile(
     fmt: str,
 ) -> None:
     """Profile MODEL with onnxruntime: op statistics per op type and the slowest nodes."""
-    import tempfile
+    from opfuse.advisor.profiling import profile as profile_model
 
-    import onnx_ir as ir
-
-    from opfuse.advisor.attribution import Resolver, attribute, original_nodes
-    from opfuse.advisor.graph import from_model
-    from opfuse.advisor.profile import run_onnxruntime
-    from opfuse.io import check_output_path, load_model, read_proto
-
-    read_proto(model)
-    if output is not None:  # before the runs: never over the model, a folder that exists
-        check_output_path(output, [model])
-    with _progress() as step, tempfile.TemporaryDirectory(prefix="opfuse-profile-") as tmp:
-        step("onnxruntime: session and warm-up runs")
-        prof = run_onnxruntime(
+    with _progress() as step:
+        report = profile_model(
             model,
             runs=runs,
             warmup=warmup,
@@ -151,63 +140,23 @@ def profile(
             provider=provider,
             graph_opt=graph_opt,
             input_shapes=_shapes(input_shape),
+            top=top,
             profile_out=output,
-            optimized_out=Path(tmp) / "ort_optimized.onnx",
-            progress=lambda done, total: step("profiling", done, total),
+            step=step,
         )
-        # map onnxruntime's fused kernel names back to the model's nodes
-        step("mapping onnxruntime's kernels to the model's nodes")
-        graph = from_model(load_model(model))
-        if prof.ort_optimized_model:  # kernels are placed on the graph onnxruntime ran
-            runtime = from_model(ir.load(prof.ort_optimized_model))
-            resolver = Resolver(graph, runtime=runtime)
-            placed = attribute(prof.records, Resolver(runtime))
-        else:
-            resolver = Resolver(graph)
-            placed = attribute(prof.records, resolver)
-    stats = op_statistic(prof.records)
-    slow = top_nodes(prof.records, top)
-    originals = {r.name: original_nodes(r.name, resolver, placed) for r in slow}
+    prof, stats, slow, originals = (
+        report.profile,
+        report.op_statistic,
+        report.slow,
+        report.originals,
+    )
     total = prof.total_us or 1.0
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 240)
     if fmt == "json":
-        out.print_json(
-            json.dumps(
-                {
-                    "nodes": len(graph.nodes),
-                    "graph_opt": graph_opt,
-                    "runs": prof.runs,
-                    "warmup": prof.warmup,
-                    "total_us": prof.total_us,
-                    "op_statistic": [
-                        {
-                            "op_type": s.op_type,
-                            "count": s.count,
-                            "total_us": s.total_us,
-                            "mean_us": s.mean_us,
-                            "share": s.share,
-                        }
-                        for s in stats
-                    ],
-                    "top_nodes": [
-                        {
-                            "name": r.name,
-                            "op_type": r.op_type,
-                            "count": r.calls,
-                            "total_us": r.duration_us,
-                            "mean_us": r.duration_us / r.calls,
-                            "share": r.duration_us / total,
-                            "provider": r.provider,
-                            "nodes": originals[r.name],
-                        }
-                        for r in slow
-                    ],
-                }
-            )
-        )
+        out.print_json(json.dumps(report.to_json()))
         return
     out.print(
-        f"{model.name}: {len(graph.nodes)} nodes (Constant nodes not counted, as advise counts "
+        f"{model.name}: {report.nodes} nodes (Constant nodes not counted, as advise counts "
         f"them); {prof.runs} runs after {prof.warmup} warm-up, {prof.total_us:.1f} us per run "
         f"({provider}, onnxruntime graph optimization level {graph_opt})",
         markup=False,

@@ -4,11 +4,12 @@ execution provider (or to the AI CPU on Ascend)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from opfuse.advisor.graph import OpGraph
 from opfuse.advisor.profile import OpRecord
 from opfuse.advisor.trial import registered
+from opfuse.advisor.verdict import Verdict
 
 # op type -> (what to use instead, the opfuse pass that does it or None)
 REPLACEABLE: dict[str, tuple[str, str | None]] = {
@@ -39,7 +40,7 @@ class Hint:
     message: str
     duration_us: float = 0.0
     opfuse_pass: str | None = None
-    verdict: dict[str, object] = field(default_factory=dict)
+    verdict: Verdict | None = None
     gain_us: float | None = None  # estimated saving per run where the guide gives one
 
     def to_json(self) -> dict[str, object]:
@@ -50,20 +51,17 @@ class Hint:
             "message": self.message,
             "duration_us": round(self.duration_us, 3),
             "gain_us": round(self.gain_us, 3) if self.gain_us is not None else None,
-            "opfuse": self.verdict or self.no_verdict(),
+            "opfuse": (self.verdict or self.no_verdict()).to_json(),
         }
 
-    def no_verdict(self) -> dict[str, object]:
-        """The verdict's full shape where no trial was run for this hint."""
+    def no_verdict(self) -> Verdict:
+        """The verdict where no trial was run for this hint."""
         if self.opfuse_pass is not None:
-            return {
-                "pass": self.opfuse_pass,
-                "available": self.opfuse_pass in registered(),
-                "fires": None,
-                "reason": "not tried",
-            }
+            return Verdict(
+                self.opfuse_pass, available=self.opfuse_pass in registered(), reason="not tried"
+            )
         reason = NO_PASS.get(self.kind, f"no opfuse pass replaces {self.op_type}")
-        return {"pass": None, "available": False, "fires": None, "reason": reason}
+        return Verdict(None, available=False, reason=reason)
 
 
 ALIGN_GAIN = 0.20  # the tuning guide: aligned convolutions measured ~20% faster

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
+from opfuse.graphs import DEFAULT_DOMAINS
+
 Shape = tuple[int | None, ...]
 
 
@@ -83,9 +85,10 @@ def from_model(model: ir.Model) -> OpGraph:
 
     scalars: dict[str, float] = {}
 
-    def scalar(name: str, tensor: object) -> None:
+    def scalar(name: str, tensor: ir.TensorProtocol | None) -> None:
         with contextlib.suppress(Exception):  # strings, sparse or external data
-            array = tensor.numpy()  # type: ignore[attr-defined]
+            assert tensor is not None
+            array = tensor.numpy()
             if array.size == 1 and array.dtype.kind in "fiu":
                 scalars[name] = float(array.reshape(()))
 
@@ -96,7 +99,7 @@ def from_model(model: ir.Model) -> OpGraph:
         if value.name and value.const_value is not None:
             scalar(value.name, value.const_value)
     for node in graph:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+        if node.op_type == "Constant" and node.domain in DEFAULT_DOMAINS:
             constants.update(o.name for o in node.outputs if o.name)
             if "value" in node.attributes and node.outputs[0].name:
                 scalar(node.outputs[0].name, node.attributes["value"].value)

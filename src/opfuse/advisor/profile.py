@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opfuse.errors import OpfuseError
+from opfuse.errors import OpfuseError, first_line
 
 KERNEL_SUFFIX = "_kernel_time"
 GRAPH_OPT_LEVELS = ("disable", "basic", "extended", "all")
@@ -214,7 +214,7 @@ def run_onnxruntime(
         try:
             sess = ort.InferenceSession(str(model_path), opts, providers=providers)
         except Exception as exc:  # onnxruntime's own exception types
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = first_line(exc)
             raise OpfuseError(f"{model_path}: onnxruntime cannot load the model: {first}") from None
         feeds = make_inputs(sess, input_shapes, model=model_path)
         total = warmup + runs

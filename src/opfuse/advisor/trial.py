@@ -3,16 +3,15 @@ apply, and the engine's recorded reason when it would not."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
 from opfuse.api import OptimizeResult, optimize_model
-from opfuse.registry import all_passes
+from opfuse.passes import all_passes
 from opfuse.rewrite.context import Options, PassContext
-from opfuse.rewrite.driver import common_check
-from opfuse.rewrite.pattern import DEFAULT_DOMAINS, Match
+from opfuse.rewrite.driver import Driver
 from opfuse.rewrite.stats import EffectLog
 
 AIPP_PASS = "AippFusionPass"
@@ -37,23 +36,6 @@ class Refusal:
     reason: str
     root: str
     nodes: frozenset[str]
-
-
-def _match_nodes(m: Match) -> Iterator[ir.Node]:
-    """Every node a match binds: its own, named ones, and those of helper objects it holds
-    (the layer an affine chain would fold into)."""
-    yield m.root
-    yield from m.nodes
-    yield from m.node_names.values()
-    for value in vars(m).values():
-        if isinstance(value, ir.Node):
-            yield value
-        for attr in ("node", "nodes"):
-            inner = getattr(value, attr, None) if not isinstance(value, ir.Node) else None
-            if isinstance(inner, ir.Node):
-                yield inner
-            elif isinstance(inner, (list, tuple)):
-                yield from (n for n in inner if isinstance(n, ir.Node))
 
 
 def _node_types(model: ir.Model) -> dict[str, str]:
@@ -92,9 +74,9 @@ class Trial:
     def refusals(self) -> list[Refusal]:
         """The refused matches still standing in the optimized main graph, with the nodes
         each covers. At the fixpoint every rule that still matches was refused, so matching
-        the rules of the passes that recorded a reason once more gives them all (the effect
-        log keeps only the root of a few). Passes that are graph functions record only a
-        node: their refusals cover that node alone."""
+        the rules of the passes that recorded a reason once more (the engine's dry run)
+        gives them all (the effect log keeps only the root of a few). Passes that are graph
+        functions record only a node: their refusals cover that node alone."""
         known = {p.name: p for p in all_passes()}
         refusing: set[str] = set()
         out: list[Refusal] = []
@@ -110,36 +92,25 @@ class Trial:
                     Refusal(s.pass_name, s.section, reason, n, frozenset([n]))
                     for n in dict.fromkeys(names)
                 )
-        rules = [
-            (known[name], rule)
+        infos = [
+            known[name]
             for name in self.result.passes
-            if name in refusing and name in known
-            for rule in known[name].rules
+            if name in refusing and name in known and known[name].rules
         ]
-        if not rules:
+        if not infos:
             return out
-        model = self.result.model
-        ctx = PassContext(model, self.options, EffectLog())
-        for node in list(model.graph):
-            if node.domain not in DEFAULT_DOMAINS:
-                continue
-            for info, rule in rules:
-                if node.op_type not in rule.root_types():
-                    continue
-                ctx.current = info
-                m = rule.match(node, ctx)
-                if m is None:
-                    continue
-                reason = common_check(rule, m) or rule.check(m, ctx)
-                if not reason:
-                    continue
-                names = frozenset(n.name for n in _match_nodes(m) if n.name)
-                out.append(Refusal(info.name, info.section, reason, node.name or "", names))
+        ctx = PassContext(self.result.model, self.options, EffectLog())
+        for e in Driver(ctx, infos).explain():
+            if e.reason:
+                names = frozenset(n.name for n in e.nodes if n.name)
+                out.append(Refusal(e.info.name, e.info.section, e.reason, e.root.name or "", names))
         return out
 
     def pass_summary(self) -> list[dict[str, object]]:
         """Per pass that matched anything: matched/effected and why it did not fire."""
         rows: dict[str, dict[str, object]] = {}
+        counts: dict[str, list[int]] = {}  # pass -> [matched, effected]
+        reasons: dict[str, list[dict[str, object]]] = {}
         for s in self.result.log:
             if not s.matched and not s.effected and not s.reasons:
                 continue
@@ -150,13 +121,15 @@ class Trial:
                     "section": s.section,
                     "matched": 0,
                     "effected": 0,
-                    "reasons": [],
+                    "reasons": reasons.setdefault(s.pass_name, []),
                 },
             )
-            row["matched"] = int(row["matched"]) + s.matched  # type: ignore[call-overload]
-            row["effected"] = int(row["effected"]) + s.effected  # type: ignore[call-overload]
+            count_pair = counts.setdefault(s.pass_name, [0, 0])
+            count_pair[0] += s.matched
+            count_pair[1] += s.effected
+            row["matched"], row["effected"] = count_pair
             for reason, count in s.reasons.most_common():
-                row["reasons"].append(  # type: ignore[attr-defined]
+                reasons[s.pass_name].append(
                     {
                         "pattern": s.pattern,
                         "reason": reason,

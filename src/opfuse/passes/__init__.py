@@ -4,15 +4,19 @@ sorts passes by it, so import order (which isort may change) does not matter."""
 
 import importlib
 
+from opfuse.registry import registered
+from opfuse.rewrite.passinfo import PassInfo
+
 PIPELINE_ORDER = (
     "strip_unused",  # first: later passes see only what is kept
     "cleanup",
     "slices",
-    "constant_folding",  # with shape_arith's rules
+    "constant_folding",  # with _shape_arith's rules
     "control_flow",  # constant-condition Ifs, once their conditions are folded
     "arithmetic",
     "replace",
     "softmax",
+    "hardswish",
     "layout",  # before the Conv fusions: BN small ops meet their Conv once Transposes are gone
     "aipp",  # first-layer preprocessing into the first Conv, once its Transposes are gone
     "batchnorm",
@@ -30,3 +34,23 @@ PIPELINE_ORDER = (
 
 for _module in PIPELINE_ORDER:
     importlib.import_module(f"opfuse.passes.{_module}")
+
+
+def all_passes() -> list[PassInfo]:
+    """Every pass in execution order: its module's place in PIPELINE_ORDER, then
+    registration order within the module."""
+    position = {module: i for i, module in enumerate(PIPELINE_ORDER)}
+    entries = registered()
+    for info, module in entries:
+        if module not in position:
+            raise RuntimeError(f"pass {info.name}: module {module} is not in PIPELINE_ORDER")
+    ordered = sorted(enumerate(entries), key=lambda ie: (position[ie[1][1]], ie[0]))
+    return [info for _, (info, _module) in ordered]
+
+
+def get_pass(name: str) -> PassInfo:
+    """The pass named ``name`` (KeyError when there is none)."""
+    for info, _module in registered():
+        if info.name == name:
+            return info
+    raise KeyError(name)

@@ -11,13 +11,14 @@ the weight's dtype as onnxruntime's own Conv+Mul/Add fusions compute it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeVar, cast
 
 import numpy as np
 import onnx_ir as ir
 
-from opfuse.passes._util import attr, rank
-from opfuse.rewrite import Builder, Match
-from opfuse.rewrite.pattern import DEFAULT_DOMAINS, const_array
+from opfuse.passes._util import DEFAULT_DOMAINS, attr, producer, rank
+from opfuse.rewrite import Builder, Match, PassContext, Rule
+from opfuse.rewrite.pattern import const_array
 
 LINEAR_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
@@ -34,14 +35,6 @@ def scale_out_channels(w: np.ndarray, s: np.ndarray, transposed: bool, group: in
 
 def out_channels(w: np.ndarray, transposed: bool, group: int) -> int:
     return int(w.shape[1] * group) if transposed else int(w.shape[0])
-
-
-def producer(value: ir.Value | None, *op_types: str) -> ir.Node | None:
-    """The default-domain node of one of ``op_types`` that makes ``value``, else None."""
-    node = value.producer() if value is not None else None
-    if node is None or node.op_type not in op_types or node.domain not in DEFAULT_DOMAINS:
-        return None
-    return node
 
 
 @dataclass
@@ -360,19 +353,38 @@ class ChainMatch(Match):
     chain: Chain
     linear: Linear | str | None
 
+    def covered(self) -> list[ir.Node]:
+        lin = self.linear
+        extra = [lin.node, *lin.nodes] if isinstance(lin, Linear) else []
+        return list(dict.fromkeys([*super().covered(), *extra]))
 
-def match_chain(node: ir.Node) -> ChainMatch | None:
-    chain = chain_ending_at(node)
-    if chain is None:
-        return None
-    m = ChainMatch(node)
-    m.chain = chain
-    m.nodes += chain.nodes
-    for i, step in enumerate(chain.steps):
-        m.consts[f"c{i}"] = step.const
-    m.values["x"] = chain.x
-    m.linear = find_linear(chain.x)
-    return m
+
+C = TypeVar("C", bound=ChainMatch)
+
+
+class AffineChainRule(Rule[C]):
+    """A rule rooted at the last op of a per-channel affine chain; ``accepts`` says
+    which chains it takes. Subclasses set ``match_type`` (ChainMatch or a subclass)."""
+
+    roots = AFFINE_OPS
+
+    # imperative: a chain of any length (chain_ending_at), with the linear layer before
+    # it found through a Transpose or bias Add (find_linear): no fixed-size pattern
+    def match(self, node: ir.Node, ctx: PassContext) -> C | None:
+        chain = chain_ending_at(node)
+        if chain is None:
+            return None
+        m = cast(C, self.match_type(node))
+        m.chain = chain
+        m.nodes += chain.nodes
+        for i, step in enumerate(chain.steps):
+            m.consts[f"c{i}"] = step.const
+        m.values["x"] = chain.x
+        m.linear = find_linear(chain.x)
+        return m if self.accepts(m) else None
+
+    def accepts(self, m: C) -> bool:
+        return True
 
 
 def body_of(m: ChainMatch) -> list[Step]:

@@ -16,11 +16,12 @@ import onnx
 import onnx_ir as ir
 from onnx.reference import ReferenceEvaluator
 
-from opfuse.passes._util import float_key
+from opfuse.passes._util import DEFAULT_DOMAINS, float_key
 from opfuse.rewrite.pattern import const_array
 
 ORT_MAX_IR_VERSION = 10
 CACHE_LIMIT = 512
+FOLD_GROWTH_ALLOWANCE = 4096  # bytes one fold may add to the model (shape-sized results)
 SHAPE_DATA_LIMIT = 1024  # elements: integer inputs up to this size reach shape inference
 
 Runner = Callable[[dict[str, np.ndarray]], list[object]]
@@ -49,7 +50,7 @@ def nondeterministic(node: ir.Node, opset: int) -> str | None:
     a random op (a custom op whose name says random or dropout), or Dropout that may be
     in training mode (a training_mode input that is not a constant false; before opset 7,
     is_test=0, the default)."""
-    if node.domain not in ("", "ai.onnx"):  # a custom op: judged by its name
+    if node.domain not in DEFAULT_DOMAINS:  # a custom op: judged by its name
         random = ("Random", "Dropout", "Multinomial", "Bernoulli")
         if any(word in node.op_type for word in random):
             return f"{node.domain}.{node.op_type} may be nondeterministic"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from opfuse.passes._util import attr, static_shape
+from opfuse.passes._util import DEFAULT_DOMAINS, attr, rank, static_shape
 from opfuse.rewrite.pattern import const_array
 
 Perm = tuple[int, ...]
@@ -63,10 +63,6 @@ def is_identity(p: Sequence[int]) -> bool:
     return all(i == k for i, k in enumerate(p))
 
 
-def rank_of(value: ir.Value | None) -> int | None:
-    return None if value is None or value.shape is None else len(value.shape)
-
-
 def stored_constant(array: np.ndarray, s: Perm) -> np.ndarray:
     """A broadcast operand in stored order: right-aligned to the rank, permuted, leading
     unit axes dropped again down to the operand's own rank."""
@@ -92,26 +88,26 @@ def data_inputs(node: ir.Node, n: int, opset: int) -> list[int] | None:
     """Indices of the inputs that carry the layout, or None when the node cannot join a
     region of rank ``n`` whatever the permutation."""
     op = node.op_type
-    if node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None:
+    if node.domain not in DEFAULT_DOMAINS or not node.inputs or node.inputs[0] is None:
         return None
-    if op not in BROADCAST and rank_of(node.inputs[0]) != n:
+    if op not in BROADCAST and rank(node.inputs[0]) != n:
         return None
     if op in UNARY:
         return [0]
     if op in BROADCAST:
         idx = [i for i, v in enumerate(node.inputs) if v is not None]
         for i in idx:
-            r = rank_of(node.inputs[i])
+            r = rank(node.inputs[i])
             if r == n:
                 continue
             array = const_array(node.inputs[i])
             if array is None or array.ndim > n:
                 return None  # a lower-rank tensor that is not a constant
-        if all(rank_of(node.inputs[i]) != n for i in idx):
+        if all(rank(node.inputs[i]) != n for i in idx):
             return None
         return idx
     if op == "Concat":
-        if any(v is None or rank_of(v) != n for v in node.inputs):
+        if any(v is None or rank(v) != n for v in node.inputs):
             return None
         return list(range(len(node.inputs)))
     if op == "Split":

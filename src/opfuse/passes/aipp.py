@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import numpy as np
 import onnx_ir as ir
 
-from opfuse.passes._util import attr
+from opfuse.passes._util import DEFAULT_DOMAINS, attr
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Match, PassContext, Rule
 from opfuse.rewrite.pattern import const_array
@@ -52,6 +52,8 @@ class AippRule(Rule):
     roots = ("Conv",)
     exclusive = False  # checked here: chain values may also feed Shape (their shape stays)
 
+    # imperative: a chain of any length and any order of preprocessing ops back to a
+    # graph input (a pattern has a fixed shape)
     def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
         chain: list[ir.Node] = []
         value = node.inputs[0]
@@ -60,7 +62,7 @@ class AippRule(Rule):
             if (
                 producer is None
                 or producer.op_type not in CHAIN
-                or producer.domain not in ("", "ai.onnx")
+                or producer.domain not in DEFAULT_DOMAINS
             ):
                 break
             index = _chain_input(producer)

@@ -19,13 +19,11 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from opfuse.passes._evaluate import EvaluationError, evaluate_op
-from opfuse.passes._util import attr, static_shape
-from opfuse.passes.cleanup import forward
-from opfuse.passes.constant_folding import FOLD_GROWTH_ALLOWANCE
+from opfuse.passes._evaluate import FOLD_GROWTH_ALLOWANCE, EvaluationError, evaluate_op
+from opfuse.passes._util import DEFAULT_DOMAINS, attr, forward, static_shape
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Match, PassContext, Rule
-from opfuse.rewrite.pattern import const_array
+from opfuse.rewrite.pattern import Const, Op, Or, Var, const_array
 
 # (the non-constant operand, its sign/exponent, the constant, its sign/exponent)
 Term = tuple[ir.Value, int, np.ndarray, int]
@@ -84,7 +82,9 @@ def _growth_reason(arrays: list[np.ndarray]) -> str | None:
     return None
 
 
-class ChainMatch(Match):
+class ConstantPairMatch(Match):
+    """Two nested ops with a constant operand each (the chain rules' match)."""
+
     inner: ir.Node
     outer: Term
     first: Term
@@ -92,30 +92,31 @@ class ChainMatch(Match):
     sign: int
 
 
-class _ChainRule(Rule):
+class _ChainRule(Rule[ConstantPairMatch]):
     ops: tuple[str, str]  # the operation and its inverse: (Add, Sub) or (Mul, Div)
 
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
+    # imperative: "exactly one operand constant, on either side of a non-commuting op"
+    # reads the node's operands as a signed term, which no declaration says shorter
+    def match(self, node: ir.Node, ctx: PassContext) -> ConstantPairMatch | None:
         outer = _term(node)
         if outer is None:
             return None
         inner = outer[0].producer()
-        if inner is None or inner.op_type not in self.ops or inner.domain not in ("", "ai.onnx"):
+        if inner is None or inner.op_type not in self.ops or inner.domain not in DEFAULT_DOMAINS:
             return None
         first = _term(inner)
         if first is None:
             return None
-        m = ChainMatch(node)
+        m = ConstantPairMatch(node)
         m.nodes += [node, inner]
         m.inner, m.outer, m.first = inner, outer, first
         m.consts["c_outer"], m.consts["c_inner"] = outer[2], first[2]
         return m
 
-    def check(self, m: Match, ctx: PassContext) -> str | None:
+    def check(self, m: ConstantPairMatch, ctx: PassContext) -> str | None:
         dtype = m.root.outputs[0].dtype
         if dtype is None:
             return "output dtype unknown"
-        assert isinstance(m, ChainMatch)
         if any(c.dtype != dtype.numpy() for c in (m.outer[2], m.first[2])):
             return "constants differ from the output dtype"
         reason = self.check_constants(m, dtype) or _growth_reason([m.first[2], m.outer[2]])
@@ -128,13 +129,13 @@ class _ChainRule(Rule):
             return f"cannot combine the constants: {exc}"
         return self.check_total(m, dtype)
 
-    def check_constants(self, m: ChainMatch, dtype: ir.DataType) -> str | None:
+    def check_constants(self, m: ConstantPairMatch, dtype: ir.DataType) -> str | None:
         return None
 
-    def check_total(self, m: ChainMatch, dtype: ir.DataType) -> str | None:
+    def check_total(self, m: ConstantPairMatch, dtype: ir.DataType) -> str | None:
         return None
 
-    def combine(self, m: ChainMatch, ctx: PassContext) -> tuple[np.ndarray, int]:
+    def combine(self, m: ConstantPairMatch, ctx: PassContext) -> tuple[np.ndarray, int]:
         """The combined constant (by the ONNX evaluator) and its sign in the result.
 
         The sign of k in the result: k and c cannot both be inverted while x is, since
@@ -157,8 +158,7 @@ class AddSubChainRule(_ChainRule):
     roots = ("Add", "Sub")
     ops = ("Add", "Sub")
 
-    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        assert isinstance(m, ChainMatch)
+    def rewrite(self, m: ConstantPairMatch, b: Builder, ctx: PassContext):
         x, s = m.first[0], m.outer[1] * m.first[1]  # x's sign in the result
         k = b.const(m.total, f"{m.root.name or 'add'}_const")
         if s > 0:
@@ -173,7 +173,7 @@ class MulDivChainRule(_ChainRule):
     roots = ("Mul", "Div")
     ops = ("Mul", "Div")
 
-    def check_constants(self, m: ChainMatch, dtype: ir.DataType) -> str | None:
+    def check_constants(self, m: ConstantPairMatch, dtype: ir.DataType) -> str | None:
         divides = "Div" in (m.root.op_type, m.inner.op_type)
         if not dtype.is_floating_point():
             return "integer division does not reassociate" if divides else None
@@ -184,13 +184,12 @@ class MulDivChainRule(_ChainRule):
             return "a divisor constant has zeros"
         return None
 
-    def check_total(self, m: ChainMatch, dtype: ir.DataType) -> str | None:
+    def check_total(self, m: ConstantPairMatch, dtype: ir.DataType) -> str | None:
         if dtype.is_floating_point() and not np.all(np.isfinite(m.total)):
             return "the combined constant overflows"
         return None
 
-    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        assert isinstance(m, ChainMatch)
+    def rewrite(self, m: ConstantPairMatch, b: Builder, ctx: PassContext):
         x, s = m.first[0], m.outer[1] * m.first[1]
         k = b.const(m.total, f"{m.root.name or 'mul'}_const")
         if s > 0:
@@ -198,21 +197,24 @@ class MulDivChainRule(_ChainRule):
         return [b.op("Div", [k, x], like=m.root)]
 
 
-class SumConstantsRule(Rule):
+def _constants_to_sum(node: ir.Node) -> bool:
+    """Two constant inputs or more, and not all of them (that is folding's job)."""
+    arrays = [const_array(v) for v in node.inputs]
+    return sum(a is not None for a in arrays) >= 2 and not all(a is not None for a in arrays)
+
+
+class SumMatch(Match):
+    total: np.ndarray  # the constants' sum, computed in the check
+
+
+class SumConstantsRule(Rule[SumMatch]):
     """Sum(c1, x, c2, y) ==> Sum(c1 + c2, x, y)"""
 
     name = "sum_constants"
-    roots = ("Sum",)
+    pattern = Op("Sum", variadic=True, where=_constants_to_sum)
+    match_type = SumMatch
 
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        arrays = [const_array(v) for v in node.inputs]
-        if sum(a is not None for a in arrays) < 2 or all(a is not None for a in arrays):
-            return None
-        m = Match(node)
-        m.nodes.append(node)
-        return m
-
-    def check(self, m: Match, ctx: PassContext) -> str | None:
+    def check(self, m: SumMatch, ctx: PassContext) -> str | None:
         dtype = m.root.outputs[0].dtype
         arrays = [a for a in map(const_array, m.root.inputs) if a is not None]
         if dtype is None or any(a.dtype != dtype.numpy() for a in arrays):
@@ -221,13 +223,13 @@ class SumConstantsRule(Rule):
         if reason:
             return reason
         try:
-            m.consts["_total"] = evaluate_op("Sum", arrays, ctx.opset)
+            m.total = evaluate_op("Sum", arrays, ctx.opset)
         except EvaluationError as exc:
             return f"cannot combine the constants: {exc}"
         return None
 
-    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        k = b.const(m.consts["_total"], f"{m.root.name or 'sum'}_const")
+    def rewrite(self, m: SumMatch, b: Builder, ctx: PassContext):
+        k = b.const(m.total, f"{m.root.name or 'sum'}_const")
         rest = [v for v in m.root.inputs if const_array(v) is None]
         return [b.op("Sum", [k, *rest], like=m.root)]
 
@@ -236,26 +238,22 @@ class ConcatMatch(Match):
     pieces: list[ir.Value | np.ndarray]  # kept inputs and merged runs of constants
 
 
-class ConcatConstantsRule(Rule):
+def _adjacent_constants(node: ir.Node) -> bool:
+    """Two constant inputs side by side, and not all constant (folding's job)."""
+    arrays = [const_array(v) for v in node.inputs]
+    if all(a is not None for a in arrays):
+        return False
+    return any(a is not None and b is not None for a, b in zip(arrays, arrays[1:], strict=False))
+
+
+class ConcatConstantsRule(Rule[ConcatMatch]):
     """Concat(a, c1, c2, b) ==> Concat(a, concat(c1, c2), b)"""
 
     name = "concat_constants"
-    roots = ("Concat",)
+    pattern = Op("Concat", variadic=True, where=_adjacent_constants)
+    match_type = ConcatMatch
 
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        arrays = [const_array(v) for v in node.inputs]
-        if all(a is not None for a in arrays):
-            return None  # constant folding's job
-        if not any(
-            a is not None and b is not None for a, b in zip(arrays, arrays[1:], strict=False)
-        ):
-            return None
-        m = ConcatMatch(node)
-        m.nodes.append(node)
-        return m
-
-    def check(self, m: Match, ctx: PassContext) -> str | None:
-        assert isinstance(m, ConcatMatch)
+    def check(self, m: ConcatMatch, ctx: PassContext) -> str | None:
         axis = attr(m.root, "axis", 0)
         m.pieces = []
         run: list[tuple[ir.Value, np.ndarray]] = []
@@ -278,23 +276,17 @@ class ConcatConstantsRule(Rule):
             return f"cannot combine the constants: {exc}"
         return None
 
-    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        assert isinstance(m, ConcatMatch)
+    def rewrite(self, m: ConcatMatch, b: Builder, ctx: PassContext):
         name = f"{m.root.name or 'concat'}_const"
         inputs = [b.const(p, name) if isinstance(p, np.ndarray) else p for p in m.pieces]
         return [b.op("Concat", inputs, {"axis": attr(m.root, "axis", 0)}, like=m.root)]
 
 
-class NeutralMatch(Match):
-    x: ir.Value
-    c: np.ndarray
+X = Var("x", constant=False)  # the operand that is not a constant
 
 
-NEUTRAL = {"Add": (0, (0, 1)), "Sub": (0, (1,)), "Mul": (1, (0, 1)), "Div": (1, (1,))}
-
-
-def _neutral_check(m: NeutralMatch) -> str | None:
-    grows = _operand_grows(m.x, m.c)
+def _neutral_check(m: Match) -> str | None:
+    grows = _operand_grows(m.value("x"), m["c"])
     if grows is None:
         return "x's shape is unknown where the constant broadcasts"
     if grows and static_shape(m.root.outputs[0]) is None:
@@ -306,100 +298,65 @@ class NeutralElementRule(Rule):
     """x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1 ==> x (Expand(x) when c broadcasts x)"""
 
     name = "neutral_element"
-    roots = tuple(NEUTRAL)
-
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        found = _binary_const(node)
-        if found is None:
-            return None
-        x, c, pos = found
-        neutral, positions = NEUTRAL[node.op_type]
-        if pos not in positions or c.size == 0 or not np.all(c == neutral):
-            return None
-        m = NeutralMatch(node)
-        m.nodes.append(node)
-        m.x, m.c = x, c
-        return m
+    pattern = Or(
+        Op("Add", X, Const("c", value=0)),  # either order
+        Op("Sub", X, Const("c", value=0)),
+        Op("Mul", X, Const("c", value=1)),  # either order
+        Op("Div", X, Const("c", value=1)),
+    )
 
     def check(self, m: Match, ctx: PassContext) -> str | None:
-        assert isinstance(m, NeutralMatch)
         return _neutral_check(m)
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        assert isinstance(m, NeutralMatch)
-        if _operand_grows(m.x, m.c):
+        x = m.value("x")
+        if _operand_grows(x, m["c"]):
             shape = static_shape(m.root.outputs[0])
             dims = b.const(np.array(shape, dtype=np.int64), f"{m.root.name or 'expand'}_shape")
-            return [b.op("Expand", [m.x, dims], like=m.root)]
-        return [forward(m, b, m.x)]
+            return [b.op("Expand", [x, dims], like=m.root)]
+        return [forward(m, b, x)]
 
 
 class ConstantOperandRule(Rule):
     """0 - y ==> Neg(y); 1 / y ==> Reciprocal(y)"""
 
     name = "zero_minus_one_div"
-    roots = ("Sub", "Div")
-
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        found = _binary_const(node)
-        if found is None:
-            return None
-        y, c, pos = found
-        value = 0 if node.op_type == "Sub" else 1
-        if pos != 0 or c.size == 0 or not np.all(c == value):
-            return None
-        m = NeutralMatch(node)
-        m.nodes.append(node)
-        m.x, m.c = y, c
-        return m
+    pattern = Or(Op("Sub", Const("c", value=0), X), Op("Div", Const("c", value=1), X))
 
     def check(self, m: Match, ctx: PassContext) -> str | None:
-        assert isinstance(m, NeutralMatch)
-        dtype = m.x.dtype
+        dtype = m.value("x").dtype
         if dtype is None:
             return "input dtype unknown"
         if m.root.op_type == "Div" and not dtype.is_floating_point():
             return "Reciprocal needs a float input"
         if m.root.op_type == "Sub" and not (dtype.is_floating_point() or dtype.is_signed()):
             return "Neg needs a signed input"
-        grows = _operand_grows(m.x, m.c)
+        grows = _operand_grows(m.value("x"), m["c"])
         if grows is None:
             return "y's shape is unknown where the constant broadcasts"
         return "the constant broadcasts y to a larger shape" if grows else None
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        assert isinstance(m, NeutralMatch)
         op = "Neg" if m.root.op_type == "Sub" else "Reciprocal"
-        return [b.op(op, [m.x], like=m.root)]
+        return [b.op(op, [m.value("x")], like=m.root)]
 
 
 class MulByZeroRule(Rule):
     """x * 0 ==> zeros of the output's shape (wrong when x holds inf or NaN)"""
 
     name = "mul_by_zero"
-    roots = ("Mul",)
-
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        found = _binary_const(node)
-        if found is None or found[1].size == 0 or np.any(found[1] != 0):
-            return None
-        m = NeutralMatch(node)
-        m.nodes.append(node)
-        m.x, m.c = found[0], found[1]
-        return m
+    pattern = Op("Mul", X, Const("c", value=0))  # either order
 
     def check(self, m: Match, ctx: PassContext) -> str | None:
-        assert isinstance(m, NeutralMatch)
         return _neutral_check(m)
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        assert isinstance(m, NeutralMatch)
-        zero = ir.tensor(np.zeros(1, dtype=m.c.dtype))
+        zero = ir.tensor(np.zeros(1, dtype=m["c"].dtype))
         shape = static_shape(m.root.outputs[0])
         if shape is not None:
             dims = b.const(np.array(shape, dtype=np.int64), f"{m.root.name or 'zeros'}_shape")
         else:
-            dims = b.op("Shape", [m.x])
+            dims = b.op("Shape", [m.value("x")])
         return [b.op("ConstantOfShape", [dims], {"value": zero}, like=m.root)]
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from opfuse.io import drop_pages
 from opfuse.passes._affine import (
     Linear,
     find_linear,
@@ -31,7 +30,7 @@ from opfuse.passes._affine import (
     producer,
     scale_out_channels,
 )
-from opfuse.passes._util import attr
+from opfuse.passes._util import attr, drop_pages
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Match, Op, Optional, PassContext, Rule, Var
 from opfuse.rewrite.pattern import const_array
@@ -162,7 +161,16 @@ def identity_reshape(reshape: ir.Node) -> bool:
     return not unresolved or (len(unresolved) == 1 and unresolved[0][1] == -1)
 
 
-class MatMulBatchNormRule(Rule):
+class LinearBnMatch(Match):
+    linear: Linear | str  # the MatMul/Gemm before the BN, or why it is not one
+
+    def covered(self) -> list[ir.Node]:
+        lin = self.linear
+        extra = [lin.node, *lin.nodes] if isinstance(lin, Linear) else []
+        return list(dict.fromkeys([*super().covered(), *extra]))
+
+
+class MatMulBatchNormRule(Rule[LinearBnMatch]):
     """[Reshape(] MatMul/Gemm(x, W) [+ b] [)] -> BatchNormalization
     ==> MatMul/Gemm(x, W*s) + (b - mean)*s + beta, when BN's axis 1 is the weight's
     output axis (rank-2 output, or a Transpose that puts it there)"""
@@ -170,10 +178,11 @@ class MatMulBatchNormRule(Rule):
     name = "matmul_bn"
     roots = ("BatchNormalization",)
 
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
+    # imperative: find_linear walks an optional Transpose and bias Add to the layer
+    def match(self, node: ir.Node, ctx: PassContext) -> LinearBnMatch | None:
         if len(node.inputs) != 5 or node.inputs[0] is None:
             return None
-        m = Match(node)
+        m = LinearBnMatch(node)
         m.nodes.append(node)
         m.node_names["bn"] = node
         for key, value in zip(BN_PARAMS, node.inputs[1:], strict=True):
@@ -188,18 +197,18 @@ class MatMulBatchNormRule(Rule):
         lin = find_linear(value, ("MatMul", "Gemm"))
         if lin is None:
             return None
-        m.linear = lin  # type: ignore[attr-defined]
+        m.linear = lin
         return m
 
     constants = BN_PARAMS
 
-    def check(self, m: Match, ctx: PassContext) -> str | None:
+    def check(self, m: LinearBnMatch, ctx: PassContext) -> str | None:
         reason = bn_check(m, ctx)
         if reason:
             return reason
         if "reshape" in m.node_names and not identity_reshape(m.node("reshape")):
             return "the Reshape between the MatMul and the BatchNormalization changes the shape"
-        lin: Linear | str = m.linear  # type: ignore[attr-defined]
+        lin = m.linear
         if isinstance(lin, str):
             return lin
         if lin.axis != 1:
@@ -211,8 +220,9 @@ class MatMulBatchNormRule(Rule):
             return f"BatchNormalization channels differ from the {lin.node.op_type}'s outputs"
         return linear_reason(m, lin, [(lin.channels,) + (1,) * (lin.rank - 2)])
 
-    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        lin: Linear = m.linear  # type: ignore[attr-defined]
+    def rewrite(self, m: LinearBnMatch, b: Builder, ctx: PassContext):
+        lin = m.linear
+        assert isinstance(lin, Linear)
         s, t = bn_affine(m)
         out = fold(lin, b, s, t)
         if "reshape" in m.node_names:

@@ -25,19 +25,18 @@ results may differ from the op-by-op evaluation in the last ulps (as a folded BN
 from __future__ import annotations
 
 import numpy as np
-import onnx_ir as ir
 
 from opfuse.passes._affine import (
+    AffineChainRule,
     ChainMatch,
     body_of,
     channel_axis,
     fold_chain,
     linear_reason,
-    match_chain,
 )
 from opfuse.passes._util import rank
 from opfuse.registry import PassInfo, register
-from opfuse.rewrite import Builder, Match, PassContext, Rule
+from opfuse.rewrite import Builder, PassContext
 
 
 def bn_axis_ok(m: ChainMatch, ctx: PassContext) -> bool:
@@ -56,36 +55,35 @@ def bn_axis_ok(m: ChainMatch, ctx: PassContext) -> bool:
     )
 
 
-class BatchNormSmallOpsRule(Rule):
+class SmallOpsMatch(ChainMatch):
+    mode: str = "fold"  # the check's choice: "fold" into the layer, one "bn", or "muladd"
+
+
+class BatchNormSmallOpsRule(AffineChainRule[SmallOpsMatch]):
     """(x - mean) * k + beta and kin (2+ per-channel affine ops) ==> the linear layer
     before it, or one BatchNormalization, or one Mul + Add"""
 
     name = "bn_small_ops"
-    roots = ("Add", "Sub", "Mul", "Div")
+    match_type = SmallOpsMatch
 
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        m = match_chain(node)
-        if m is None or len(body_of(m)) < 2:
-            return None
-        return m
+    def accepts(self, m: SmallOpsMatch) -> bool:
+        return len(body_of(m)) >= 2
 
-    def check(self, m: Match, ctx: PassContext) -> str | None:
-        assert isinstance(m, ChainMatch)
+    def check(self, m: SmallOpsMatch, ctx: PassContext) -> str | None:
         reason = linear_reason(m, m.linear, m.chain.shapes)
-        m.mode = "fold"  # type: ignore[attr-defined]
+        m.mode = "fold"
         if reason is None:
             return None
         if bn_axis_ok(m, ctx):
-            m.mode = "bn"  # type: ignore[attr-defined]
+            m.mode = "bn"
         elif len(m.chain.steps) >= 3:
-            m.mode = "muladd"  # type: ignore[attr-defined]
+            m.mode = "muladd"
         else:
             return f"{reason}; the two ops are already one Mul + Add at most"
         return None
 
-    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        assert isinstance(m, ChainMatch)
-        mode = m.mode  # type: ignore[attr-defined]
+    def rewrite(self, m: SmallOpsMatch, b: Builder, ctx: PassContext):
+        mode = m.mode
         if mode == "fold":
             return [fold_chain(m, b)]
         x = m.chain.x

@@ -7,28 +7,12 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from opfuse.passes._util import attr, rank, static_shape
+from opfuse.passes._util import attr, axes_of, forward, needs_identity, perm_of, rank, static_shape
 from opfuse.registry import PassInfo, register
-from opfuse.rewrite import Builder, Const, Match, Op, Optional, PassContext, Rule, Var
+from opfuse.rewrite import Builder, Const, Match, Op, Optional, Or, PassContext, Rule, Var
 from opfuse.rewrite.pattern import const_array
 
 INT64_BIG = 2**31 - 1  # Slice ends at or past this cover any real dim
-
-
-def needs_identity(x: ir.Value, root: ir.Node) -> bool:
-    """Whether the root's output, a graph output, cannot simply become ``x``: x is a
-    graph input, an initializer, another graph output, or a value of an enclosing graph
-    (a graph's outputs must be made by its own nodes)."""
-    if not root.outputs[0].is_graph_output():
-        return False
-    producer = x.producer()
-    return producer is None or producer.graph is not root.graph or x.is_graph_output()
-
-
-def forward(m: Match, b: Builder, x: ir.Value) -> ir.Value:
-    """``x`` in place of the root's output, through an Identity where ``needs_identity``
-    (Add(x, 0) from a graph input to a graph output becomes Identity(x))."""
-    return b.op("Identity", [x], like=m.root) if needs_identity(x, m.root) else x
 
 
 class IdentityRule(Rule):
@@ -197,27 +181,16 @@ class PadNoOpRule(Rule):
     """Pad with all pads zero ==> x"""
 
     name = "pad_noop"
-    roots = ("Pad",)
-
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        m = Match(node)
-        if not node.inputs or node.inputs[0] is None:
-            return None
-        m.values["x"] = node.inputs[0]
-        m.nodes.append(node)
-        pads = attr(node, "pads")
-        if pads is None:
-            if len(node.inputs) < 2 or node.inputs[1] is None:
-                return None
-            m.values["pads"] = node.inputs[1]
-        else:
-            m.consts["pads"] = np.asarray(pads)
-        return m
-
+    # the pads: an input since opset 11, an attribute before
+    pattern = Or(
+        Op("Pad", Var("x"), attrs={"pads": lambda p: p is not None}, variadic=True),
+        Op("Pad", Var("x"), Var("pads"), variadic=True),
+    )
     constants = ("pads",)
 
     def check(self, m: Match, ctx: PassContext) -> str | None:
-        return None if not np.any(m["pads"]) else "pads are not zero"
+        pads = m["pads"] if "pads" in m else m.root.attributes["pads"].value
+        return None if not np.any(pads) else "pads are not zero"
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
         return [forward(m, b, m.value("x"))]
@@ -227,17 +200,10 @@ class SingleInputRule(Rule):
     """Concat of one input, Split into one output ==> x"""
 
     name = "single_input"
-    roots = ("Concat", "Split", "Sum", "Max", "Min", "Mean")
-
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        if len(node.inputs) < 1 or node.inputs[0] is None or len(node.outputs) != 1:
-            return None
-        if node.op_type != "Split" and len(node.inputs) != 1:
-            return None
-        m = Match(node)
-        m.nodes.append(node)
-        m.values["x"] = node.inputs[0]
-        return m
+    pattern = Or(
+        Op(("Concat", "Sum", "Max", "Min", "Mean"), Var("x"), where=lambda n: len(n.inputs) == 1),
+        Op("Split", Var("x"), variadic=True, where=lambda n: len(n.outputs) == 1),
+    )
 
     def check(self, m: Match, ctx: PassContext) -> str | None:
         x, y = m.value("x"), m.root.outputs[0]
@@ -335,13 +301,6 @@ class CastChainRule(Rule):
         return [b.op("Cast", [x], attrs, like=m.root)]
 
 
-def _perm(node: ir.Node, rank_: int | None) -> list[int] | None:
-    perm = attr(node, "perm")
-    if perm is not None:
-        return [int(p) for p in perm]
-    return None if rank_ is None else list(reversed(range(rank_)))
-
-
 class TransposeChainRule(Rule):
     """Transpose(Transpose(x, p1), p2) ==> Transpose(x, p1[p2]), or x when that is the
     identity"""
@@ -356,7 +315,7 @@ class TransposeChainRule(Rule):
             r = len(p) if p is not None else r
         p = attr(m.root, "perm")
         r = len(p) if p is not None else r
-        if _perm(m.node("inner"), r) is None or _perm(m.root, r) is None:
+        if perm_of(m.node("inner"), r) is None or perm_of(m.root, r) is None:
             return "default permutation of unknown rank"
         return None
 
@@ -365,7 +324,7 @@ class TransposeChainRule(Rule):
         for node in (m.node("inner"), m.root):
             p = attr(node, "perm")
             r = len(p) if p is not None else r
-        p1, p2 = _perm(m.node("inner"), r), _perm(m.root, r)
+        p1, p2 = perm_of(m.node("inner"), r), perm_of(m.root, r)
         assert p1 is not None and p2 is not None
         perm = [p1[i] for i in p2]
         if perm == sorted(perm):
@@ -407,17 +366,6 @@ class ReshapeChainRule(Rule):
         return [b.op("Reshape", [m.value("x"), shape], attrs, like=m.root)]
 
 
-def _axes(node: ir.Node) -> list[int] | None:
-    """A Squeeze/Unsqueeze's constant axes (attribute before opset 13, input after)."""
-    axes = attr(node, "axes")
-    if axes is not None:
-        return [int(a) for a in axes]
-    if len(node.inputs) > 1 and node.inputs[1] is not None:
-        array = const_array(node.inputs[1])
-        return None if array is None else [int(a) for a in array.reshape(-1)]
-    return None
-
-
 def _normalized(axes: list[int], r: int | None) -> set[int] | None:
     if r is None:
         return None if any(a < 0 for a in axes) else set(axes)
@@ -439,7 +387,7 @@ class SqueezeUnsqueezeRule(Rule):
         if inner.op_type == m.root.op_type:
             return "both are " + inner.op_type
         x = m.value("x")
-        a1, a2 = _axes(inner), _axes(m.root)
+        a1, a2 = axes_of(inner), axes_of(m.root)
         if a2 is None:
             return "axes are not constant"
         r = rank(x)

@@ -1,6 +1,6 @@
 """Constant folding: a node whose inputs are all constants becomes its value, computed by
 onnx's reference evaluator (onnxruntime when that fails), and Constant nodes become
-initializers. The shape rules of shape_arith run in the same pass.
+initializers. The shape rules of _shape_arith run in the same pass.
 
 Size rule: a fold whose result is no larger than the constant inputs only it reads (which
 go with it) always happens (a transposed weight); otherwise the result must fit
@@ -25,13 +25,18 @@ import onnx
 import onnx_ir as ir
 
 from opfuse.graphs import all_graphs, node_graphs
-from opfuse.passes._evaluate import EvaluationError, evaluate, nondeterministic, output_bytes
-from opfuse.passes.shape_arith import SHAPE_RULES
+from opfuse.passes._evaluate import (
+    FOLD_GROWTH_ALLOWANCE,
+    EvaluationError,
+    evaluate,
+    nondeterministic,
+    output_bytes,
+)
+from opfuse.passes._shape_arith import SHAPE_RULES
 from opfuse.registry import PassInfo, register
-from opfuse.rewrite import Builder, Match, PassContext, Rule
+from opfuse.rewrite import Builder, Match, Op, PassContext, Rule
+from opfuse.rewrite.builder import constant_value
 from opfuse.rewrite.pattern import const_array
-
-FOLD_GROWTH_ALLOWANCE = 4096  # bytes one fold may add to the model (shape-sized results)
 
 # ops whose output size is set by input values, not input shapes: never evaluated before
 # shape inference has sized their result
@@ -126,27 +131,12 @@ class FoldMatch(Match):
     results: list[np.ndarray]
 
 
-def constant_value(array: np.ndarray, b: Builder, old: ir.Value, like: ir.Node) -> ir.Value:
-    """A constant for ``old``: an initializer, or a Constant node when ``old`` is a graph
-    output (a graph output cannot be an initializer)."""
-    if old.is_graph_output():
-        return b.op("Constant", [], {"value": ir.tensor(array)}, like=like)
-    return b.const(array, old.name or "folded")
-
-
 class ConstantNodeRule(Rule):
     """Constant node ==> initializer (what onnxsim and onnxslim do too)"""
 
     name = "constant_node"
-    roots = ("Constant",)
-
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        out = node.outputs[0]
-        if out.is_graph_output():
-            return None  # stays a node: a graph output cannot be an initializer
-        m = Match(node)
-        m.nodes.append(node)
-        return m
+    # a graph output stays a node: it cannot be an initializer
+    pattern = Op("Constant", where=lambda node: not node.outputs[0].is_graph_output())
 
     def check(self, m: Match, ctx: PassContext) -> str | None:
         if (ctx.model.ir_version or 0) < 4:
@@ -173,7 +163,7 @@ def _dense_tensor(node: ir.Node) -> ir.TensorProtocol | None:
     return attr.value
 
 
-class FoldRule(Rule):
+class FoldRule(Rule[FoldMatch]):
     """op(c1, c2, ...) ==> its value, evaluated by onnx's reference evaluator"""
 
     name = "fold"
@@ -182,7 +172,9 @@ class FoldRule(Rule):
     def root_types(self) -> tuple[str, ...]:
         return foldable_op_types()
 
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
+    # imperative: any op type (the whole default domain) whose present inputs are all
+    # constant, whatever its arity; the arrays read here are the check's inputs
+    def match(self, node: ir.Node, ctx: PassContext) -> FoldMatch | None:
         arrays: list[np.ndarray | None] = []
         for v in node.inputs:
             if v is None:
@@ -197,8 +189,7 @@ class FoldRule(Rule):
         m.arrays = arrays
         return m
 
-    def check(self, m: Match, ctx: PassContext) -> str | None:
-        assert isinstance(m, FoldMatch)
+    def check(self, m: FoldMatch, ctx: PassContext) -> str | None:
         node = m.root
         random = nondeterministic(node, ctx.opset)
         if random:
@@ -228,8 +219,7 @@ class FoldRule(Rule):
             return f"cannot evaluate: {exc}"
         return _size_reason(sum(r.nbytes for r in m.results), freed, limit)
 
-    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        assert isinstance(m, FoldMatch)
+    def rewrite(self, m: FoldMatch, b: Builder, ctx: PassContext):
         return [
             constant_value(r, b, out, m.root) if (out.uses() or out.is_graph_output()) else None
             for r, out in zip(m.results, m.root.outputs, strict=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from opfuse.graphs import all_graphs, node_graphs
+from opfuse.passes._util import DEFAULT_DOMAINS
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import PassContext
 from opfuse.rewrite.builder import NameScope
@@ -60,7 +61,7 @@ def inline_constant_ifs(ctx: PassContext) -> None:
     for graph in ctx.graphs():
         if id(graph) in gone:
             continue
-        todo = [n for n in graph if n.op_type == "If" and n.domain in ("", "ai.onnx")]
+        todo = [n for n in graph if n.op_type == "If" and n.domain in DEFAULT_DOMAINS]
         while todo:
             node = todo.pop()
             ctx.record(PATTERN, matched=1)
@@ -72,7 +73,7 @@ def inline_constant_ifs(ctx: PassContext) -> None:
             gone.update(id(sub) for held in node_graphs(node) for sub in all_graphs(held))
             moved = _inline(graph, node, branch, names)
             ctx.record(PATTERN, effected=1)
-            todo += [n for n in moved if n.op_type == "If" and n.domain in ("", "ai.onnx")]
+            todo += [n for n in moved if n.op_type == "If" and n.domain in DEFAULT_DOMAINS]
 
 
 register(

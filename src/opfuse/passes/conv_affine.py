@@ -35,46 +35,40 @@ import numpy as np
 import onnx_ir as ir
 
 from opfuse.passes._affine import (
+    AffineChainRule,
     ChainMatch,
-    affine_step,
     body_of,
     continues_chain,
     fold_chain,
     linear_reason,
-    match_chain,
     per_channel,
     producer,
 )
 from opfuse.passes._util import attr, gelu_product, rank
 from opfuse.registry import PassInfo, register
-from opfuse.rewrite import Builder, Match, PassContext, Rule
+from opfuse.rewrite import Builder, Const, Match, Op, Optional, Or, PassContext, Rule, Var
 from opfuse.rewrite.pattern import const_array
 
 
-class _SingleStepRule(Rule):
+class _SingleStepRule(AffineChainRule[ChainMatch]):
     """One affine op after a linear layer, folded into it."""
 
     kinds: tuple[str, ...] = ()
-    roots = ("Add", "Sub", "Mul", "Div")
+    match_type = ChainMatch
 
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        m = match_chain(node)
-        if m is None or m.linear is None:
-            return None
+    def accepts(self, m: ChainMatch) -> bool:
+        if m.linear is None:
+            return False
         body = body_of(m)
-        if len(body) != 1 or body[0].kind not in self.kinds:
-            return None
-        return m if self.accepts(m, body) else None
+        return len(body) == 1 and body[0].kind in self.kinds and self.takes(m, body)
 
-    def accepts(self, m: ChainMatch, body: list) -> bool:
+    def takes(self, m: ChainMatch, body: list) -> bool:
         return True
 
-    def check(self, m: Match, ctx: PassContext) -> str | None:
-        assert isinstance(m, ChainMatch)
+    def check(self, m: ChainMatch, ctx: PassContext) -> str | None:
         return linear_reason(m, m.linear, m.chain.shapes)
 
-    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        assert isinstance(m, ChainMatch)
+    def rewrite(self, m: ChainMatch, b: Builder, ctx: PassContext):
         return [fold_chain(m, b)]
 
 
@@ -91,7 +85,7 @@ class ConvAddRule(_SingleStepRule):
     name = "conv_add"
     kinds = ("add", "sub")
 
-    def accepts(self, m: ChainMatch, body: list) -> bool:
+    def takes(self, m: ChainMatch, body: list) -> bool:
         # a bare MatMul + Add has no bias to merge into: that is MatMulBiasAdd's Gemm
         return not (len(body) == len(m.chain.steps) and producer(m.chain.x, "MatMul") is not None)
 
@@ -110,26 +104,14 @@ class MatMulBiasAddRule(Rule):
     """Add(MatMul(A[M,K], B[K,N]), C) ==> Gemm(A, B, C) when C broadcasts to [M, N]"""
 
     name = "matmul_bias_add"
-    roots = ("Add",)
-
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        if len(node.inputs) != 2 or any(v is None for v in node.inputs):
-            return None
-        a, c = node.inputs
-        mm = producer(a, "MatMul")
-        if mm is None:
-            a, c = c, a
-            mm = producer(a, "MatMul")
-        if mm is None or len(mm.inputs) != 2:
-            return None
-        if continues_chain(node):
-            return None  # a BatchNorm-like chain continues after it; it folds as a whole
-        m = Match(node)
-        m.nodes += [node, mm]
-        m.node_names.update(add=node, matmul=mm)
-        assert mm.inputs[0] is not None and mm.inputs[1] is not None and c is not None
-        m.values.update(a=mm.inputs[0], b=mm.inputs[1], c=c)
-        return m
+    pattern = Op(
+        "Add",  # either order
+        Op("MatMul", Var("a"), Var("b"), name="matmul"),
+        Var("c"),
+        name="add",
+        # a BatchNorm-like chain continues after it: it folds as a whole
+        where=lambda node: not continues_chain(node),
+    )
 
     def check(self, m: Match, ctx: PassContext) -> str | None:
         a, b, c = m.value("a"), m.value("b"), m.value("c")
@@ -164,29 +146,33 @@ def input_scale(node: ir.Node, w: np.ndarray, c: np.ndarray) -> np.ndarray | Non
     return w * c[:, None]  # MatMul [..., K, N], Gemm [K, N]
 
 
+def _finite_float(array: np.ndarray) -> bool:
+    return np.issubdtype(array.dtype, np.floating) and bool(np.all(np.isfinite(array)))
+
+
+def _float_output(node: ir.Node) -> bool:
+    dtype = node.outputs[0].dtype
+    return dtype is None or dtype.is_floating_point()
+
+
+# x op c with one finite float constant (affine_step's steps, spelled as operands)
+X = Var("x", constant=False)
+C = Const("c", where=_finite_float)
+
+
 class MulConvRule(Rule):
     """Conv(Mul(x, c), W) ==> Conv(x, W * c) for c scalar or per input channel (also
     MatMul/Gemm with c along K)"""
 
     name = "mul_conv"
-    roots = ("Conv", "MatMul", "Gemm")
+    pattern = Op(
+        ("Conv", "MatMul", "Gemm"),
+        Op("Mul", X, C, name="mul", where=_float_output),
+        Var("w"),
+        name="layer",
+        variadic=True,
+    )
     constants = ("w",)
-
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        if len(node.inputs) < 2:
-            return None
-        mul = producer(node.inputs[0], "Mul")
-        step = affine_step(mul) if mul is not None else None
-        if mul is None or step is None or step.kind != "mul":
-            return None
-        m = Match(node)
-        m.nodes += [node, mul]
-        m.node_names.update(layer=node, mul=mul)
-        if node.inputs[1] is None:
-            return None
-        m.values.update(x=step.x, w=node.inputs[1])
-        m.consts["c"] = step.const
-        return m
 
     def _channels(self, m: Match) -> tuple[int, int, int] | str:
         """(input rank, input-channel axis, input channels) of the layer."""
@@ -247,24 +233,22 @@ class AddConvRule(Rule):
     each shifted by c."""
 
     name = "add_conv"
-    roots = ("Conv",)
+    pattern = Op(
+        "Conv",
+        Or(
+            Op("Add", X, C, name="add", where=_float_output),  # either order
+            Op("Sub", X, C, name="add", where=_float_output),  # x - c, not c - x
+        ),
+        Var("w"),
+        Optional(Var("bias")),
+        name="layer",
+    )
     constants = ("w",)
 
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        if len(node.inputs) < 2 or node.inputs[1] is None:
-            return None
-        add = producer(node.inputs[0], "Add", "Sub")
-        step = affine_step(add) if add is not None else None
-        if add is None or step is None or step.kind not in ("add", "sub"):
-            return None
-        m = Match(node)
-        m.nodes += [node, add]
-        m.node_names.update(layer=node, add=add)
-        m.values.update(x=step.x, w=node.inputs[1])
-        m.consts["c"] = step.const if step.kind == "add" else -step.const
-        if len(node.inputs) > 2 and node.inputs[2] is not None:
-            m.values["bias"] = node.inputs[2]
-        return m
+    @staticmethod
+    def shift(m: Match) -> np.ndarray:
+        """The constant the Add adds (Sub: its negation)."""
+        return m["c"] if m.node("add").op_type == "Add" else -m["c"]
 
     def check(self, m: Match, ctx: PassContext) -> str | None:
         node, w = m.node("layer"), m["w"]
@@ -278,12 +262,12 @@ class AddConvRule(Rule):
         x = m.value("x")
         if x.shape is None or len(x.shape) != w.ndim or x.shape[1] != channels:
             return "the Add may broadcast its input up (input shape unknown or smaller)"
-        return per_channel([tuple(m["c"].shape)], w.ndim, 1, channels)
+        return per_channel([tuple(m["c"].shape)], w.ndim, 1, channels)  # shift's shape
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
         node, w = m.node("layer"), m["w"]
         channels = int(w.shape[1]) * int(attr(node, "group", 1))
-        c = np.broadcast_to(m["c"].astype(np.float64).reshape(-1), (channels,))
+        c = np.broadcast_to(self.shift(m).astype(np.float64).reshape(-1), (channels,))
         shifted = input_scale(node, w.astype(np.float64), c)
         assert shifted is not None
         bias = const_array(m.value("bias")) if "bias" in m.values else None

@@ -22,11 +22,12 @@ from collections import defaultdict
 import numpy as np
 import onnx_ir as ir
 
-from opfuse.passes._util import attr
+from opfuse.passes._util import DEFAULT_DOMAINS, attr
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import PassContext
 from opfuse.rewrite.builder import NameScope
-from opfuse.rewrite.pattern import DEFAULT_DOMAINS, const_array
+from opfuse.rewrite.edit import add_initializer, replace_value
+from opfuse.rewrite.pattern import const_array
 
 PATTERN = "conv_concat"
 DIFFER = "sibling Convs differ in kernel, strides, pads or dilations"
@@ -85,12 +86,7 @@ class Merger:
         self.names = NameScope(ctx.model)
 
     def const(self, graph: ir.Graph, array: np.ndarray, base: str) -> ir.Value:
-        value = ir.Value(name=self.names.value(base), const_value=ir.tensor(array))
-        value.const_value.name = value.name  # type: ignore[union-attr]
-        value.type = ir.TensorType(value.const_value.dtype)  # type: ignore[union-attr]
-        value.shape = ir.Shape(array.shape)
-        graph.register_initializer(value)
-        return value
+        return add_initializer(graph, self.names, array, base)
 
     def merge(self, graph: ir.Graph, convs: list[ir.Node], weights: dict) -> None:
         first = convs[0]  # in graph order: the merged Conv goes where the first one was
@@ -123,7 +119,7 @@ class Merger:
             new_concat = ir.node("Concat", ins, dict(concat.attributes), name=concat.name)
             graph.insert_before(first, new_nodes)
             graph.insert_before(concat, [new_concat])
-            self.replace(concat.outputs[0], new_concat.outputs[0])
+            replace_value(concat.outputs[0], new_concat.outputs[0])
             graph.remove(concat, safe=True)
         else:
             if self.ctx.opset >= 13:
@@ -148,17 +144,10 @@ class Merger:
             new_nodes.append(split)
             graph.insert_before(first, new_nodes)
             for conv, out in zip(convs, split.outputs, strict=True):
-                self.replace(conv.outputs[0], out)
+                replace_value(conv.outputs[0], out)
         for conv in convs:
             graph.remove(conv, safe=True)
             self.names.nodes.discard(conv.name or "")
-
-    @staticmethod
-    def replace(old: ir.Value, new: ir.Value) -> None:
-        if old.is_graph_output():
-            old_name, old.name = old.name, None
-            new.name = old_name
-        old.replace_all_uses_with(new, replace_graph_outputs=True)
 
 
 def fuse_sibling_convs(ctx: PassContext) -> None:

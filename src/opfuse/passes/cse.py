@@ -22,6 +22,7 @@ from opfuse.passes._evaluate import nondeterministic
 from opfuse.passes._util import float_key
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import PassContext
+from opfuse.rewrite.edit import replace_value
 from opfuse.rewrite.pattern import const_array
 
 CSE_CONSTANT_NODE_LIMIT = 64  # elements: Constant nodes up to this size are merged too
@@ -199,20 +200,17 @@ def _node_key(node: ir.Node, opset: int) -> Hashable | None:
 def _merge(graph: ir.Graph, node: ir.Node, kept: ir.Node) -> None:
     """Make ``node``'s readers read ``kept``'s outputs, then remove ``node``."""
     for old, new in zip(node.outputs, kept.outputs, strict=True):
-        if old.is_graph_output():
-            if new.is_graph_output() or new.is_graph_input():
-                # one value cannot be two graph outputs: an Identity keeps the name
-                identity = ir.node("Identity", [new])
-                out = identity.outputs[0]
-                out.type, out.shape = old.type, old.shape
-                name, old.name = old.name, None
-                graph.insert_before(node, identity)
-                old.replace_all_uses_with(out, replace_graph_outputs=True)
-                out.name = name
-                continue
+        if old.is_graph_output() and (new.is_graph_output() or new.is_graph_input()):
+            # one value cannot be two graph outputs: an Identity keeps the name
+            identity = ir.node("Identity", [new])
+            out = identity.outputs[0]
+            out.type, out.shape = old.type, old.shape
             name, old.name = old.name, None
-            new.name = name  # the graph output keeps its name; callers read it by name
-        old.replace_all_uses_with(new, replace_graph_outputs=True)
+            graph.insert_before(node, identity)
+            old.replace_all_uses_with(out, replace_graph_outputs=True)
+            out.name = name
+            continue
+        replace_value(old, new)
     graph.remove(node, safe=True)
 
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from opfuse.passes._affine import producer
-from opfuse.passes._util import attr
+from opfuse.passes._util import attr, producer
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Match, PassContext, Rule
 from opfuse.rewrite.pattern import const_array
@@ -37,13 +36,18 @@ def split_sizes(split: ir.Node) -> list[int] | None | str:
     return None if sizes is None else [int(s) for s in sizes]
 
 
-class SplitConvConcatRule(Rule):
+class BranchesMatch(Match):
+    convs: list[ir.Node]  # the Conv of each Concat input, in order
+
+
+class SplitConvConcatRule(Rule[BranchesMatch]):
     """Concat(Conv(Split(x)[i]) for i in 0..N-1, axis=1) ==> Conv(x, group=N*g)"""
 
     name = "split_conv_concat"
     roots = ("Concat",)
 
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
+    # imperative: as many Conv branches as the Concat has inputs (2 to MAX_BRANCHES)
+    def match(self, node: ir.Node, ctx: PassContext) -> BranchesMatch | None:
         convs = [producer(v, "Conv") for v in node.inputs]
         if not 2 <= len(convs) <= MAX_BRANCHES or any(c is None for c in convs):
             return None
@@ -52,7 +56,7 @@ class SplitConvConcatRule(Rule):
         split = producer(first.inputs[0], "Split")
         if split is None:
             return None
-        m = Match(node)
+        m = BranchesMatch(node)
         m.nodes += [node, split]
         m.node_names.update(concat=node, split=split)
         for i, conv in enumerate(convs):
@@ -64,14 +68,14 @@ class SplitConvConcatRule(Rule):
             m.values[f"w{i}"] = conv.inputs[1]
             if len(conv.inputs) > 2 and conv.inputs[2] is not None:
                 m.values[f"b{i}"] = conv.inputs[2]
-        m.convs = convs  # type: ignore[attr-defined]
+        m.convs = [c for c in convs if c is not None]
         return m
 
     constants = tuple(f"{p}{i}" for p in "wb" for i in range(MAX_BRANCHES))
 
-    def check(self, m: Match, ctx: PassContext) -> str | None:
+    def check(self, m: BranchesMatch, ctx: PassContext) -> str | None:
         concat, split = m.node("concat"), m.node("split")
-        convs: list[ir.Node] = m.convs  # type: ignore[attr-defined]
+        convs = m.convs
         n = len(convs)
         w0 = m["w0"]
         if len(split.outputs) != n:
@@ -96,8 +100,8 @@ class SplitConvConcatRule(Rule):
             return "Split blocks do not match the Convs' input channels"
         return None
 
-    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        convs: list[ir.Node] = m.convs  # type: ignore[attr-defined]
+    def rewrite(self, m: BranchesMatch, b: Builder, ctx: PassContext):
+        convs = m.convs
         n = len(convs)
         weights = [m[f"w{i}"] for i in range(n)]
         biases = [m.get(f"b{i}") for i in range(n)]

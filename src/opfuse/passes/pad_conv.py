@@ -21,10 +21,10 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from opfuse.passes._util import attr, scalar_value
+from opfuse.passes._util import DEFAULT_DOMAINS, attr, scalar_value
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Match, Op, Optional, PassContext, Rule, Var
-from opfuse.rewrite.pattern import DEFAULT_DOMAINS, const_array
+from opfuse.rewrite.pattern import const_array
 
 NON_NEGATIVE = frozenset({"Relu", "Sigmoid", "Abs", "Exp", "Softplus"})
 

@@ -29,11 +29,10 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from opfuse.passes._affine import producer
 from opfuse.passes._util import attr
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Match, PassContext, Rule
-from opfuse.rewrite.pattern import const_array
+from opfuse.rewrite.pattern import Op, Optional, Var, const_array
 
 MARGIN = 0.25
 QUANT_RANGES = {
@@ -65,27 +64,26 @@ def clip_bounds(node: ir.Node, opset: int) -> tuple[float, float] | str:
     return bounds[0], bounds[1]
 
 
-class Relu6QuantRule(Rule):
+class ClipQuantMatch(Match):
+    mode: str = "remove"  # what the check found: "remove" the Clip/Relu or make it a "relu"
+
+
+class Relu6QuantRule(Rule[ClipQuantMatch]):
     """QuantizeLinear(Clip(x, lo, hi) | Relu(x)) ==> QuantizeLinear(x) or
     QuantizeLinear(Relu(x)) when the quantized range clips at the same bounds"""
 
     name = "relu6_quant"
-    roots = ("QuantizeLinear",)
+    pattern = Op(
+        "QuantizeLinear",
+        Op(("Clip", "Relu"), Var("x"), name="act", variadic=True),
+        Var("scale"),
+        Optional(Var("zp")),
+        name="quant",
+    )
     constants = ("scale", "zp")
+    match_type = ClipQuantMatch
 
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        act = producer(node.inputs[0], "Clip", "Relu")
-        if act is None or act.inputs[0] is None or node.inputs[1] is None:
-            return None
-        m = Match(node)
-        m.nodes += [node, act]
-        m.node_names.update(quant=node, act=act)
-        m.values.update(x=act.inputs[0], scale=node.inputs[1])
-        if len(node.inputs) > 2 and node.inputs[2] is not None:
-            m.values["zp"] = node.inputs[2]
-        return m
-
-    def check(self, m: Match, ctx: PassContext) -> str | None:
+    def check(self, m: ClipQuantMatch, ctx: PassContext) -> str | None:
         bounds = clip_bounds(m.node("act"), ctx.opset)
         if isinstance(bounds, str):
             return bounds
@@ -107,9 +105,9 @@ class Relu6QuantRule(Rule):
             upper = hi == np.inf or bool(np.all(hi / scale + zp >= qmax - MARGIN))
         act = m.node("act").op_type
         if lower and upper:
-            m.mode = "remove"  # type: ignore[attr-defined]
+            m.mode = "remove"
         elif upper and lo == 0 and act == "Clip":
-            m.mode = "relu"  # type: ignore[attr-defined]
+            m.mode = "relu"
         else:
             low = float(np.min((qmin - zp) * scale))
             high = float(np.max((qmax - zp) * scale))
@@ -119,10 +117,10 @@ class Relu6QuantRule(Rule):
             )
         return None
 
-    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+    def rewrite(self, m: ClipQuantMatch, b: Builder, ctx: PassContext):
         quant, act = m.node("quant"), m.node("act")
         x = m.value("x")
-        if m.mode == "relu":  # type: ignore[attr-defined]
+        if m.mode == "relu":
             x = b.op("Relu", [x], like=act)
         inputs = [x, *quant.inputs[1:]]
         return [b.op("QuantizeLinear", inputs, dict(quant.attributes.items()), like=quant)]

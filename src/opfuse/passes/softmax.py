@@ -21,30 +21,9 @@ from typing import ClassVar
 
 import onnx_ir as ir
 
-from opfuse.passes._util import attr, rank
+from opfuse.passes._util import attr, rank, reduce_axes
 from opfuse.registry import PassInfo, register
-from opfuse.rewrite import Builder, Match, PassContext, Rule
-from opfuse.rewrite.pattern import DEFAULT_DOMAINS, const_array
-
-
-def producer(value: ir.Value | None, op_type: str) -> ir.Node | None:
-    """The default-domain node of ``op_type`` that makes ``value``, else None."""
-    node = value.producer() if value is not None else None
-    if node is None or node.op_type != op_type or node.domain not in DEFAULT_DOMAINS:
-        return None
-    return node
-
-
-def reduce_axes(node: ir.Node) -> list[int] | None:
-    """A Reduce* node's axes (attribute, or constant second input); [] reduces all dims
-    (or none, with noop_with_empty_axes); None when the axes input is not constant."""
-    axes = attr(node, "axes")
-    if axes is not None:
-        return [int(a) for a in axes]
-    if len(node.inputs) > 1 and node.inputs[1] is not None:
-        array = const_array(node.inputs[1])
-        return None if array is None else [int(a) for a in array.reshape(-1)]
-    return []
+from opfuse.rewrite import Builder, Match, Op, Or, PassContext, Rule, Var
 
 
 def single_axis(node: ir.Node, x_rank: int | None) -> tuple[int | None, str | None]:
@@ -62,31 +41,21 @@ def single_axis(node: ir.Node, x_rank: int | None) -> tuple[int | None, str | No
     return axis, None
 
 
+X = Var("x")
+# one Exp node read twice; the max subtraction when it is there, else x is Exp's input
+EXP = Op(
+    "Exp",
+    Or(Op("Sub", X, Op("ReduceMax", X, name="max", variadic=True), name="sub"), X),
+    name="exp",
+)
+
+
 class SoftmaxRule(Rule):
     """Div(Exp(x - ReduceMax(x)), ReduceSum(Exp(...))) on one axis ==> Softmax(x, axis)"""
 
     name = "softmax"
-    roots = ("Div",)
+    pattern = Op("Div", EXP, Op("ReduceSum", EXP, name="sum", variadic=True), name="div")
     with_max: ClassVar[bool] = True
-
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        e, s = node.inputs[0], node.inputs[1]
-        exp, total = producer(e, "Exp"), producer(s, "ReduceSum")
-        if exp is None or total is None or total.inputs[0] is not e:
-            return None
-        m = Match(node)
-        m.nodes += [node, exp, total]
-        m.node_names.update(div=node, exp=exp, sum=total)
-        z = exp.inputs[0]
-        sub = producer(z, "Sub")
-        peak = producer(sub.inputs[1], "ReduceMax") if sub is not None else None
-        if sub is not None and peak is not None and peak.inputs[0] is sub.inputs[0]:
-            m.nodes += [sub, peak]
-            m.node_names.update(sub=sub, max=peak)
-            z = sub.inputs[0]
-        assert z is not None
-        m.values["x"] = z
-        return m
 
     def check(self, m: Match, ctx: PassContext) -> str | None:
         if self.with_max and "max" not in m:

@@ -33,8 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from opfuse.passes._util import attr, rank, scalar_value
-from opfuse.passes.softmax import producer, reduce_axes
+from opfuse.passes._util import attr, producer, rank, reduce_axes, scalar_value
 from opfuse.registry import PassInfo, register
 from opfuse.rewrite import Builder, Match, Op, Optional, PassContext, Rule, Var
 from opfuse.rewrite.pattern import const_array
@@ -149,6 +148,8 @@ class NormRule(Rule):
     centered: bool
     stash_double: bool  # whether the op's stash_type may be double
 
+    # imperative: num / Sqrt(v) has five spellings (inverse_root), the square two, and
+    # the constants bound for the dtype check are every float input the nodes read
     def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
         found = inverse_root(node)
         if found is None:
@@ -370,6 +371,9 @@ class GeluRule(Rule):
     name = "gelu"
     roots = ("Mul",)
 
+    # imperative: 0.5 * x * (...) is a three-factor product in any grouping and order,
+    # with two inner forms (erf, tanh) and three spellings of x^3; as Or alternatives
+    # that is dozens of near-copies
     def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
         for factors, inner in product_leaves(node):
             half = next((f for f in factors if close(f, 0.5)), None)

@@ -128,3 +128,11 @@ class Builder:
         # ir.Tensor directly: ir.tensor's Protocol isinstance checks cost 0.1 ms a call
         tensor = ir.tensor(arr) if arr.dtype.kind in "OSU" else ir.Tensor(arr)
         return self.const_tensor(tensor, name)
+
+
+def constant_value(array: np.ndarray, b: Builder, old: ir.Value, like: ir.Node) -> ir.Value:
+    """A constant for ``old``: an initializer, or a Constant node when ``old`` is a graph
+    output (a graph output cannot be an initializer)."""
+    if old.is_graph_output():
+        return b.op("Constant", [], {"value": ir.tensor(array)}, like=like)
+    return b.const(array, old.name or "folded")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import onnx_ir as ir
 
 from opfuse.graphs import all_graphs
-from opfuse.registry import PassInfo
 from opfuse.rewrite.stats import EffectLog, PatternStats
 
 DEFAULT_FOLD_SIZE_LIMIT = 1 << 20
@@ -27,12 +27,22 @@ class Options:
     extra: dict[str, object] = field(default_factory=dict)
 
 
+class PassLabel(Protocol):
+    """What the effect log needs of a pass (a ``PassInfo``, which imports this module)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def section(self) -> str: ...
+
+
 class PassContext:
     def __init__(self, model: ir.Model, options: Options, log: EffectLog) -> None:
         self.model = model
         self.options = options
         self.log = log
-        self.current: PassInfo | None = None
+        self.current: PassLabel | None = None
         self.notes: list[str] = []  # facts the summary must tell the user (layout changes)
 
     @property
@@ -43,7 +53,7 @@ class PassContext:
         """The main graph and every subgraph (If/Loop/Scan bodies), outermost first."""
         yield from all_graphs(self.model.graph)
 
-    def entry(self, pattern: str, info: PassInfo | None = None) -> PatternStats:
+    def entry(self, pattern: str, info: PassLabel | None = None) -> PatternStats:
         info = info or self.current
         assert info is not None, "record() outside a pass"
         return self.log.entry(info.name, info.section, pattern)

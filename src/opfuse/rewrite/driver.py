@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
 
 from opfuse.errors import EngineError
-from opfuse.registry import PassInfo
 from opfuse.rewrite.builder import Builder, NameScope
 from opfuse.rewrite.context import PassContext
+from opfuse.rewrite.edit import replace_value
+from opfuse.rewrite.passinfo import PassInfo
 from opfuse.rewrite.pattern import DEFAULT_DOMAINS, Match, const_array
 from opfuse.rewrite.rule import Rule
 
@@ -44,6 +46,18 @@ def common_check(rule: Rule, m: Match) -> str | None:
             if np.issubdtype(array.dtype, np.floating) and array.dtype != root_dtype.numpy():
                 return f"constant {name!r} is {array.dtype}, the output is {root_dtype}"
     return None
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """One match of a rule in a dry run: the nodes it covers (``Match.covered``) and why
+    it would not fire (None: it would)."""
+
+    info: PassInfo
+    rule: Rule
+    root: ir.Node
+    nodes: tuple[ir.Node, ...]
+    reason: str | None
 
 
 class Driver:
@@ -93,16 +107,39 @@ class Driver:
                 break
         return done
 
-    def _try(
-        self, info: PassInfo, rule: Rule, node: ir.Node, graph: ir.Graph
-    ) -> list[ir.Node] | None:
+    def explain(self, graph: ir.Graph | None = None) -> list[Explanation]:
+        """A dry run over ``graph`` (default: the main graph): every match of every rule,
+        in node order, with the nodes it covers and the reason it would not fire. Nothing
+        is rewritten and nothing is recorded in the effect log."""
+        graph = self.ctx.model.graph if graph is None else graph
+        out: list[Explanation] = []
+        for node in list(graph):
+            if node.domain not in DEFAULT_DOMAINS:
+                continue
+            for info, rule in self.by_type.get(node.op_type, ()):
+                judged = self._judge(info, rule, node)
+                if judged is not None:
+                    m, reason = judged
+                    out.append(Explanation(info, rule, node, tuple(m.covered()), reason))
+        return out
+
+    def _judge(self, info: PassInfo, rule: Rule, node: ir.Node) -> tuple[Match, str | None] | None:
+        """Match ``rule`` at ``node`` and run its checks: (the match, why it cannot fire)."""
         self.ctx.current = info
         m = rule.match(node, self.ctx)
         if m is None:
             return None
+        return m, common_check(rule, m) or rule.check(m, self.ctx)
+
+    def _try(
+        self, info: PassInfo, rule: Rule, node: ir.Node, graph: ir.Graph
+    ) -> list[ir.Node] | None:
+        judged = self._judge(info, rule, node)
+        if judged is None:
+            return None
+        m, reason = judged
         stats = self.ctx.entry(rule.name, info)
         stats.matched += 1
-        reason = common_check(rule, m) or rule.check(m, self.ctx)
         if reason:
             stats.add_reason(reason, node.name)
             return None
@@ -135,11 +172,7 @@ class Driver:
                 new.type = old.type
             if new.shape is None and old.shape is not None:
                 new.shape = old.shape.copy()
-            if old.is_graph_output():
-                # the replacement takes the output's name; callers feed and read by name
-                old_name, old.name = old.name, None
-                new.name = old_name
-            old.replace_all_uses_with(new, replace_graph_outputs=True)
+            replace_value(old, new)
         removed = _remove_dead(graph, m.nodes)
         for node in removed:
             self.names.nodes.discard(node.name or "")

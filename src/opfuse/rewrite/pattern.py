@@ -6,20 +6,36 @@
 
 ``Var`` binds any value, ``Const`` a value with a constant tensor (an initializer or a
 Constant node's output), ``Op`` the output of a node of one of the given op types, whose
-inputs match in order; ``Optional`` also matches an absent input. Two-input Add and Mul
-match either operand order.
+inputs match in order; ``Optional`` also matches an absent input; ``Or`` the first of its
+alternatives that matches.
+
+Patterns are DAGs, not only trees: a name bound once is a reference the second time. The
+same ``Var`` name must bind the same value, and the same named ``Op`` object used twice must
+meet the same node (``exp`` below is one node read by the Div and by the ReduceSum):
+
+    exp = Op("Exp", Var("x"), name="exp")
+    Op("Div", exp, Op("ReduceSum", exp, variadic=True))
+
+Predicates: ``Const(value=0.5)`` (every element equal to it), ``Const(where=f)``,
+``Var("x", constant=False)`` (not a constant), ``Op(..., attrs={"axis": -1})`` (an
+attribute's value, or a callable given the value or None), ``Op(..., where=f)`` (a test of
+the node, for what no input pattern says: a variadic op's inputs, its outputs). A rule's
+root may be an ``Or`` of ``Op``s. A two-input op commutes when declared (``commute=True``) and by default for the ops
+in ``COMMUTATIVE``. Matching is greedy: once an input has matched, a later failure retries
+only the other operand order of a commuting op, not the alternatives inside that input.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
+from opfuse.graphs import DEFAULT_DOMAINS
+
 COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "And", "Or", "Xor", "Equal"})
-DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
 def const_array(value: ir.Value | None) -> np.ndarray | None:
@@ -89,6 +105,12 @@ class Match:
         a = self.node_names[node_name].attributes.get(attr)
         return default if a is None else a.value
 
+    def covered(self) -> list[ir.Node]:
+        """Every node the match concerns, root first: the nodes it would replace and the
+        ones it names. A subclass adds what its state points at (the layer an affine
+        chain would fold into), so a refusal can be placed on all of them."""
+        return list(dict.fromkeys([self.root, *self.nodes, *self.node_names.values()]))
+
 
 class Pattern:
     def match(self, value: ir.Value | None, m: Match) -> bool:
@@ -96,10 +118,12 @@ class Pattern:
 
 
 class Var(Pattern):
-    """Any present value; the same name twice must bind the same value."""
+    """Any present value; the same name twice must bind the same value.
+    ``constant=False``: a value with no constant tensor."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, constant: bool | None = None) -> None:
         self.name = name
+        self.constant = constant
 
     def match(self, value: ir.Value | None, m: Match) -> bool:
         if value is None:
@@ -107,24 +131,86 @@ class Var(Pattern):
         bound = m.values.get(self.name)
         if bound is not None:
             return bound is value
+        if self.constant is not None and (const_array(value) is not None) != self.constant:
+            return False
         m.values[self.name] = value
         return True
 
 
-class Const(Var):
-    """A value with a constant tensor; ``m[name]`` is its numpy array."""
+class Const(Pattern):
+    """A value with a constant tensor; ``m[name]`` is its numpy array (unnamed: nothing is
+    bound). ``value``: every element equals it (within ``rtol`` when given); ``where``: a
+    test of the array."""
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        value: float | None = None,
+        rtol: float | None = None,
+        where: Callable[[np.ndarray], bool] | None = None,
+    ) -> None:
+        self.name = name
+        self.value = value
+        self.rtol = rtol
+        self.where = where
 
     def match(self, value: ir.Value | None, m: Match) -> bool:
         if value is None:
             return False
-        if self.name in m.values:
+        if self.name is not None and self.name in m.values:
             return m.values[self.name] is value
         array = const_array(value)
-        if array is None:
+        if array is None or not self.accepts(array):
             return False
-        m.values[self.name] = value
-        m.consts[self.name] = array
+        if self.name is not None:
+            m.values[self.name] = value
+            m.consts[self.name] = array
         return True
+
+    def accepts(self, array: np.ndarray) -> bool:
+        if self.value is not None:
+            if array.size == 0 or array.dtype.kind not in "biufc":
+                return False
+            if self.rtol is None:
+                if not np.all(array == self.value):
+                    return False
+            elif not np.allclose(array, self.value, rtol=self.rtol, atol=0.0):
+                return False
+        return self.where is None or bool(self.where(array))
+
+
+class Or(Pattern):
+    """The first alternative that matches (its bindings only)."""
+
+    def __init__(self, *alternatives: Pattern) -> None:
+        self.alternatives = alternatives
+
+    def match(self, value: ir.Value | None, m: Match) -> bool:
+        for alternative in self.alternatives:
+            state = m._state()
+            if alternative.match(value, m):
+                return True
+            m._restore(state)
+        return False
+
+    @property
+    def op_types(self) -> tuple[str, ...]:
+        """The root op types of alternatives that are all ``Op``s (a rule's root)."""
+        types: list[str] = []
+        for alternative in self.alternatives:
+            assert isinstance(alternative, (Op, Or)), "a root Or holds Op patterns"
+            types += alternative.op_types
+        return tuple(dict.fromkeys(types))
+
+    def match_node(self, node: ir.Node, m: Match) -> bool:
+        for alternative in self.alternatives:
+            assert isinstance(alternative, (Op, Or)), "a root Or holds Op patterns"
+            state = m._state()
+            if alternative.match_node(node, m):
+                return True
+            m._restore(state)
+        return False
 
 
 class Optional(Pattern):
@@ -147,12 +233,18 @@ class Op(Pattern):
         name: str | None = None,
         output: int = 0,
         variadic: bool = False,
+        attrs: Mapping[str, Any] | None = None,
+        commute: bool | None = None,
+        where: Callable[[ir.Node], bool] | None = None,
     ) -> None:
         self.op_types = (op_types,) if isinstance(op_types, str) else tuple(op_types)
         self.inputs = inputs
         self.name = name
         self.output = output
         self.variadic = variadic  # extra trailing inputs are allowed and ignored
+        self.attrs = dict(attrs or {})
+        self.commute = commute  # None: the ops in COMMUTATIVE
+        self.where = where
 
     def match(self, value: ir.Value | None, m: Match) -> bool:
         if value is None:
@@ -160,19 +252,29 @@ class Op(Pattern):
         node = value.producer()
         if node is None or node.outputs[self.output] is not value:
             return False
+        if self.name is not None and self.name in m.node_names:
+            return m.node_names[self.name] is node  # a reference to a node bound earlier
         return self.match_node(node, m)
 
     def match_node(self, node: ir.Node, m: Match) -> bool:
         if node.op_type not in self.op_types or node.domain not in DEFAULT_DOMAINS:
             return False
-        if node in m.nodes:  # a diamond back to a node already matched: not a tree
+        if node in m.nodes:  # the same node reached twice by unnamed patterns
+            return False
+        for key, wanted in self.attrs.items():
+            a = node.attributes.get(key)
+            actual_value = None if a is None else a.value
+            if not (wanted(actual_value) if callable(wanted) else actual_value == wanted):
+                return False
+        if self.where is not None and not self.where(node):
             return False
         actual = list(node.inputs)
         extra = actual[len(self.inputs) :]
         if extra and not self.variadic and any(v is not None for v in extra):
             return False
         orders = [list(range(len(self.inputs)))]
-        if node.op_type in COMMUTATIVE and len(self.inputs) == 2 and len(actual) == 2:
+        commute = node.op_type in COMMUTATIVE if self.commute is None else self.commute
+        if commute and len(self.inputs) == 2 and len(actual) == 2:
             orders.append([1, 0])
         for order in orders:
             state = m._state()

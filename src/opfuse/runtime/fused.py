@@ -12,7 +12,7 @@ from pathlib import Path
 import onnx
 import onnxruntime as ort
 
-from opfuse.errors import OpfuseError
+from opfuse.errors import OpfuseError, first_line
 from opfuse.runtime.ort import session_options
 
 # onnxruntime's fused kernels (contrib ops and the ONNX ops its fusions produce)
@@ -61,7 +61,7 @@ def runtime_kernels(
         try:
             ort.InferenceSession(str(path), opts, providers=[provider])
         except Exception as exc:  # onnxruntime raises its own exception types
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = first_line(exc)
             raise OpfuseError(f"{path}: onnxruntime cannot load the model: {first}") from None
         graph = onnx.load_model(str(saved), load_external_data=False).graph
         return Counter(kind for node in graph.node if (kind := _kernel(node)) is not None)

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import onnxruntime as ort
 
-from opfuse.errors import OpfuseError
+from opfuse.errors import OpfuseError, first_line
 from opfuse.runtime import GRAPH_OPT_LEVELS
 
 LEVELS = {
@@ -62,7 +62,7 @@ class OrtRuntime:
         try:
             sess = ort.InferenceSession(str(path), opts, providers=[self.provider])
         except Exception as exc:  # onnxruntime raises its own exception types
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = first_line(exc)
             raise OpfuseError(f"{path}: onnxruntime cannot load the model: {first}") from None
         return OrtSession(sess)
 

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from opfuse.errors import OpfuseError
+from opfuse.errors import OpfuseError, first_line
 
 
 class OpenVinoSession:
@@ -40,7 +40,7 @@ class OpenVinoRuntime:
         try:
             compiled = self.core.compile_model(str(path), "CPU", config)
         except Exception as exc:  # OpenVINO raises RuntimeError with long texts
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = first_line(exc)
             raise OpfuseError(f"{path}: OpenVINO cannot load the model: {first}") from None
         return OpenVinoSession(compiled)
 

@@ -18,8 +18,9 @@ import numpy as np
 import onnx_ir as ir
 
 from opfuse.passes._evaluate import EvaluationError, evaluate_op
-from opfuse.passes._util import attr
-from opfuse.rewrite import Builder, Match, PassContext, Rule
+from opfuse.passes._util import DEFAULT_DOMAINS, attr
+from opfuse.rewrite import Builder, Match, Op, PassContext, Rule, Var
+from opfuse.rewrite.builder import constant_value
 from opfuse.rewrite.pattern import const_array
 
 # an element of a shape vector: ("const", n) | ("dim", value, index) | ("unknown",)
@@ -65,7 +66,7 @@ def _shape_positions(node: ir.Node) -> list[int] | None:
 
 def _shape_producer(value: ir.Value | None) -> ir.Node | None:
     node = value.producer() if value is not None else None
-    if node is None or node.op_type != "Shape" or node.domain not in ("", "ai.onnx"):
+    if node is None or node.op_type != "Shape" or node.domain not in DEFAULT_DOMAINS:
         return None
     return node
 
@@ -133,17 +134,16 @@ def _static_positions(shape: ir.Node, positions: list[int]) -> list[int] | None:
     return static if len(static) == len(dims) else None
 
 
+class ComputedMatch(Match):
+    computed: np.ndarray  # the int64 constant the check worked out
+
+
 class ShapeStaticRule(Rule):
     """Shape(x) with x's (selected) dims all static ==> constant"""
 
     name = "shape_static"
-    roots = ("Shape",)
+    pattern = Op("Shape", variadic=True)
     exclusive = False
-
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        m = Match(node)
-        m.nodes.append(node)
-        return m
 
     def check(self, m: Match, ctx: PassContext) -> str | None:
         dims = _shape_dims(m.root)
@@ -154,27 +154,25 @@ class ShapeStaticRule(Rule):
         return None
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        from opfuse.passes.constant_folding import constant_value
 
         dims = np.array(_shape_dims(m.root), dtype=np.int64)
         return [constant_value(dims, b, m.root.outputs[0], m.root)]
 
 
-class ShapeGatherRule(Rule):
+class ShapeGatherRule(Rule[ComputedMatch]):
     """Gather(Shape(x), i) or Slice(Shape(x), ...) of static dims ==> constant"""
 
     name = "shape_gather"
-    roots = ("Gather", "Slice")
+    # the Shape is tested, not matched: it is not part of what the rewrite replaces
+    pattern = Op(
+        ("Gather", "Slice"),
+        variadic=True,
+        where=lambda n: _shape_producer(n.inputs[0] if n.inputs else None) is not None,
+    )
     exclusive = False
+    match_type = ComputedMatch
 
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        if _shape_producer(node.inputs[0] if node.inputs else None) is None:
-            return None
-        m = Match(node)
-        m.nodes.append(node)
-        return m
-
-    def check(self, m: Match, ctx: PassContext) -> str | None:
+    def check(self, m: ComputedMatch, ctx: PassContext) -> str | None:
         node = m.root
         if node.op_type == "Gather":
             found = _gathered_positions(node)
@@ -190,13 +188,11 @@ class ShapeGatherRule(Rule):
         dims = _static_positions(shape, positions)
         if dims is None:
             return "the selected dims are dynamic"
-        m.consts["_dims"] = np.array(dims[0] if scalar else dims, dtype=np.int64)
+        m.computed = np.array(dims[0] if scalar else dims, dtype=np.int64)
         return None
 
-    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        from opfuse.passes.constant_folding import constant_value
-
-        return [constant_value(m.consts["_dims"], b, m.root.outputs[0], m.root)]
+    def rewrite(self, m: ComputedMatch, b: Builder, ctx: PassContext):
+        return [constant_value(m.computed, b, m.root.outputs[0], m.root)]
 
 
 def _scalar_element(value: ir.Value) -> Element:
@@ -218,7 +214,7 @@ def shape_elements(value: ir.Value) -> list[Element] | None:
     if array is not None:
         return [("const", int(v)) for v in array.reshape(-1)]
     node = value.producer()
-    if node is not None and node.domain in ("", "ai.onnx"):
+    if node is not None and node.domain in DEFAULT_DOMAINS:
         if node.op_type == "Concat" and attr(node, "axis", 0) in (0, -1):
             parts = [shape_elements(v) if v is not None else None for v in node.inputs]
             if all(p is not None for p in parts):
@@ -257,24 +253,25 @@ def _same_dim(v: ir.Value, i: int, x: ir.Value, j: int) -> bool:
     return isinstance(a, ir.SymbolicDim) and a.value is not None and a == b
 
 
-class ReshapeShapeChainRule(Rule):
+class ReshapeShapeChainRule(Rule[ComputedMatch]):
     """Reshape(x, Concat(Unsqueeze(Gather(Shape(x), i)), ..., c)) ==> Reshape(x, const)
     with 0 for dims copied from x, -1 for the one other run-time dim"""
 
     name = "reshape_shape_chain"
-    roots = ("Reshape",)
+    # the shape is computed by a node (not a graph input), which is tested, not matched
+    pattern = Op(
+        "Reshape",
+        Var("x"),
+        Var("shape", constant=False),
+        variadic=True,
+        where=lambda n: (
+            len(n.inputs) > 1 and n.inputs[1] is not None and n.inputs[1].producer() is not None
+        ),
+    )
     exclusive = False  # the shape arithmetic dies on its own once nothing reads it
+    match_type = ComputedMatch
 
-    def match(self, node: ir.Node, ctx: PassContext) -> Match | None:
-        if len(node.inputs) < 2 or node.inputs[1] is None or node.inputs[0] is None:
-            return None
-        if const_array(node.inputs[1]) is not None or node.inputs[1].producer() is None:
-            return None
-        m = Match(node)
-        m.nodes.append(node)
-        return m
-
-    def check(self, m: Match, ctx: PassContext) -> str | None:
+    def check(self, m: ComputedMatch, ctx: PassContext) -> str | None:
         node = m.root
         x, shape = node.inputs[0], node.inputs[1]
         assert x is not None and shape is not None
@@ -303,11 +300,11 @@ class ReshapeShapeChainRule(Rule):
             dynamic += 1
         if dynamic > 1:
             return "more than one dim is known only at run time"
-        m.consts["_shape"] = np.array(target, dtype=np.int64)
+        m.computed = np.array(target, dtype=np.int64)
         return None
 
-    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
-        shape = b.const(m.consts["_shape"], f"{m.root.name or 'reshape'}_shape")
+    def rewrite(self, m: ComputedMatch, b: Builder, ctx: PassContext):
+        shape = b.const(m.computed, f"{m.root.name or 'reshape'}_shape")
         x = m.root.inputs[0]
         attrs = {k: a.value for k, a in m.root.attributes.items()}  # allowzero=0 if set
         return [b.op("Reshape", [x, shape], attrs, like=m.root)]
