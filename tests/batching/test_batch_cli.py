@@ -69,6 +69,7 @@ def test_advise_and_benchmark_add_reports_and_a_latency_ratio(tmp_path):
         (["{model}", "--max-memory", "lots"], "--max-memory 'lots': give a size"),
         (["{model}", "--enable", "NoSuchFusionPass"], "NoSuchFusionPass"),
         (["{model}", "--timeout", "0"], "--timeout 0"),
+        (["{model}", "--target", "bogus"], "'bogus' is not one of"),
         (["{model}", "--fusion-switch-file", "{model}"], "switch"),
         (["--ray", "{model}", "{model}"], "not a cluster address; put --ray after the inputs"),
     ],

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.progress import Progress as Bar
 from rich.table import Table
 
+from opfuse.advisor.target import builtin_targets
 from opfuse.batching.jobs import Job
 from opfuse.batching.runner import BatchRun, Progress
 from opfuse.errors import OpfuseError
@@ -179,7 +180,11 @@ def print_summary(run: BatchRun, console: Console) -> None:
     show_default=True,
     help="Layout of image inputs/outputs; nchw changes the models' interface.",
 )
-@click.option("--target", help="Runtime whose UBFusion passes may run.")
+@click.option(
+    "--target",
+    type=click.Choice(builtin_targets()),
+    help="Runtime whose UBFusion passes may run. [default: none]",
+)
 @click.option(
     "--format",
     "fmt",
