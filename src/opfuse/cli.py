@@ -19,7 +19,9 @@ from rich.console import Console
 from rich.table import Table
 
 from opfuse import __version__
+from opfuse.advisor.cli import advise, profile
 from opfuse.advisor.target import builtin_targets
+from opfuse.batching.cli import batch
 from opfuse.errors import EXIT_STATUSES, OpfuseError
 from opfuse.phases import Phases
 from opfuse.tune_cli import (
@@ -531,14 +533,9 @@ def passes(fmt: str, verbose: bool) -> None:
         out.print("opfuse passes --verbose: every column and the whole description")
 
 
-from opfuse.advisor.cli import advise, profile  # noqa: E402  (the advisor's commands)
-
 app.add_command(profile)
 app.add_command(advise)
 app.add_command(tune)
-
-from opfuse.batching.cli import batch  # noqa: E402  (opfuse batch)
-
 app.add_command(batch)
 
 
