@@ -5,6 +5,7 @@ directly or through its Transpose; every result verifies and passes onnx.checker
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import onnx
@@ -16,7 +17,13 @@ pytestmark = pytest.mark.slow
 
 LINEAR = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 KERAS = ("keras_mobilenetv3small", "keras_resnet50")
-ZOO = Path(__file__).resolve().parents[2].parent / "shared" / "zoo" / "models"
+# as tests/zoo.py: OPFUSE_ZOO names the zoo where it is not ../shared/zoo (a git worktree)
+ZOO = (
+    Path(
+        os.environ.get("OPFUSE_ZOO", Path(__file__).resolve().parents[2].parent / "shared" / "zoo")
+    )
+    / "models"
+)
 ZOO_MODELS = sorted(p.stem for p in ZOO.glob("*.onnx"))
 
 
