@@ -20,8 +20,8 @@ from rich.table import Table
 
 from opfuse import __version__
 from opfuse.advisor.cli import advise, profile
-from opfuse.advisor.target import builtin_targets
 from opfuse.batching.cli import batch
+from opfuse.cli_options import graph_options
 from opfuse.errors import EXIT_STATUSES, OpfuseError
 from opfuse.phases import Phases
 from opfuse.tune_cli import (
@@ -165,30 +165,7 @@ def verifier_options(f):  # type: ignore[no-untyped-def]
     help="On a failed verification, re-run with halves of the fired passes off to name "
     "the first pass to blame.",
 )
-@click.option(
-    "--fold-size-limit",
-    default=1 << 20,
-    show_default=True,
-    help="Largest constant (bytes) a fold may create, unless it frees as much; a fold "
-    "also grows the model by at most 4 KiB.",
-)
-@click.option(
-    "--target-opset",
-    type=int,
-    help="Convert to this opset first (enables newer fusions). [default: keep the model's]",
-)
-@click.option(
-    "--layout",
-    type=click.Choice(["keep", "nchw", "nhwc"]),
-    default="keep",
-    show_default=True,
-    help="Layout of image inputs/outputs; nchw changes the model's interface.",
-)
-@click.option(
-    "--target",
-    type=click.Choice(builtin_targets()),
-    help="Runtime whose UBFusion passes may run. [default: none]",
-)
+@graph_options
 @click.option(
     "--static-shapes",
     is_flag=True,

@@ -14,11 +14,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.progress import Progress as Bar
 from rich.table import Table
 
-from opfuse.advisor.target import builtin_targets
 from opfuse.batching.jobs import Job
 from opfuse.batching.runner import BatchRun, Progress
+from opfuse.cli_options import graph_options
 from opfuse.errors import OpfuseError
-from opfuse.rewrite.context import DEFAULT_FOLD_SIZE_LIMIT
 
 PathArg = click.Path(path_type=Path)
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -166,25 +165,7 @@ def print_summary(run: BatchRun, console: Console) -> None:
 @click.option("--rtol", default=1e-4, show_default=True, help="Relative tolerance.")
 @click.option("--atol", default=1e-5, show_default=True, help="Absolute tolerance.")
 @click.option("--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224.")
-@click.option(
-    "--fold-size-limit",
-    default=DEFAULT_FOLD_SIZE_LIMIT,
-    show_default=True,
-    help="Largest constant (bytes) a fold may create.",
-)
-@click.option("--target-opset", type=int, help="Convert to this opset first.")
-@click.option(
-    "--layout",
-    type=click.Choice(["keep", "nchw", "nhwc"]),
-    default="keep",
-    show_default=True,
-    help="Layout of image inputs/outputs; nchw changes the models' interface.",
-)
-@click.option(
-    "--target",
-    type=click.Choice(builtin_targets()),
-    help="Runtime whose UBFusion passes may run. [default: none]",
-)
+@graph_options
 @click.option(
     "--format",
     "fmt",
