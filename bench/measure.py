@@ -13,7 +13,7 @@ process so that a model that crashes onnxruntime costs only its own row:
         batch 1, after a warm-up, with the runs of all models interleaved, and its ratio to
         the first MODEL's: the median of the per-round ratios
     python -m bench.measure openvino RESULT_JSON BUDGET_S INPUTS_NPZ ORIGINAL MODEL...
-        median OpenVINO CPU latency of each, through opfuse.measure (paired, interleaved,
+        median OpenVINO CPU latency of each, through opfuse.tuning.measure (paired, interleaved,
         the original twice for the noise), one thread
 """
 
@@ -201,7 +201,7 @@ def _load(path: Path) -> dict[str, np.ndarray]:
 
 def _laid_out(model: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The inputs in the layout a model re-declared with ``--layout`` (opfuse tune may)."""
-    from opfuse.verify import input_permutations
+    from opfuse.verification.compare import input_permutations
 
     perms = input_permutations(model)
     return {
@@ -288,8 +288,8 @@ def openvino_installed() -> bool:
 
 
 def openvino(result: str, budget_s: float, inputs: str, models: list[str]) -> None:
-    from opfuse.measure import ORIGINAL, measure
     from opfuse.runtime import get_runtime
+    from opfuse.tuning.measure import ORIGINAL, measure
 
     labels = {f"model{i}": m for i, m in enumerate(models[1:])}
     found = measure(

@@ -234,7 +234,7 @@ def markdown(doc: dict[str, Any]) -> str:
         f"{s['latency_budget_s']:.0f} s, at least 5).",
         "- **lat ov**: median OpenVINO CPU latency (one thread) of the original, opfuse's "
         "output and the tuned output, where OpenVINO is installed, measured like lat all "
-        "(`opfuse.measure`: interleaved, the original twice; its noise is under the table).",
+        "(`opfuse.tuning.measure`: interleaved, the original twice; its noise is under the table).",
         "- **session s**: creation time of an `ORT_ENABLE_ALL` session, in a fresh process "
         "after onnxruntime's one-time setup.",
         "- **poly**: polygraphy's default comparison (`polygraphy run --onnxrt`: every element "

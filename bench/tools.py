@@ -97,7 +97,7 @@ TOOLS: dict[str, Tool] = {
             "opfuse",
             "`opfuse optimize --no-verify` (default switches)",
             _opfuse,
-            ("opfuse.cli", "opfuse.api"),
+            ("opfuse.cli", "opfuse.pipeline.run"),
         ),
         Tool(
             "opfuse-tune",
@@ -106,7 +106,7 @@ TOOLS: dict[str, Tool] = {
             f"`opfuse tune --budget {TUNE_BUDGET_S:g} --bench-seconds {TUNE_BENCH_S:g}` "
             "(onnxruntime CPU, ORT_ENABLE_ALL, 1 thread; its time is the search's)",
             _opfuse_tune,
-            ("opfuse.cli", "opfuse.tune"),
+            ("opfuse.cli", "opfuse.tuning.search"),
             scale=False,
         ),
         Tool(

@@ -37,8 +37,8 @@ def count(model: onnx.ModelProto) -> int:
 def run_opfuse(path: Path) -> tuple[int, float]:
     import onnx_ir as ir
 
-    from opfuse import io
-    from opfuse.api import optimize_model
+    from opfuse.model import io
+    from opfuse.pipeline.run import optimize_model
 
     model = io.load_model(path)
     start = time.perf_counter()

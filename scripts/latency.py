@@ -18,7 +18,7 @@ import time
 import numpy as np
 import onnxruntime as ort
 
-from opfuse.verify import input_permutations, make_inputs
+from opfuse.verification.compare import input_permutations, make_inputs
 
 
 def session(path: str, threads: int) -> ort.InferenceSession:

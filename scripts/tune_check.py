@@ -3,7 +3,7 @@
     .venv/bin/python scripts/tune_check.py ZOO_DIR [--only a,b] [--budget 30] [--seconds 10]
 
 For each model: `opfuse optimize` (the default output) and `opfuse tune --budget`, then one
-measurement of original, default and tuned together (opfuse.measure: paired, interleaved,
+measurement of original, default and tuned together (opfuse.tuning.measure: paired, interleaved,
 the original twice so the noise is in the same run). Prints a row per model: the tuned and
 default ratios to the original, the noise, and whether tuned is within the noise of the
 original (not slower) and of the default (at least as fast). Quicker than `make bench`,
@@ -19,8 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from opfuse.measure import measure
 from opfuse.runtime import get_runtime
+from opfuse.tuning.measure import measure
 
 
 def opfuse(*args: str) -> None:

@@ -35,8 +35,8 @@ def op_types(graph: onnx.GraphProto, counts: Counter[str]) -> Counter[str]:
 
 
 def fingerprint(path: Path) -> dict[str, object]:
-    from opfuse import io
-    from opfuse.api import optimize_model
+    from opfuse.model import io
+    from opfuse.pipeline.run import optimize_model
 
     try:
         result = optimize_model(io.load_model(path))

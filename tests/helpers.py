@@ -11,9 +11,9 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from opfuse.api import OptimizeResult, optimize_model
+from opfuse.pipeline.run import OptimizeResult, optimize_model
 from opfuse.rewrite.context import Options
-from opfuse.verify import compare_arrays
+from opfuse.verification.compare import compare_arrays
 
 RTOL, ATOL = 1e-4, 1e-5
 

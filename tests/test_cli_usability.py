@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from opfuse import cli
-from opfuse.blame import first_bad_pass
-from opfuse.suggest import closest
+from opfuse.cli import console
+from opfuse.pipeline.suggest import closest
+from opfuse.verification.bisect import first_bad_pass
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "src" / "opfuse" / "examples" / "convnet.onnx"
 
@@ -74,7 +75,7 @@ def test_no_pass_changed_the_model_is_said_plainly(tmp_path, monkeypatch, capsys
 
 
 def test_a_wrong_pass_fails_optimize_naming_it_with_the_disable_hint(tmp_path, monkeypatch, capsys):
-    from opfuse.passes import batchnorm
+    from opfuse.rules import batchnorm
 
     real = batchnorm.bn_affine
     monkeypatch.setattr(
@@ -168,13 +169,13 @@ def test_every_option_of_every_command_has_help():
     ],
 )
 def test_typo_suggestions_compare_whole_names_and_abbreviations(typed, meant):
-    from opfuse.passes import all_passes
+    from opfuse.rules import all_passes
 
     assert closest(typed, [p.name for p in all_passes()]) == meant
 
 
 def test_an_unrelated_name_gets_no_suggestion(tmp_path, monkeypatch, capsys):
-    from opfuse.passes import all_passes
+    from opfuse.rules import all_passes
 
     assert closest("Frobnicate", [p.name for p in all_passes()]) is None
     status, _, stderr = run(
@@ -186,7 +187,7 @@ def test_an_unrelated_name_gets_no_suggestion(tmp_path, monkeypatch, capsys):
 
 
 def test_passes_is_compact_by_default_and_full_with_verbose(monkeypatch, capsys):
-    from opfuse.passes import all_passes
+    from opfuse.rules import all_passes
 
     status, stdout, _ = run(["passes"], monkeypatch, capsys)
     assert status == 0
@@ -198,7 +199,7 @@ def test_passes_is_compact_by_default_and_full_with_verbose(monkeypatch, capsys)
 
 
 def test_opset_ranges_read_n_plus():
-    from opfuse.registry import PassInfo
+    from opfuse.rewrite.registry import PassInfo
 
     def noop(ctx):
         return None
@@ -223,8 +224,8 @@ def test_bisect_finds_the_first_failing_pass_with_few_reruns():
 
 
 def test_phases_are_told_as_they_start_and_timed(tmp_path):
-    from opfuse.api import optimize_file
-    from opfuse.phases import Phases
+    from opfuse.pipeline.phases import Phases
+    from opfuse.pipeline.run import optimize_file
 
     told: list[str] = []
     result = optimize_file(EXAMPLE, tmp_path / "o.onnx", phases=Phases(told.append))
@@ -248,12 +249,12 @@ def test_the_spinner_shows_only_on_a_terminal(monkeypatch):
         def update(self, text):
             shown.append(text)
 
-    monkeypatch.setattr(cli.err, "status", lambda text: FakeStatus())
-    monkeypatch.setattr(type(cli.err), "is_terminal", property(lambda self: True))
-    with cli.progress() as phases, phases("load"):
+    monkeypatch.setattr(console.err, "status", lambda text: FakeStatus())
+    monkeypatch.setattr(type(console.err), "is_terminal", property(lambda self: True))
+    with console.progress() as phases, phases("load"):
         pass
     assert shown == ["load ..."]
-    monkeypatch.setattr(type(cli.err), "is_terminal", property(lambda self: False))
-    with cli.progress() as phases, phases("write"):
+    monkeypatch.setattr(type(console.err), "is_terminal", property(lambda self: False))
+    with console.progress() as phases, phases("write"):
         pass
     assert shown == ["load ..."] and "write" in phases.seconds

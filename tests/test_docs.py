@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opfuse.passes import all_passes
-from opfuse.registry import markdown_table
+from opfuse.rewrite.registry import markdown_table
+from opfuse.rules import all_passes
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "PASSES.md"
 

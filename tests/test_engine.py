@@ -8,9 +8,9 @@ import pytest
 
 from helpers import model_from_text, op_types
 from opfuse.errors import EngineError
-from opfuse.registry import PassInfo
 from opfuse.rewrite import Builder, Match, Op, Options, PassContext, Rule, Var
 from opfuse.rewrite.driver import REWRITE_BUDGET_MIN, Driver
+from opfuse.rewrite.registry import PassInfo
 from opfuse.rewrite.stats import EffectLog
 
 HEAD = '<ir_version: 8, opset_import: ["" : 17]>'

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from fuzz_graphs import graphs
-from opfuse import tolerance
-from opfuse.api import OptimizeResult, optimize_model
-from opfuse.verify import compare_arrays
+from opfuse.pipeline.run import OptimizeResult, optimize_model
+from opfuse.verification import tolerance
+from opfuse.verification.compare import compare_arrays
 
 EXAMPLES = int(os.environ.get("OPFUSE_FUZZ_EXAMPLES", "300"))
 RTOL, ATOL = 1e-4, 1e-5
@@ -73,7 +73,7 @@ def check_equivalent(
 
 
 def run_float64(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The original graph in float64: the judge of the rounding allowance (opfuse.tolerance;
+    """The original graph in float64: the judge of the rounding allowance (opfuse.verification.tolerance;
     a random graph can be ill-conditioned, e.g. a LayerNorm over a row whose values are
     equal within 1 ulp, where a legal reassociation moves the output far more than rtol)."""
     return tolerance.run_float64(proto, feeds, session)

@@ -10,9 +10,9 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from opfuse import io
-from opfuse.api import optimize_file
 from opfuse.errors import OpfuseError
+from opfuse.model import io
+from opfuse.pipeline.run import optimize_file
 
 
 def conv_model() -> onnx.ModelProto:
@@ -111,7 +111,9 @@ def test_save_is_atomic_when_verification_fails(tmp_path, monkeypatch):
     out.write_bytes(b"old output")
     import sys
 
-    verify = sys.modules["opfuse.verify"]  # opfuse.verify is the public function
+    verify = sys.modules[
+        "opfuse.verification.compare"
+    ]  # opfuse.verification.compare is the public function
     real = verify.compare_arrays
 
     def broken(name, ref, got, rtol, atol):
@@ -143,8 +145,8 @@ def test_load_with_inference_types_the_intermediate_values(tmp_path):
 def test_inference_without_the_weights_gives_what_full_inference_gives(monkeypatch):
     """infer_proto hands large initializers to onnx as typed inputs: the result must be
     the same model, byte for byte, as inference on the whole protobuf."""
-    from opfuse import shapes
-    from opfuse.shapes import infer_proto
+    from opfuse.model import shapes
+    from opfuse.model.shapes import infer_proto
 
     monkeypatch.setattr(shapes, "BIG_TENSOR_BYTES", 100)  # the weight is big, BN's are not
     model = conv_model()

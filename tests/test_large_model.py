@@ -89,8 +89,8 @@ OPTIMIZE = textwrap.dedent(
     """
     import json, sys, time
     import onnx_ir as ir
-    from opfuse import io
-    from opfuse.api import optimize_model
+    from opfuse.model import io
+    from opfuse.pipeline.run import optimize_model
 
     def status(key):
         for line in open("/proc/self/status"):
@@ -122,7 +122,7 @@ OPTIMIZE = textwrap.dedent(
 VERIFY = textwrap.dedent(
     """
     import json, sys
-    from opfuse.verify import compare_files
+    from opfuse.verification.compare import compare_files
     report = compare_files(sys.argv[1], sys.argv[2])
     hwm = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")]
     print(json.dumps({"ok": report.ok, "failure": report.failure(), "hwm": hwm[0]}))

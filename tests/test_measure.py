@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from opfuse.errors import OpfuseError
-from opfuse.measure import AGAIN, MIN_ROUNDS, NOISE_FLOOR, ORIGINAL, Measurement, measure
 from opfuse.runtime import get_runtime
 from opfuse.runtime.fake import FakeRuntime
+from opfuse.tuning.measure import AGAIN, MIN_ROUNDS, NOISE_FLOOR, ORIGINAL, Measurement, measure
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "src" / "opfuse" / "examples" / "convnet.onnx"
 
@@ -28,7 +28,7 @@ def opfuse(*args: object) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def optimized(tmp_path_factory) -> Path:
-    from opfuse.api import optimize_file
+    from opfuse.pipeline.run import optimize_file
 
     out = tmp_path_factory.mktemp("m") / "convnet.opt.onnx"
     optimize_file(EXAMPLE, out)

@@ -15,9 +15,9 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from opfuse import io
-from opfuse.api import optimize_file, optimize_model
 from opfuse.errors import OpfuseError
+from opfuse.model import io
+from opfuse.pipeline.run import optimize_file, optimize_model
 
 RNG = np.random.default_rng(0)
 

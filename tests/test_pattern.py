@@ -6,9 +6,9 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from helpers import model_from_text, op_types
-from opfuse.registry import PassInfo
 from opfuse.rewrite import Builder, Const, Match, Op, Options, Or, PassContext, Rule, Var
 from opfuse.rewrite.driver import Driver
+from opfuse.rewrite.registry import PassInfo
 from opfuse.rewrite.stats import EffectLog
 
 HEAD = '<ir_version: 8, opset_import: ["" : 17]>'

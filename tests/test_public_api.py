@@ -36,13 +36,14 @@ def test_the_package_exports_its_api_with_docstrings():
     assert {"optimize", "verify", "passes", "InferenceSession", "Options"} <= set(dir(opfuse))
     import importlib
 
-    from opfuse.passes import all_passes
+    from opfuse.rules import all_passes
 
-    importlib.import_module("opfuse.passes.batchnorm")  # a submodule import must not rebind
+    importlib.import_module("opfuse.rules.batchnorm")  # a submodule import must not rebind
 
     all_passes()
-    assert callable(opfuse.verify) and opfuse.verify.__module__ == "opfuse.public"
+    assert callable(opfuse.verify) and opfuse.verify.__module__ == "opfuse.api"
     assert callable(opfuse.passes) and opfuse.passes() == all_passes()
+    assert callable(opfuse.tune) and opfuse.tune.__module__ == "opfuse.api"
     assert (Path(opfuse.__file__).parent / "py.typed").exists()
 
 
@@ -164,7 +165,7 @@ def test_inference_session_takes_a_model_proto_and_optimize_options():
 
 def break_batchnorm(monkeypatch):
     """A deliberately wrong ConvBatchNormFusionPass: its bias is off by one."""
-    from opfuse.passes import batchnorm
+    from opfuse.rules import batchnorm
 
     real = batchnorm.bn_affine
 
@@ -220,7 +221,7 @@ def test_mypy_sees_concrete_types_in_a_user_script(tmp_path):
 def test_a_pass_that_breaks_the_model_for_onnxruntime_is_blamed(monkeypatch):
     """An optimized model onnxruntime cannot load is a failed verification (exit 1) with
     the pass to blame, not bad input."""
-    from opfuse.passes import batchnorm
+    from opfuse.rules import batchnorm
 
     real = batchnorm.bn_affine
 
@@ -240,9 +241,9 @@ def test_importing_opfuse_is_cheap_and_names_load_on_first_use():
     code = (
         "import sys, opfuse; heavy = {'onnxruntime', 'onnx_ir'} & set(sys.modules); "
         "assert not heavy, heavy; assert set(opfuse.__all__) <= set(dir(opfuse)); "
-        "from opfuse.verify import compare_files; import opfuse.passes.batchnorm; "
-        "assert callable(opfuse.verify) and callable(opfuse.passes); "
-        "assert opfuse.optimize.__module__ == 'opfuse.public'"
+        "from opfuse.verification.compare import compare_files; import opfuse.rules.batchnorm; "
+        "assert callable(opfuse.verify) and callable(opfuse.passes) and callable(opfuse.tune); "
+        "assert opfuse.optimize.__module__ == 'opfuse.api'"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

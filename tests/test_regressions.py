@@ -10,11 +10,11 @@ import onnx
 import onnx_ir as ir
 from onnx import TensorProto, helper, numpy_helper
 
-from opfuse import io
-from opfuse.api import optimize_model
-from opfuse.passes.batchnorm import scaled_weight
-from opfuse.passes.cse import dedupe_initializers
-from opfuse.shapes import infer_shapes
+from opfuse.model import io
+from opfuse.model.shapes import infer_shapes
+from opfuse.pipeline.run import optimize_model
+from opfuse.rules.batchnorm import scaled_weight
+from opfuse.rules.cse import dedupe_initializers
 from test_fuzz import check_equivalent
 
 RNG = np.random.default_rng(0)

@@ -11,7 +11,7 @@ import onnx_ir as ir
 import pytest
 
 from helpers import check_rule, effected, model_from_text, op_types, reasons
-from opfuse.api import optimize_file
+from opfuse.pipeline.run import optimize_file
 from opfuse.runtime.fused import lost_fusions, lost_text, runtime_kernels
 
 H = 16
@@ -139,7 +139,7 @@ def test_summary_says_gelu_would_fire_at_a_higher_opset(tmp_path):
 
 
 def test_opset_upgrades_match_without_changing_the_model():
-    from opfuse.variants import opset_upgrades
+    from opfuse.tuning.variants import opset_upgrades
 
     model = convnext_mlp(17)
     before = ir.to_proto(model).SerializeToString()

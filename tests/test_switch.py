@@ -7,10 +7,10 @@ import json
 import pytest
 
 from opfuse.errors import OpfuseError
-from opfuse.passes import all_passes
-from opfuse.registry import PassInfo
+from opfuse.pipeline.switch import cann_only_names, parse_switch_data, parse_switch_file, resolve
 from opfuse.rewrite import Rule
-from opfuse.switch import cann_only_names, parse_switch_data, parse_switch_file, resolve
+from opfuse.rewrite.registry import PassInfo
+from opfuse.rules import all_passes
 
 
 class _Dummy(Rule):

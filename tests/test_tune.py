@@ -17,10 +17,10 @@ import onnx_ir as ir
 import pytest
 
 from helpers import model_from_text
-from opfuse import tune as tuning
-from opfuse import variants
 from opfuse.runtime.fake import FakeRuntime
-from opfuse.variants import DEFAULT, ORIGINAL, Variant
+from opfuse.tuning import search as tuning
+from opfuse.tuning import variants
+from opfuse.tuning.variants import DEFAULT, ORIGINAL, Variant
 
 rng = np.random.default_rng(0)
 CONCAT = "ConvConcatFusionPass"  # off by default
@@ -156,7 +156,7 @@ def test_switch_file_and_command_rebuild_the_same_graph(model_path, tmp_path):
 
 
 def test_variant_round_trips_through_its_switch_file(tmp_path):
-    from opfuse.switch import parse_switch_data
+    from opfuse.pipeline.switch import parse_switch_data
 
     v = DEFAULT.flip(CONCAT, False).flip(CONV_BN, True)
     assert v.switches == ((CONV_BN, False), (CONCAT, True))  # sorted by name
@@ -331,7 +331,7 @@ def test_optimize_static_shapes_bad_input(tmp_path, args, message):
 
 def test_declare_static_inputs_checks_names_rank_and_fixed_dims():
     from opfuse.errors import OpfuseError
-    from opfuse.shapes import declare_static_inputs
+    from opfuse.model.shapes import declare_static_inputs
 
     for shapes, message in (
         ({"y": [2, 8]}, "'y', which is not a model input"),

@@ -1,4 +1,4 @@
-"""The verifier's inputs (opfuse.verify_inputs) and its tolerance rule (opfuse.tolerance):
+"""The verifier's inputs (opfuse.verification.inputs) and its tolerance rule (opfuse.verification.tolerance):
 shared symbolic dims get one size, values at shape-like positions are derived from their
 use, every input type is generated, rounding passes and real mistakes fail."""
 
@@ -12,9 +12,9 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper
 
-from opfuse.api import optimize_model
 from opfuse.errors import OpfuseError
-from opfuse.verify import compare_arrays, compare_files, make_inputs_and_plan, session
+from opfuse.pipeline.run import optimize_model
+from opfuse.verification.compare import compare_arrays, compare_files, make_inputs_and_plan, session
 from test_fuzz import mistaken, wrong_constant, wrong_epsilon
 from test_regressions import ill_conditioned_layernorm
 

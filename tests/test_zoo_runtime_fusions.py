@@ -10,7 +10,7 @@ from collections import Counter
 import onnx
 import pytest
 
-from opfuse.api import optimize_file
+from opfuse.pipeline.run import optimize_file
 from opfuse.runtime.fake import FakeRuntime
 from opfuse.runtime.fused import lost_fusions, lost_text, runtime_kernels
 from zoo import ZOO_MODELS
@@ -31,8 +31,8 @@ def test_tune_on_a_zoo_model_rebuilds_from_its_switch_file(zoo_dir, tmp_path):
 
     from click.testing import CliRunner
 
-    from opfuse import tune as tuning
     from opfuse.cli import app
+    from opfuse.tuning import search as tuning
 
     src = zoo_dir / "transformer_tiny.onnx"
     out, switch = tmp_path / "t.onnx", tmp_path / "t.cfg"

@@ -5,48 +5,47 @@
     print(result.summary())
     result.save("model.opt.onnx")
 
-The names below load on first use, so that ``import opfuse`` (and the CLI's start) stays
-cheap. ``opfuse.verify`` and ``opfuse.passes`` are the API's functions although
-submodules of the same names exist (``from opfuse.verify import ...`` reads the module).
+Every name below is defined in ``opfuse.api`` and re-exported here. They load on first use
+(the module ``__getattr__`` below, PEP 562), so that ``import opfuse`` and the command
+line's start stay cheap: ``opfuse.api`` imports onnxruntime, the advisor and the tuner.
+No submodule shares a name with them. Old module paths (``opfuse.io``, ``opfuse.public``...)
+still import for one release, with a DeprecationWarning (``opfuse._compat``).
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-import types
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from opfuse import _compat
+
+try:
+    __version__ = version("opfuse")
+except PackageNotFoundError:  # a source tree on sys.path, not installed
+    __version__ = "0+unknown"
 
 if TYPE_CHECKING:
-    from opfuse.advisor.advise import AdviseOptions, advise
-    from opfuse.api import OptimizeResult
-    from opfuse.batching import batch
-    from opfuse.errors import EngineError, OpfuseError, VerificationError
-    from opfuse.public import optimize, passes, verify
-    from opfuse.registry import PassInfo
-    from opfuse.rewrite.context import Options
-    from opfuse.session import InferenceSession
-    from opfuse.verify import OutputDiff, VerifyReport
+    from opfuse.api import (
+        AdviseOptions,
+        EngineError,
+        InferenceSession,
+        OpfuseError,
+        OptimizeResult,
+        Options,
+        OutputDiff,
+        PassInfo,
+        TuneResult,
+        VerificationError,
+        VerifyReport,
+        advise,
+        batch,
+        optimize,
+        passes,
+        tune,
+        verify,
+    )
 
-_WHERE = {
-    "optimize": "opfuse.public",
-    "verify": "opfuse.public",
-    "passes": "opfuse.public",
-    "InferenceSession": "opfuse.session",
-    "OptimizeResult": "opfuse.api",
-    "Options": "opfuse.rewrite.context",
-    "PassInfo": "opfuse.registry",
-    "VerifyReport": "opfuse.verify",
-    "OutputDiff": "opfuse.verify",
-    "advise": "opfuse.advisor.advise",
-    "AdviseOptions": "opfuse.advisor.advise",
-    "batch": "opfuse.batching",
-    "OpfuseError": "opfuse.errors",
-    "VerificationError": "opfuse.errors",
-    "EngineError": "opfuse.errors",
-}
 __all__ = [
     "AdviseOptions",
     "EngineError",
@@ -56,6 +55,7 @@ __all__ = [
     "Options",
     "OutputDiff",
     "PassInfo",
+    "TuneResult",
     "VerificationError",
     "VerifyReport",
     "__version__",
@@ -63,44 +63,21 @@ __all__ = [
     "batch",
     "optimize",
     "passes",
+    "tune",
     "verify",
 ]
 
-
-def _load(name: str) -> Any:
-    return getattr(importlib.import_module(_WHERE[name]), name)
+_compat.install()
 
 
-class _Package(types.ModuleType):
-    """The package's module type: ``verify`` and ``passes`` always give the functions.
-    Importing the submodule of the same name sets the package's attribute to the module;
-    the setters ignore that (the module stays in ``sys.modules``)."""
-
-    @property
-    def verify(self) -> Any:
-        return _load("verify")
-
-    @verify.setter
-    def verify(self, module: Any) -> None:
-        pass
-
-    @property
-    def passes(self) -> Any:
-        return _load("passes")
-
-    @passes.setter
-    def passes(self, module: Any) -> None:
-        pass
-
-    def __getattr__(self, name: str) -> Any:
-        if name not in _WHERE:
-            raise AttributeError(f"module 'opfuse' has no attribute {name!r}")
-        value = _load(name)
-        setattr(self, name, value)
-        return value
-
-    def __dir__(self) -> list[str]:
-        return sorted(set(__all__) | set(super().__dir__()))
+def __getattr__(name: str) -> Any:
+    """Load ``opfuse.api`` on the first use of one of its public names."""
+    if name not in __all__:
+        raise AttributeError(f"module 'opfuse' has no attribute {name!r}")
+    value = getattr(importlib.import_module("opfuse.api"), name)
+    globals()[name] = value
+    return value
 
 
-sys.modules[__name__].__class__ = _Package
+def __dir__() -> list[str]:
+    return sorted(set(__all__) | set(globals()))

@@ -1,505 +1,382 @@
-"""The engine's entry points the CLI and the public API (``opfuse.public``) call:
-optimize a model in memory or file to file, verify it, and blame the pass that broke it."""
+"""The public Python API, re-exported by ``opfuse``: ``optimize``, ``verify``, ``passes``,
+``tune``, ``advise``, ``batch``, ``InferenceSession`` and the result and option types.
+Keyword names are the CLI's options.
+
+A model is given as a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``. An in-memory
+model goes through the same checks and the same verifier as a file: it is written to a
+temporary folder first (so a bad model is a one-line ``OpfuseError``, and verification can
+re-run the original). The model given is never changed.
+
+The engine's old entry points that used to live here (``opfuse.api.optimize_file``...) are
+now in ``opfuse.pipeline.run``; reading them from here still works for one release, with a
+``DeprecationWarning`` (``__getattr__`` at the end of this module).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import io as _bytes_io
-import json
-import logging
 import os
 import tempfile
-import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, overload
 
-import numpy as np
 import onnx
-import onnx.version_converter
 import onnx_ir as ir
+import onnxruntime as ort
 
-from opfuse import io
-from opfuse.blame import first_bad_pass
-from opfuse.errors import OpfuseError, VerificationError, first_line
-from opfuse.graphs import all_graphs
-from opfuse.passes import all_passes, get_pass
-from opfuse.phases import Phases
-from opfuse.registry import PassInfo
-from opfuse.rewrite.context import Options, PassContext
-from opfuse.rewrite.driver import Driver
-from opfuse.rewrite.stats import EffectLog
-from opfuse.shapes import declare_static_inputs, infer_shapes
-from opfuse.switch import SwitchTable, parse_switch_file, resolve
-from opfuse.verdict import failure_message, inputs_text, worst_share
-from opfuse.verify import VerifyReport, check_feeds, compare_files, session
+from opfuse.advisor.advise import AdviseOptions, advise
+from opfuse.batching import batch
+from opfuse.errors import EngineError, OpfuseError, VerificationError
+from opfuse.model import io
+from opfuse.pipeline import run as pipeline
+from opfuse.pipeline.options import make_options
+from opfuse.pipeline.phases import Phases
+from opfuse.pipeline.run import OptimizeResult
+from opfuse.rewrite.context import DEFAULT_FOLD_SIZE_LIMIT, Options
+from opfuse.rewrite.registry import PassInfo
+from opfuse.rules import all_passes
+from opfuse.runtime.settings import RuntimeSettings
+from opfuse.tuning import search as tuning
+from opfuse.verification.compare import OutputDiff, VerifyReport, check_feeds, compare_files
 
-MAX_ROUNDS = 6
-logger = logging.getLogger("opfuse")
-ModelT = TypeVar("ModelT")
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = [
+    "AdviseOptions",
+    "EngineError",
+    "InferenceSession",
+    "OpfuseError",
+    "OptimizeResult",
+    "Options",
+    "OutputDiff",
+    "PassInfo",
+    "TuneResult",
+    "VerificationError",
+    "VerifyReport",
+    "advise",
+    "batch",
+    "optimize",
+    "passes",
+    "tune",
+    "verify",
+]
+
+ModelInput = str | os.PathLike[str] | onnx.ModelProto | ir.Model
+TuneResult = tuning.TuneResult
 
 
-def op_counts(model: ir.Model) -> Counter[str]:
-    """Node count by op type over the main graph and its subgraphs."""
-    graphs = all_graphs(model.graph)
-    return Counter(node.op_type for g in graphs for node in g)
+class OptimizeKeywords(TypedDict, total=False):
+    """The keywords of ``optimize`` (each one a CLI option of ``opfuse optimize``)."""
+
+    output: str | os.PathLike[str] | None
+    fusion_switch_file: str | os.PathLike[str] | None
+    enable: Iterable[str]
+    disable: Iterable[str]
+    keep_inputs: Sequence[str] | None
+    keep_outputs: Sequence[str] | None
+    fusion_result: str | os.PathLike[str] | None
+    verify: bool
+    rtol: float
+    atol: float
+    input_shape: Mapping[str, Sequence[int]] | None
+    verify_inputs: str | os.PathLike[str] | None
+    seed: int
+    save_failing_inputs: str | os.PathLike[str] | None
+    bisect: bool
+    fold_size_limit: int
+    target_opset: int | None
+    layout: str
+    target: str | None
+    phases: Phases | None
 
 
-@dataclass(repr=False)
-class OptimizeResult(Generic[ModelT]):
-    """What one optimize run did. ``model`` is the optimized model, of the kind given to
-    ``opfuse.optimize`` (an ``onnx.ModelProto`` for a ModelProto, an ``onnx_ir.Model``
-    for an onnx_ir.Model or a path); ``summary()`` says what changed, ``save()`` writes it."""
-
-    model: ModelT
-    log: EffectLog
-    passes: list[str]  # the passes that ran, in execution order
-    warnings: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    before: Counter[str] = field(default_factory=Counter)
-    after: Counter[str] = field(default_factory=Counter)
-    rounds: int = 0
-    seconds: float = 0.0  # the passes' time (timings has every phase)
-    verify: VerifyReport | None = None
-    input_bytes: int = 0
-    output_bytes: int = 0
-    timings: dict[str, float] = field(default_factory=dict)  # seconds per phase
-    output: Path | None = None  # the file written, when one was asked for
-    # a temporary folder the model's lazy external tensors still read from
-    workdir: Any = field(default=None, compare=False)
-
-    @property
-    def changed(self) -> bool:
-        """Whether any pass changed the model."""
-        return self.log.effected() > 0 or bool(self.notes)
-
-    def fired(self) -> list[str]:
-        """The passes that changed the model, in execution order."""
-        return [name for name in self.passes if self.log.effected(name) > 0]
-
-    def __repr__(self) -> str:
-        verified = "off" if self.verify is None else ("ok" if self.verify.ok else "FAILED")
-        return (
-            f"<OptimizeResult {type(self.model).__name__}: nodes {sum(self.before.values())} -> "
-            f"{sum(self.after.values())}, {len(self.fired())} passes fired, {self.rounds} rounds, "
-            f"verification {verified}>"
-        )
-
-    def summary(self) -> str:
-        """A few lines: node counts, what changed, verification, time per phase."""
-        n_before, n_after = sum(self.before.values()), sum(self.after.values())
-        lines = [f"nodes {n_before} -> {n_after}"]
-        changes = sorted(
-            (op for op in set(self.before) | set(self.after) if self.before[op] != self.after[op]),
-            key=lambda op: (self.after[op] - self.before[op], op),
-        )
-        if changes:
-            lines[0] += ": " + ", ".join(
-                f"{op} {self.before[op]} -> {self.after[op]}" for op in changes
-            )
-        fired = self.fired()
-        if fired:
-            lines.append(f"passes that fired ({self.rounds} rounds): {', '.join(fired)}")
-        else:
-            lines.append("no pass changed the model")
-        lines.append(f"verification: {verification_text(self.verify)}")
-        lines += [f"note: {note}" for note in self.notes]
-        if self.timings:
-            lines.append("time: " + timings_text(self.timings))
-        return "\n".join(lines)
-
-    def to_json(self) -> dict[str, object]:
-        """The machine-readable summary ``optimize --format json`` prints."""
-        per_pass: dict[str, dict[str, int]] = {}
-        for s in self.log:
-            entry = per_pass.setdefault(s.pass_name, {"matched": 0, "effected": 0})
-            entry["matched"] += s.matched
-            entry["effected"] += s.effected
-        return {
-            "schema": "opfuse.optimize/1",
-            "changed": self.changed,
-            "output": None if self.output is None else str(self.output),
-            "nodes": {"before": sum(self.before.values()), "after": sum(self.after.values())},
-            "op_types": {
-                op: {"before": self.before[op], "after": self.after[op]}
-                for op in sorted(set(self.before) | set(self.after))
-            },
-            "bytes": {"before": self.input_bytes, "after": self.output_bytes},
-            "rounds": self.rounds,
-            "passes": [{"name": name, **per_pass.get(name, {})} for name in self.passes],
-            "patterns": [
-                {
-                    "pass": s.pass_name,
-                    "pattern": s.pattern,
-                    "matched": s.matched,
-                    "effected": s.effected,
-                }
-                for s in self.log
-            ],
-            "verification": None if self.verify is None else self.verify.to_json(),
-            "warnings": self.warnings,
-            "notes": self.notes,
-            "timings": {k: round(v, 4) for k, v in self.timings.items()},
-        }
-
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the optimized model to ``path`` atomically (external data beside it when
-        the weights are over 2 GB or came from external data)."""
-        model = self.model
-        if isinstance(model, onnx.ModelProto):
-            return io.write_bytes(path, model.SerializeToString(), what="the model")
-        if not isinstance(model, ir.Model):
-            raise OpfuseError(f"cannot save a {type(model).__name__}")
+def _as_file(model: ModelInput, folder: Path, name: str) -> Path:
+    """A path to ``model``: the path itself, or the in-memory model written to ``folder``."""
+    if isinstance(model, str | os.PathLike):
+        return Path(model)
+    path = folder / name
+    if isinstance(model, onnx.ModelProto):
+        try:
+            data = model.SerializeToString()
+        except ValueError as exc:  # over protobuf's 2 GB
+            raise OpfuseError(f"cannot serialize the ModelProto: {exc}") from None
+        io.write_bytes(path, data, what="the model")
+        return path
+    if isinstance(model, ir.Model):
         return io.save_model(model, path)
-
-
-def timings_text(timings: Mapping[str, float]) -> str:
-    return ", ".join(f"{name} {seconds:.2f} s" for name, seconds in timings.items())
-
-
-def verification_text(report: VerifyReport | None) -> str:
-    if report is None:
-        return "off"
-    if not report.ok:
-        return "FAILED"
-    n = len(report.outputs)
-    return (
-        f"ok ({n} output{'s' if n != 1 else ''}, {worst_share(report)}; "
-        f"inputs {inputs_text(report)})"
+    raise OpfuseError(
+        f"expected a path, an onnx.ModelProto or an onnx_ir.Model, got {type(model).__name__}"
     )
 
 
-def _stages(passes: list[PassInfo]) -> list[list[PassInfo]]:
-    """Consecutive rule passes share one worklist; a graph function is a stage alone."""
-    stages: list[list[PassInfo]] = []
-    for info in passes:
-        if info.rules and stages and stages[-1][0].rules:
-            stages[-1].append(info)
-        else:
-            stages.append([info])
-    return stages
-
-
-def default_opset(model: ir.Model) -> int | None:
-    """The model's default-domain opset; None when it imports only other domains."""
-    return model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
-
-
-def convert_opset(model: ir.Model, target: int) -> ir.Model:
-    """A new model converted to default-domain opset ``target`` (never lowered)."""
-    current = default_opset(model)
-    if current is None:
-        raise OpfuseError("--target-opset: the model imports no default-domain opset")
-    if target < current:
-        raise OpfuseError(f"--target-opset {target} is lower than the model's opset {current}")
-    if not io.MIN_OPSET <= target <= io.MAX_OPSET:
-        raise OpfuseError(f"--target-opset {target} is outside {io.MIN_OPSET}..{io.MAX_OPSET}")
-    if target == current:
-        return model
-    try:
-        converted = onnx.version_converter.convert_version(ir.to_proto(model), target)
-    except Exception as exc:  # the converter raises plain RuntimeError/ValueError
-        first = first_line(exc)
-        raise OpfuseError(f"cannot convert the model to opset {target}: {first}") from None
-    new = ir.from_proto(converted)
-    base_dirs = {
-        v.name: v.const_value.base_dir
-        for v in model.graph.initializers.values()
-        if isinstance(v.const_value, ir.ExternalTensor)
-    }
-    if base_dirs:
-        ir.external_data.set_base_dir(new.graph, next(iter(base_dirs.values())))
-    return new
-
-
-def select_passes(
-    switch_table: Mapping[str, Mapping[str, bool]] | None = None,
-    enable: Iterable[str] = (),
-    disable: Iterable[str] = (),
-    where: str = "switch file",
-) -> tuple[list[PassInfo], list[str]]:
-    chosen = resolve(all_passes(), switch_table, enable, disable, where=where)
-    return chosen.enabled, chosen.warnings
-
-
-def optimize_model(
-    model: ir.Model,
+@overload
+def optimize(
+    model: onnx.ModelProto, **options: Unpack[OptimizeKeywords]
+) -> OptimizeResult[onnx.ModelProto]: ...
+@overload
+def optimize(
+    model: ir.Model | str | os.PathLike[str], **options: Unpack[OptimizeKeywords]
+) -> OptimizeResult[ir.Model]: ...
+def optimize(
+    model: ModelInput,
     *,
-    switch_table: Mapping[str, Mapping[str, bool]] | None = None,
-    enable: Iterable[str] = (),
-    disable: Iterable[str] = (),
-    options: Options | None = None,
-    shapes_inferred: bool = False,
-    phases: Phases | None = None,
-) -> OptimizeResult[ir.Model]:
-    """Run the enabled passes on ``model`` in place until nothing changes.
-
-    With ``options.target_opset`` the model is first converted with onnx's version
-    converter (never otherwise: a model's opset is the user's choice).
-    ``shapes_inferred``: the loader already ran shape inference (``io.load_model(infer=True)``).
-    ``phases`` hears each round as it starts.
-    """
-    start = time.perf_counter()
-    options = options or Options()
-    phases = phases or Phases()
-    passes, warnings = select_passes(switch_table, enable, disable)
-    log = EffectLog()
-    converted_from = None
-    current = default_opset(model)
-    if current is not None and current < io.MIN_OPSET and options.target_opset is None:
-        converted_from, options = current, dataclasses.replace(options, target_opset=io.MIN_OPSET)
-    if options.target_opset is not None:
-        converted = convert_opset(model, options.target_opset)
-        shapes_inferred = shapes_inferred and converted is model
-        model = converted
-    ctx = PassContext(model, options, log)
-    if converted_from is not None:
-        ctx.notes.append(
-            f"opset {converted_from} converted to {io.MIN_OPSET} (the oldest opfuse optimizes) "
-            "with onnx's version converter"
-        )
-    asked = set(enable) | {
-        name for entries in (switch_table or {}).values() for name, on in entries.items() if on
-    }
-    runnable: list[PassInfo] = []
-    skipped: list[str] = []
-    for info in passes:
-        if info.section == "UBFusion" and options.target is None:
-            continue  # target-specific fusions run only for a named runtime
-        if not info.applies_to_opset(ctx.opset):
-            why = f"{info.name} skipped: needs opset {info.opset_range}, model has {ctx.opset}"
-            # a warning only when the user asked for it; --target-opset can raise the opset
-            (warnings if info.name in asked else skipped).append(why)
-            continue
-        runnable.append(info)
-    result = OptimizeResult(
-        model, log, [p.name for p in runnable], warnings=warnings, skipped=skipped, notes=ctx.notes
-    )
-    result.before = op_counts(model)
-    if not shapes_inferred:
-        infer_shapes(model)
-    for round_no in range(1, MAX_ROUNDS + 1):
-        result.rounds = round_no
-        phases.tell(f"optimize: round {round_no}")
-        before = log.effected()
-        for stage in _stages(runnable):
-            if stage[0].rules:
-                Driver(ctx, stage).run()
-            else:
-                ctx.current = stage[0]
-                assert stage[0].run is not None
-                stage[0].run(ctx)
-        if log.effected() == before:
-            break
-        infer_shapes(model)
-    ctx.current = None
-    result.after = op_counts(model)
-    result.seconds = time.perf_counter() - start
-    return result
-
-
-def optimize_file(
-    input_path: str | os.PathLike[str],
-    output_path: str | os.PathLike[str],
-    *,
+    output: str | os.PathLike[str] | None = None,
     fusion_switch_file: str | os.PathLike[str] | None = None,
-    switch_table: SwitchTable | None = None,
     enable: Iterable[str] = (),
     disable: Iterable[str] = (),
-    options: Options | None = None,
+    keep_inputs: Sequence[str] | None = None,
+    keep_outputs: Sequence[str] | None = None,
+    fusion_result: str | os.PathLike[str] | None = None,
     verify: bool = True,
     rtol: float = 1e-4,
     atol: float = 1e-5,
-    input_shapes: Mapping[str, list[int]] | None = None,
-    inputs_npz: str | os.PathLike[str] | None = None,
+    input_shape: Mapping[str, Sequence[int]] | None = None,
+    verify_inputs: str | os.PathLike[str] | None = None,
     seed: int = 0,
-    fusion_result: str | os.PathLike[str] | None = None,
     save_failing_inputs: str | os.PathLike[str] | None = None,
     bisect: bool = True,
+    fold_size_limit: int = DEFAULT_FOLD_SIZE_LIMIT,
+    target_opset: int | None = None,
+    layout: str = "keep",
+    target: str | None = None,
     phases: Phases | None = None,
-    static_shapes: bool = False,
-) -> OptimizeResult[ir.Model]:
-    """Load, optimize, verify against the input and write atomically.
+) -> OptimizeResult[onnx.ModelProto] | OptimizeResult[ir.Model]:
+    """Optimize ``model`` (a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``) and
+    verify the result against it under onnxruntime.
 
-    ``static_shapes``: re-declare the inputs with ``input_shapes`` first (all shape
-    arithmetic then folds; the output accepts only those shapes).
-    Bad input raises OpfuseError before anything is written; a failed verification
-    raises VerificationError naming the first pass to blame (``bisect``), saves the
-    inputs to ``save_failing_inputs`` when given, and writes nothing else.
+    Returns an ``OptimizeResult`` whose ``model`` is of the kind given (an
+    ``onnx_ir.Model`` for a path); the model given is left unchanged. ``output`` also
+    writes the result to that file (atomically; never over the input). The keywords are
+    ``opfuse optimize``'s options. Raises ``OpfuseError`` on bad input and
+    ``VerificationError`` (naming the first pass whose output differs) when the outputs
+    differ beyond ``atol * max(1, max|ref|) + rtol * |ref|``.
     """
-    phases = phases or Phases()
-    enable, disable = list(enable), list(disable)
-    io.check_output_path(output_path, [input_path])
-    for extra in (fusion_result, save_failing_inputs):
-        if extra is not None:
-            io.check_output_path(extra, [input_path, output_path])
-    if fusion_switch_file is not None:
-        switch_table = parse_switch_file(fusion_switch_file)
-    # validate the switches and the user's verification inputs before the (possibly long) work
-    select_passes(switch_table, enable, disable, where=str(fusion_switch_file or "switch file"))
-    if verify and (input_shapes or inputs_npz is not None):
-        check_feeds(input_path, input_shapes, inputs_npz)
-    if static_shapes and not input_shapes:
-        raise OpfuseError("--static-shapes needs --input-shape NAME:D0,D1,... for the inputs")
-
-    def load() -> ir.Model:
-        """The input model, its inputs re-declared static with ``static_shapes``."""
-        loaded = io.load_model(input_path, infer=not static_shapes)
-        if static_shapes:
-            declare_static_inputs(loaded, dict(input_shapes or {}))
-        return loaded
-
-    with phases("load"):
-        model = load()
-    external = io.has_external_data(model) or None  # keep external data external
-    try:
-        with phases("optimize"):
-            result = optimize_model(
-                model,
-                switch_table=switch_table,
-                enable=enable,
-                disable=disable,
-                options=options,
-                shapes_inferred=not static_shapes,
-                phases=phases,
-            )
-    except OpfuseError as exc:  # e.g. --keep-inputs/--keep-outputs naming no tensor: name the file
-        if str(input_path) in str(exc):
-            raise
-        raise type(exc)(f"{input_path}: {exc}") from None
-    original = model
-    model = result.model
-    if static_shapes:
-        for name, dims in (input_shapes or {}).items():
-            result.notes.append(f"input {name!r} is now static {list(dims)}: feed only that shape")
-    compare = functools.partial(
-        compare_files,
+    options = make_options(
+        fold_size_limit=fold_size_limit,
+        target_opset=target_opset,
+        layout=layout,
+        target=target,
+        keep_inputs=keep_inputs,
+        keep_outputs=keep_outputs,
+    )
+    workdir = tempfile.TemporaryDirectory(prefix="opfuse-")
+    folder = Path(workdir.name)
+    source = _as_file(model, folder, "input.onnx")
+    result = pipeline.optimize_file(
+        source,
+        output if output is not None else folder / "optimized.onnx",
+        fusion_switch_file=fusion_switch_file,
+        enable=list(enable),
+        disable=list(disable),
+        options=options,
+        verify=verify,
         rtol=rtol,
         atol=atol,
-        input_shapes=input_shapes,
-        inputs_npz=inputs_npz,
+        input_shapes={k: [int(d) for d in v] for k, v in (input_shape or {}).items()},
+        inputs_npz=verify_inputs,
         seed=seed,
+        fusion_result=fusion_result,
+        save_failing_inputs=save_failing_inputs,
+        bisect=bisect,
+        phases=phases,
     )
-    reference: str | os.PathLike[str] = input_path  # the original, or its opset-7 conversion
-
-    def fails_without(disabled: list[str]) -> bool:
-        """Re-optimize the input with ``disabled`` off too: does verification fail?"""
-        phases.tell(f"bisect: {len(disabled)} passes off")
-        again = optimize_model(
-            load(),
-            switch_table=switch_table,
-            enable=enable,
-            disable=disable + disabled,
-            options=options,
-            shapes_inferred=not static_shapes,
+    result.output = Path(output) if output is not None else None
+    if isinstance(model, onnx.ModelProto):
+        proto_result: OptimizeResult[onnx.ModelProto] = dataclasses.replace(
+            result,  # type: ignore[arg-type, assignment]
+            model=ir.to_proto(result.model),
         )
-        with tempfile.TemporaryDirectory(prefix="opfuse-bisect-") as tmp:
-            staged = io.save_model(again.model, Path(tmp) / "bisect.onnx", external=external)
-            try:
-                return not compare(reference, staged).ok
-            except OpfuseError as exc:
-                if isinstance(exc, VerificationError) or str(staged) in str(exc):
-                    return True  # the re-optimized model cannot load or run
-                raise
-
-    with (
-        phases("write"),
-        io.staged_save(model, output_path, input_path=input_path, external=external) as staged,
-    ):
-        if verify:
-            with phases("verify"):
-                reference = _reference(input_path, original, staged, result)
-                try:
-                    result.verify = compare(reference, staged)
-                except OpfuseError as exc:
-                    if not isinstance(exc, VerificationError) and str(staged) not in str(exc):
-                        raise  # about the input model or the user's inputs
-                    # the optimized model cannot load or run in onnxruntime: our fault
-                    text = str(exc).replace(str(staged), "the optimized model")
-                    blame = fails_without if bisect else None
-                    raise _failure(result, text, blame, phases=phases) from None
-            if not result.verify.ok:
-                saved = None
-                if save_failing_inputs is not None:
-                    saved = save_inputs(result.verify.feeds, save_failing_inputs)
-                blame = fails_without if bisect else None
-                raise _failure(result, None, blame, saved, phases)
-    result.timings = dict(phases.seconds)
-    if verify:  # the verifier ran inside the write phase: count it once
-        result.timings["write"] -= result.timings.get("verify", 0.0)
-    if fusion_result is not None:
-        write_fusion_result(result.log, fusion_result)
-    result.input_bytes = _file_bytes(input_path)
-    result.output_bytes = _file_bytes(output_path)
-    result.output = Path(output_path)
+        workdir.cleanup()
+        return proto_result
+    result.workdir = workdir  # lazy external tensors may still read from it
     return result
 
 
-def _failure(
-    result: OptimizeResult[ir.Model],
-    cannot_run: str | None,
-    fails_without: Callable[[list[str]], bool] | None,
-    saved: Path | None = None,
-    phases: Phases | None = None,
-) -> VerificationError:
-    """The error of a failed verification (``result.verify`` differs, or the optimized
-    model cannot run: ``cannot_run``): what differs, the first of the optional passes that
-    fired to blame (bisecting with ``fails_without``), where the inputs were saved."""
-    fired = [n for n in result.fired() if not get_pass(n).mandatory]
-    culprit = None
-    if fails_without is not None and fired:
-        with (phases or Phases())("bisect"):
-            culprit = first_bad_pass(fired, fails_without)
-    report = result.verify
-    if cannot_run is not None or report is None:
-        hint = f"; the first pass to blame is {culprit}: try --disable {culprit}" if culprit else ""
-        return VerificationError(f"verification failed: {cannot_run}{hint}", culprit=culprit)
-    searched = fails_without is not None and bool(fired)
-    message = failure_message(report, culprit, searched, None if saved is None else str(saved))
-    return VerificationError(f"verification failed: {message}", report=report, culprit=culprit)
+def verify(
+    original: ModelInput,
+    optimized: ModelInput,
+    *,
+    rtol: float = 1e-4,
+    atol: float = 1e-5,
+    input_shape: Mapping[str, Sequence[int]] | None = None,
+    verify_inputs: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+) -> VerifyReport:
+    """Run both models (paths or in-memory models) under onnxruntime with its graph
+    optimizations off on the same inputs and compare every output by name.
 
-
-def save_inputs(feeds: Mapping[str, np.ndarray], path: str | os.PathLike[str]) -> Path:
-    """The verifier's inputs as an .npz that ``--verify-inputs`` reads back."""
-    buffer = _bytes_io.BytesIO()
-    np.savez(buffer, **dict(feeds))  # type: ignore[arg-type]
-    return io.write_bytes(path, buffer.getvalue(), what="the inputs")
-
-
-def _reference(
-    input_path: str | os.PathLike[str],
-    original: ir.Model,
-    staged: Path,
-    result: OptimizeResult[ir.Model],
-) -> str | os.PathLike[str]:
-    """The model to verify against: the input, or, when it is at an opset below
-    io.MIN_OPSET that onnxruntime cannot load (it has no kernels for many ops there),
-    the input as onnx's version converter converts it (saved beside the staged output)."""
-    old = default_opset(original)
-    if old is None or old >= io.MIN_OPSET or result.model is original:
-        return input_path
-    try:
-        session(input_path)
-    except OpfuseError:
-        path = staged.with_name("converted-original.onnx")
-        ir.save(convert_opset(original, io.MIN_OPSET), path)
-        result.notes.append(
-            f"verified against the model converted to opset {io.MIN_OPSET}: onnxruntime "
-            f"cannot load opset {old}"
+    Never raises for differing outputs: read ``report.ok`` and ``report.outputs``
+    (each with its error, the bound applied and the share of it the worst element used).
+    Raises ``OpfuseError`` on bad input."""
+    with tempfile.TemporaryDirectory(prefix="opfuse-") as tmp:
+        a = _as_file(original, Path(tmp), "original.onnx")
+        b = _as_file(optimized, Path(tmp), "optimized.onnx")
+        for path in (a, b):
+            io.read_proto(path)
+        return compare_files(
+            a,
+            b,
+            rtol=rtol,
+            atol=atol,
+            input_shapes={k: [int(d) for d in v] for k, v in (input_shape or {}).items()},
+            inputs_npz=verify_inputs,
+            seed=seed,
         )
-        return path
-    return input_path
 
 
-def _file_bytes(path: str | os.PathLike[str]) -> int:
-    p = Path(path)
-    data = p.with_name(p.name + ".data")
-    return p.stat().st_size + (data.stat().st_size if data.exists() else 0)
+def passes() -> list[PassInfo]:
+    """Every pass in execution order: switch name, section, default, opset range, what it
+    does (``info.description``)."""
+    return all_passes()
 
 
-def write_fusion_result(log: EffectLog, path: str | os.PathLike[str]) -> None:
-    io.write_text(path, json.dumps(log.fusion_result(), indent=2) + "\n", what="fusion result")
+def tune(
+    model: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    *,
+    budget: float = 120.0,
+    switch_file_out: str | os.PathLike[str] | None = None,
+    report: str | os.PathLike[str] | None = None,
+    runtime: str = "onnxruntime",
+    provider: str | None = None,
+    threads: int = 1,
+    graph_opt: str = "all",
+    bench_seconds: float = 5.0,
+    rtol: float = 1e-4,
+    atol: float = 1e-5,
+    input_shape: Mapping[str, Sequence[int]] | None = None,
+    verify_inputs: str | os.PathLike[str] | None = None,
+    static_shapes: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> TuneResult:
+    """Search for the fastest verified variant of the model file ``model`` on the runtime
+    (``opfuse tune``) and write it to ``output``, with the fusion switch file that rebuilds
+    it (``switch_file_out``, default ``OUTPUT.fusion_switch.cfg``) and, if asked, the
+    report of every trial as JSON.
+
+    Returns the ``TuneResult``: ``result.best`` (the variant written), ``result.ratio``
+    (its latency over the original's, measured), ``result.trials``, and
+    ``result.command``, the ``opfuse optimize`` command line that rebuilds the output.
+    ``progress`` is called with the name of each trial as it starts."""
+    model = Path(model)
+    output = Path(output)
+    if budget <= 0:
+        raise OpfuseError(f"--budget {budget:g}: must be more than 0")
+    if verify_inputs is not None and input_shape:
+        raise OpfuseError(
+            f"--input-shape and --verify-inputs {verify_inputs} both give the input shapes "
+            "(the .npz arrays' shapes are used); drop --input-shape"
+        )
+    if static_shapes and not input_shape:
+        raise OpfuseError("--static-shapes needs --input-shape NAME:D0,D1,... for the inputs")
+    switch_file = (
+        Path(switch_file_out)
+        if switch_file_out is not None
+        else output.with_name(output.name + ".fusion_switch.cfg")
+    )
+    io.check_outputs(
+        model, [("-o", output), ("--switch-file-out", switch_file), ("--report", report)]
+    )
+    io.read_proto(model)
+    shapes = {k: [int(d) for d in v] for k, v in (input_shape or {}).items()}
+    if shapes or verify_inputs is not None:
+        check_feeds(model, shapes, verify_inputs)
+    settings = RuntimeSettings(runtime, provider, threads, graph_opt, bench_seconds)
+    rt = settings.make()
+    tune_settings = tuning.TuneSettings(
+        budget_s=budget,
+        bench_seconds=bench_seconds,
+        input_shapes=shapes,
+        inputs_npz=verify_inputs,
+        rtol=rtol,
+        atol=atol,
+        static_shapes=static_shapes,
+    )
+    written: dict[str, str] = {}
+    result = tuning.tune(
+        model,
+        rt,
+        tune_settings,
+        progress=progress,
+        workdir=output.parent,
+        keep=lambda found, built: written.update(
+            command=tuning.write_outputs(found, built, model, output, switch_file, report, shapes)
+        ),
+    )
+    result.command = written.get("command", "")
+    result.switch_file = switch_file
+    return result
+
+
+PROTOBUF_LIMIT = 2**31 - 1
+
+
+class InferenceSession(ort.InferenceSession):  # type: ignore[misc]
+    """A drop-in for ``onnxruntime.InferenceSession`` that runs the opfuse-optimized model.
+
+    ``path_or_model``: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model`` (or the
+    serialized bytes onnxruntime takes). ``sess_options``, ``providers`` and
+    ``provider_options`` go to onnxruntime unchanged; other keywords are
+    ``opfuse.optimize``'s (verification is on by default: the session is built only on
+    a model that verified). ``optimize_result`` tells what was done.
+    """
+
+    def __init__(
+        self,
+        path_or_model: str | os.PathLike[str] | bytes | onnx.ModelProto | ir.Model,
+        sess_options: ort.SessionOptions | None = None,
+        providers: Sequence[str | tuple[str, dict[str, Any]]] | None = None,
+        provider_options: Sequence[dict[str, Any]] | None = None,
+        **optimize_options: Unpack[OptimizeKeywords],
+    ) -> None:
+        if optimize_options.get("output") is not None:
+            raise OpfuseError("InferenceSession optimizes in memory; it takes no output")
+        model = (
+            onnx.load_model_from_string(path_or_model)
+            if isinstance(path_or_model, bytes)
+            else path_or_model
+        )
+        result = optimize(model, **optimize_options)
+        self.optimize_result: OptimizeResult[Any] = result
+        optimized = result.model
+        proto = optimized if isinstance(optimized, onnx.ModelProto) else ir.to_proto(optimized)
+        if proto.ByteSize() > PROTOBUF_LIMIT:
+            raise OpfuseError(
+                "the optimized model is over 2 GB: write it with opfuse.optimize(..., output=) "
+                "and load that file in onnxruntime"
+            )
+        super().__init__(proto.SerializeToString(), sess_options, providers, provider_options)
+
+
+# The engine's entry points that lived in ``opfuse.api`` before the API moved here.
+_MOVED_TO_PIPELINE = (
+    "op_counts",
+    "timings_text",
+    "verification_text",
+    "default_opset",
+    "convert_opset",
+    "select_passes",
+    "optimize_model",
+    "optimize_file",
+    "save_inputs",
+    "write_fusion_result",
+    "MAX_ROUNDS",
+)
+
+
+def __getattr__(name: str) -> Any:
+    """``opfuse.api.optimize_file`` and the other old names: moved to opfuse.pipeline.run."""
+    if name in _MOVED_TO_PIPELINE:
+        from opfuse.pipeline import run
+
+        warnings.warn(
+            f"opfuse.api.{name} moved to opfuse.pipeline.run.{name}; the old path goes in the "
+            "next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(run, name)
+    raise AttributeError(f"module 'opfuse.api' has no attribute {name!r}")

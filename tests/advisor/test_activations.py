@@ -9,10 +9,10 @@ import pytest
 from advisor_models import make_model
 from onnx import helper
 
-from opfuse.advisor.activations import find_activations
 from opfuse.advisor.graph import from_model
 from opfuse.advisor.groups import grow_groups
-from opfuse.advisor.target import load_target
+from opfuse.advisor.written_activations import find_activations
+from opfuse.runtime.targets import load_target
 
 LIMITS = load_target("ascend310").ub_limits  # Conv + up to 3 elementwise
 N = helper.make_node

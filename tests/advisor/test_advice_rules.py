@@ -15,7 +15,7 @@ from opfuse.advisor.advise import AdviseOptions, advise, read_outside
 from opfuse.advisor.constraints import alignment_hints
 from opfuse.advisor.graph import from_model
 from opfuse.advisor.l2 import estimate_ratios
-from opfuse.advisor.target import load_target
+from opfuse.runtime.targets import load_target
 
 N = helper.make_node
 

@@ -512,7 +512,7 @@ def test_user_target_file_sets_limits_alignment_and_l2(tmp_path) -> None:  # typ
 def test_profile_of_onnxruntimes_fused_graph_maps_back(swish, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A profile taken at ORT_ENABLE_ALL names fused kernels (FusedConv, NCHWc Conv,
     QuickGelu, reorders); their time maps onto the original nodes with nothing lost."""
-    from opfuse.advisor.profile import run_onnxruntime
+    from opfuse.advisor.profile_readers import run_onnxruntime
 
     raw = tmp_path / "ort_all.json"
     run_onnxruntime(swish, runs=2, warmup=1, graph_opt="all", profile_out=raw)

@@ -129,7 +129,7 @@ def test_profile_rejects_a_missing_provider(tmp_path) -> None:  # type: ignore[n
 
 def test_the_profile_function_gives_what_the_command_prints(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """``opfuse profile --format json`` is the JSON of ``advisor.profiling.profile``."""
-    from opfuse.advisor.profiling import profile
+    from opfuse.advisor.profile_report import profile
 
     model = tmp_path / "swish.onnx"
     onnx.save(swish_net(), model)
@@ -180,15 +180,15 @@ def test_a_bad_output_fails_before_profiling(tmp_path, monkeypatch, command, out
     """-o is checked before the model runs (it used to fail, or replace the model,
     only after the whole profiling run)."""
     import opfuse.advisor.advise
-    import opfuse.advisor.profile
-    import opfuse.advisor.profiling
+    import opfuse.advisor.profile_readers
+    import opfuse.advisor.profile_report
 
     def profiled(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise AssertionError("profiled before checking -o")
 
-    monkeypatch.setattr(opfuse.advisor.profile, "run_onnxruntime", profiled)
+    monkeypatch.setattr(opfuse.advisor.profile_readers, "run_onnxruntime", profiled)
     monkeypatch.setattr(opfuse.advisor.advise, "run_onnxruntime", profiled)
-    monkeypatch.setattr(opfuse.advisor.profiling, "run_onnxruntime", profiled)
+    monkeypatch.setattr(opfuse.advisor.profile_report, "run_onnxruntime", profiled)
     model = tmp_path / "swish.onnx"
     onnx.save(swish_net(), model)
     before = model.read_bytes()
@@ -222,7 +222,7 @@ def test_profile_and_advise_write_their_files_atomically(tmp_path) -> None:  # t
 
 
 def test_narrow_tables_drop_constant_and_repeated_columns():
-    from opfuse.advisor.cli import fit_columns
+    from opfuse.cli.advise import fit_columns
 
     columns = ("Op Name", "Count", "Total", "Avg", "Provider")
     rows = [("a", "1", "5.0", "5.0", "CPU"), ("b", "1", "3.0", "3.0", "CPU")]

@@ -11,8 +11,8 @@ from onnx import helper
 from opfuse.advisor.graph import from_chain, from_model
 from opfuse.advisor.groups import Group, grow_groups, rank_groups
 from opfuse.advisor.opkinds import Kind, classify
-from opfuse.advisor.target import load_target
 from opfuse.errors import OpfuseError
+from opfuse.runtime.targets import load_target
 
 LIMITS = load_target("ascend310").ub_limits
 

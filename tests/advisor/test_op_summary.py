@@ -9,7 +9,7 @@ import pytest
 from advisor_models import FIXTURES
 
 from opfuse.advisor.advise import advise
-from opfuse.advisor.profile import read_op_summary
+from opfuse.advisor.profile_readers import read_op_summary
 from opfuse.errors import OpfuseError
 
 CSV = FIXTURES / "op_summary_0_1.csv"

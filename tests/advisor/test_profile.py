@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from advisor_models import SWISH_TIMES, ort_profile
 
-from opfuse.advisor.profile import op_statistic, parse_ort_events, read_op_summary
+from opfuse.advisor.profile_readers import op_statistic, parse_ort_events, read_op_summary
 
 
 def test_one_slow_run_does_not_move_the_onnxruntime_times() -> None:

@@ -14,7 +14,7 @@ from advisor_models import make_model
 from onnx import helper
 
 from opfuse.advisor.advise import advise
-from opfuse.advisor.ran import split_fused_name
+from opfuse.advisor.executed_graph import split_fused_name
 
 N = helper.make_node
 DW = "block2a_dwconv/depthwise"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from opfuse.advisor.verdict import Verdict
+from opfuse.advisor.pass_verdict import Verdict
 
 
 def test_a_verdict_has_the_four_keys_and_reads_back():

@@ -22,7 +22,7 @@ from opfuse.batching.isolate import run_isolated
 from opfuse.batching.jobs import Job, TaskOptions
 from opfuse.batching.task import STATUSES, status_of
 from opfuse.errors import OpfuseError, VerificationError
-from opfuse.verify import compare_files
+from opfuse.verification.compare import compare_files
 
 LIMITS = {"timeout": 6.0, "max_memory": 1 << 30}
 FIELDS = {

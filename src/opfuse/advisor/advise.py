@@ -13,18 +13,23 @@ from pathlib import Path
 
 import onnx_ir as ir
 
-from opfuse import io
 from opfuse.advisor.analysis import AdviseOptions, Analysis, Step, ort_providers
 from opfuse.advisor.attribution import Attribution, Resolver, attribute, runtime_kernels
 from opfuse.advisor.calibrate import Peaks, machine_peaks
+from opfuse.advisor.executed_graph import RanGraph, ran_graph
 from opfuse.advisor.graph import OpGraph, from_chain, from_model
-from opfuse.advisor.profile import Profile, read_op_summary, read_ort_profile, run_onnxruntime
-from opfuse.advisor.ran import RanGraph, ran_graph
+from opfuse.advisor.profile_readers import (
+    Profile,
+    read_op_summary,
+    read_ort_profile,
+    run_onnxruntime,
+)
 from opfuse.advisor.sections import SCHEMA, read_outside, report
-from opfuse.advisor.target import Target, load_target
 from opfuse.advisor.trial import Trial
 from opfuse.errors import OpfuseError, first_line
-from opfuse.shapes import infer_shapes
+from opfuse.model import io
+from opfuse.model.shapes import infer_shapes
+from opfuse.runtime.targets import Target, load_target
 
 __all__ = ["SCHEMA", "AdviseOptions", "Analysis", "advise", "analyse", "read_outside", "report"]
 

@@ -12,13 +12,13 @@ import onnx_ir as ir
 
 from opfuse.advisor.attribution import Attribution, Resolver
 from opfuse.advisor.calibrate import Measure, Peaks
+from opfuse.advisor.executed_graph import RanGraph
 from opfuse.advisor.graph import OpGraph
 from opfuse.advisor.nextsteps import TRIAL_SECONDS
-from opfuse.advisor.profile import OpRecord, Profile
-from opfuse.advisor.ran import RanGraph
-from opfuse.advisor.target import Target
+from opfuse.advisor.profile_readers import OpRecord, Profile
 from opfuse.advisor.trial import Refusal, Trial
 from opfuse.runtime import Runtime
+from opfuse.runtime.targets import Target
 
 Step = Callable[[str, int, int], None]
 

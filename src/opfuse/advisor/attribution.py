@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from opfuse.advisor.graph import GNode, OpGraph
 from opfuse.advisor.opkinds import Kind, classify
-from opfuse.advisor.profile import OpRecord
+from opfuse.advisor.profile_readers import OpRecord
 
 LAYOUT_OPS = frozenset({"ReorderInput", "ReorderOutput"})
 # ops onnxruntime removes or folds into a kernel next to them

@@ -61,7 +61,7 @@ def machine_peaks(provider: str, threads: int, measure: Measure | None = None) -
     flops, bandwidth = (measure or measure_onnxruntime)(provider, threads)
     cache[key] = {"flops": flops, "bandwidth": bandwidth}
     from opfuse.errors import OpfuseError
-    from opfuse.io import write_text
+    from opfuse.model.io import write_text
 
     with contextlib.suppress(OSError, OpfuseError):  # a read-only home: measure next time
         path.parent.mkdir(parents=True, exist_ok=True)

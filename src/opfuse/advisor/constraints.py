@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opfuse.advisor.graph import OpGraph
-from opfuse.advisor.profile import OpRecord
+from opfuse.advisor.pass_verdict import Verdict
+from opfuse.advisor.profile_readers import OpRecord
 from opfuse.advisor.trial import registered
-from opfuse.advisor.verdict import Verdict
 
 # op type -> (what to use instead, the opfuse pass that does it or None)
 REPLACEABLE: dict[str, tuple[str, str | None]] = {

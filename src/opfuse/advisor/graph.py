@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from opfuse.graphs import DEFAULT_DOMAINS
+from opfuse.model.graphs import DEFAULT_DOMAINS
 
 Shape = tuple[int | None, ...]
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 
-from opfuse.advisor.activations import Activation, find_activations
 from opfuse.advisor.graph import OpGraph
 from opfuse.advisor.opkinds import ANCHOR_LIMIT, GROUP_KIND_NAME, Kind, classify
+from opfuse.advisor.written_activations import Activation, find_activations
 
 MAX_SIDE_BRANCH = 16  # nodes of a squeeze-excite branch (ReduceMean, Conv, act, Conv, Sigmoid)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from opfuse.advisor.graph import OpGraph
 from opfuse.advisor.groups import Group
 from opfuse.advisor.opkinds import Kind, classify
-from opfuse.advisor.target import Target
+from opfuse.runtime.targets import Target
 
 RATIO_KEYS = ("mac_ratio", "vec_ratio", "mte2_ratio", "mte3_ratio")
 # ops that change only a tensor's shape metadata: charged no data traffic

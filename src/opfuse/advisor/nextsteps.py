@@ -2,9 +2,9 @@
 short trial on this machine, and, when none helps, the ops that dominate with what the
 tuning guide suggests for them.
 
-Built on the tune machinery: ``opfuse.variants.probe`` says which settings apply (a layout
+Built on the tune machinery: ``opfuse.tuning.variants.probe`` says which settings apply (a layout
 that re-declares an input, an opset upgrade that lets a pass run), ``variants.build``
-optimizes and verifies each as ``opfuse optimize`` does, and ``opfuse.measure.measure``
+optimizes and verifies each as ``opfuse optimize`` does, and ``opfuse.tuning.measure.measure``
 times them paired and interleaved with the original on a ``Runtime`` (onnxruntime at
 ORT_ENABLE_ALL; ``FakeRuntime`` in tests). A candidate's command prints exactly the options
 it was built with."""
@@ -20,7 +20,7 @@ from pathlib import Path
 import onnx_ir as ir
 
 from opfuse.runtime import Runtime
-from opfuse.variants import DEFAULT, Variant, build, probe
+from opfuse.tuning.variants import DEFAULT, Variant, build, probe
 
 TRIAL_SECONDS = 3.0  # the measurement's budget (at least 5 interleaved rounds)
 DOMINANT_SHARE = 0.10  # op types above this share of the time are named when nothing helps
@@ -91,8 +91,8 @@ def trial(
 ) -> list[dict[str, object]]:
     """Each candidate built (optimized and verified, as its command does) and measured
     against the model in one paired, interleaved run."""
-    from opfuse.api import op_counts
-    from opfuse.measure import ORIGINAL, measure
+    from opfuse.pipeline.run import op_counts
+    from opfuse.tuning.measure import ORIGINAL, measure
 
     found = candidates(model)
     before = dict(op_counts(model))

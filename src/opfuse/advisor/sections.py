@@ -9,7 +9,6 @@ import statistics
 from collections.abc import Mapping
 
 from opfuse.advisor import constraints
-from opfuse.advisor.activations import find_activations
 from opfuse.advisor.aipp import NORMALIZATION, aipp_chains
 from opfuse.advisor.analysis import Analysis, ort_providers
 from opfuse.advisor.attribution import original_nodes
@@ -17,10 +16,11 @@ from opfuse.advisor.graph import OpGraph
 from opfuse.advisor.groups import Group, grow_groups, rank_groups
 from opfuse.advisor.l2 import RATIO_KEYS, estimate_ratios, l2_chains
 from opfuse.advisor.nextsteps import dominant, trial
-from opfuse.advisor.profile import OpRecord, Profile, iqr, op_statistic, top_nodes
+from opfuse.advisor.pass_verdict import Verdict
+from opfuse.advisor.profile_readers import OpRecord, Profile, iqr, op_statistic, top_nodes
 from opfuse.advisor.trial import AIPP_PASS, Refusal, Trial, registered
-from opfuse.advisor.verdict import Verdict
-from opfuse.passes import all_passes
+from opfuse.advisor.written_activations import find_activations
+from opfuse.rules import all_passes
 from opfuse.runtime import Runtime, get_runtime
 
 SCHEMA = "opfuse.advise/2"

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
-from opfuse.api import OptimizeResult, optimize_model
-from opfuse.passes import all_passes
+from opfuse.pipeline.run import OptimizeResult, optimize_model
 from opfuse.rewrite.context import Options, PassContext
 from opfuse.rewrite.driver import Driver
 from opfuse.rewrite.stats import EffectLog
+from opfuse.rules import all_passes
 
 AIPP_PASS = "AippFusionPass"
 

@@ -26,7 +26,7 @@ from opfuse.batching.task import base_record, run_task
 
 POLL_S = 0.1
 GRACE_S = 5  # the child's own alarm fires this long after the parent's timeout
-PRELOAD = ["opfuse.public", "opfuse.batching.task", "onnxruntime"]
+PRELOAD = ["opfuse.api", "opfuse.batching.task", "onnxruntime"]
 _lock = threading.Lock()
 _context: list[Any] = []
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from opfuse.io import write_text
+from opfuse.model.io import write_text
 
 SUMMARY = "summary.html"
 REPORT_ORDER = ("advise_html", "advise_json", "tune", "fusion_result")

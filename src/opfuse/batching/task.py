@@ -15,7 +15,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from opfuse import __version__
 from opfuse.batching.jobs import Job
 from opfuse.errors import OpfuseError, VerificationError
 
@@ -37,11 +36,13 @@ def sha256_file(path: str | Path) -> str:
 
 
 def versions() -> dict[str, str]:
+    from importlib.metadata import version
+
     import onnx
     import onnxruntime
 
     return {
-        "opfuse": __version__,
+        "opfuse": version("opfuse"),
         "onnxruntime": onnxruntime.__version__,
         "onnx": onnx.__version__,
         "python": platform.python_version(),
@@ -96,26 +97,29 @@ def status_of(exc: BaseException) -> str:
 
 
 def optimize_model_file(job: Job, output: Path) -> Any:
-    """The one adapter between batch and opfuse's Python API: optimize, verify, write."""
-    from opfuse import optimize
+    """The one adapter between batch and the optimizer: optimize, verify, write."""
+    from opfuse.pipeline.options import make_options
+    from opfuse.pipeline.run import optimize_file
 
     o = job.options
-    return optimize(
+    return optimize_file(
         job.model,
-        output=output,
+        output,
         fusion_switch_file=o.switch_file,
-        enable=o.enable,
-        disable=o.disable,
+        enable=list(o.enable),
+        disable=list(o.disable),
+        options=make_options(
+            fold_size_limit=o.fold_size_limit,
+            target_opset=o.target_opset,
+            layout=o.layout,
+            target=o.target,
+        ),
         fusion_result=output.with_suffix(".fusion_result.json"),
         verify=o.verify,
         rtol=o.rtol,
         atol=o.atol,
-        input_shape=o.input_shape,
-        verify_inputs=o.verify_inputs,
-        fold_size_limit=o.fold_size_limit,
-        target_opset=o.target_opset,
-        layout=o.layout,
-        target=o.target,
+        input_shapes={k: [int(d) for d in v] for k, v in (o.input_shape or {}).items()},
+        inputs_npz=o.verify_inputs,
     )
 
 
@@ -170,7 +174,7 @@ def _advise(job: Job, output: Path) -> None:
     """The advisor's JSON and HTML reports of the input model beside its output."""
     from opfuse.advisor.advise import AdviseOptions, advise
     from opfuse.advisor.html import render_html
-    from opfuse.io import write_text
+    from opfuse.model.io import write_text
 
     report = advise(job.model, options=AdviseOptions(input_shapes=job.options.input_shape))
     text = json.dumps(report, indent=2) + "\n"
@@ -182,8 +186,8 @@ def _tune(job: Job, output: Path) -> dict[str, Any]:
     """``opfuse tune`` within the model's budget: the fastest verified settings on
     onnxruntime (one thread), written beside the output as NAME.tuned.onnx with its switch
     file and report; the default optimization stays the output."""
-    from opfuse import tune as tuning
     from opfuse.runtime import get_runtime
+    from opfuse.tuning import search as tuning
 
     o = job.options
     settings = tuning.TuneSettings(
@@ -213,9 +217,9 @@ def _tune(job: Job, output: Path) -> dict[str, Any]:
 
 def latency_ratio(job: Job, output: Path, seconds: float = BENCH_SECONDS) -> float:
     """The optimized model's latency over the original's under onnxruntime (default
-    optimizations, one thread), measured paired and interleaved by opfuse.measure."""
-    from opfuse.measure import measure
+    optimizations, one thread), measured paired and interleaved by opfuse.tuning.measure."""
     from opfuse.runtime import get_runtime
+    from opfuse.tuning.measure import measure
 
     found = measure(
         job.model,

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from opfuse.graphs import all_graphs
+from opfuse.model.graphs import all_graphs
 
 
 class NameScope:

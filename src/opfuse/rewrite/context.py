@@ -8,7 +8,7 @@ from typing import Protocol
 
 import onnx_ir as ir
 
-from opfuse.graphs import all_graphs
+from opfuse.model.graphs import all_graphs
 from opfuse.rewrite.stats import EffectLog, PatternStats
 
 DEFAULT_FOLD_SIZE_LIMIT = 1 << 20

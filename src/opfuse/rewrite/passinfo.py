@@ -1,5 +1,5 @@
 """A pass as the engine runs it: rules for the worklist driver, or a function over the
-whole graph. ``opfuse.registry`` keeps the table of the registered ones."""
+whole graph. ``opfuse.rewrite.registry`` keeps the table of the registered ones."""
 
 from __future__ import annotations
 

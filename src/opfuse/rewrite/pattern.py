@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from opfuse.graphs import DEFAULT_DOMAINS
+from opfuse.model.graphs import DEFAULT_DOMAINS
 
 COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "And", "Or", "Xor", "Equal"})
 

@@ -1,0 +1,60 @@
+"""What ``optimize --benchmark`` adds to the summary: the latency line measured on the
+runtime, the fused kernels onnxruntime lost, and the opset upgrades that would let a pass
+fire."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from opfuse.errors import OpfuseError
+from opfuse.runtime.settings import RuntimeSettings
+
+
+def opset_hints(model) -> list[str]:  # type: ignore[no-untyped-def]
+    """``GeluFusionPass would fire at a higher opset: 18 matches at --target-opset 20``"""
+    from opfuse.tuning.variants import opset_upgrades
+
+    return [
+        f"{name} would fire at a higher opset: {n} match{'' if n == 1 else 'es'} at --target-opset {opset}"
+        for name, (opset, n) in opset_upgrades(model).items()
+    ]
+
+
+def benchmark_lines(
+    original: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    settings: RuntimeSettings,
+    input_shapes: Mapping[str, list[int]] | None = None,
+    inputs_npz: str | os.PathLike[str] | None = None,
+) -> tuple[list[str], list[str]]:
+    """(summary lines, warnings) of ``optimize --benchmark``: the latency line, and the
+    fused kernels onnxruntime made from the original but not from the output."""
+    from opfuse.runtime.fused import lost_fusions, lost_text, runtime_kernels
+    from opfuse.tuning.measure import measure
+
+    runtime = settings.make()
+    found = measure(
+        original,
+        {"opfuse": output},
+        runtime,
+        seconds=settings.bench_seconds,
+        input_shapes=input_shapes,
+        inputs_npz=inputs_npz,
+    )
+    warnings = []
+    if settings.runtime == "onnxruntime":  # the kernels are onnxruntime's
+        provider = settings.provider or "CPUExecutionProvider"
+        try:
+            before = runtime_kernels(original, provider)
+            after = runtime_kernels(output, provider)
+        except OpfuseError as exc:  # an EP that cannot save its graph: say so, go on
+            warnings.append(f"fused kernels not compared: {exc}")
+        else:
+            lost = lost_fusions(before, after)
+            if lost:
+                warnings.append(
+                    "onnxruntime fuses fewer kernels from the output than from the original: "
+                    f"{lost_text(lost)}"
+                )
+    return [found.line("opfuse")], warnings

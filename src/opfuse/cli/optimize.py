@@ -1,0 +1,237 @@
+"""``opfuse optimize``: fuse and simplify a model, verify it, write it, and with
+``--benchmark`` measure it on the runtime."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from opfuse.cli.benchmark import benchmark_lines, opset_hints
+from opfuse.cli.console import deprecated, err, out, progress, size
+from opfuse.cli.options import (
+    PathArg,
+    check_verifier_options,
+    graph_options,
+    names,
+    refuse_without_benchmark,
+    runtime_options,
+    settings_from,
+    verifier_options,
+)
+from opfuse.errors import EXIT_STATUSES, OpfuseError
+
+LOG_LEVELS = ("error", "warning", "info", "debug")
+
+
+@click.command(epilog=EXIT_STATUSES)
+@click.argument("model", type=PathArg)
+@click.option("-o", "--output", type=PathArg, required=True, help="Where to write the result.")
+@click.option(
+    "--fusion-switch-file", type=PathArg, help="CANN-format JSON file turning passes on/off."
+)
+@click.option(
+    "--enable", multiple=True, help="Turn a pass on (overrides the switch file; repeatable)."
+)
+@click.option(
+    "--disable", multiple=True, help="Turn a pass off (overrides the switch file; repeatable)."
+)
+@click.option(
+    "--keep-inputs",
+    multiple=True,
+    help="Cut the graph at these tensors, which become its inputs (names). [default: none]",
+)
+@click.option(
+    "--keep-outputs",
+    multiple=True,
+    help="Keep only what these tensors need; they become the outputs (names). [default: none]",
+)
+@click.option("--inputs", "old_inputs", multiple=True, hidden=True)
+@click.option("--outputs", "old_outputs", multiple=True, hidden=True)
+@click.option("--fusion-result", type=PathArg, help="Write CANN's fusion_result.json here.")
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS),
+    default="warning",
+    show_default=True,
+    help="info prints the effect log, debug also why patterns did not fire (on stderr).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="Summary on stdout: a table, or JSON (counts, passes, verification, timings).",
+)
+@click.option(
+    "--verify/--no-verify",
+    default=True,
+    show_default=True,
+    help="Compare outputs with the input model before writing.",
+)
+@verifier_options
+@click.option(
+    "--bisect/--no-bisect",
+    default=True,
+    show_default=True,
+    help="On a failed verification, re-run with halves of the fired passes off to name "
+    "the first pass to blame.",
+)
+@graph_options
+@click.option(
+    "--static-shapes",
+    is_flag=True,
+    help="Re-declare the inputs with the --input-shape dims (shape arithmetic folds).",
+)
+@click.option("--benchmark", is_flag=True, help="Measure the original and the output's latency.")
+@runtime_options
+def optimize(
+    model: Path,
+    output: Path,
+    fusion_switch_file: Path | None,
+    enable: tuple[str, ...],
+    disable: tuple[str, ...],
+    keep_inputs: tuple[str, ...],
+    keep_outputs: tuple[str, ...],
+    old_inputs: tuple[str, ...],
+    old_outputs: tuple[str, ...],
+    fusion_result: Path | None,
+    log_level: str,
+    fmt: str,
+    verify: bool,
+    rtol: float,
+    atol: float,
+    input_shape: tuple[str, ...],
+    verify_inputs: Path | None,
+    seed: int,
+    save_failing_inputs: Path | None,
+    bisect: bool,
+    fold_size_limit: int,
+    target_opset: int | None,
+    layout: str,
+    target: str | None,
+    static_shapes: bool,
+    benchmark: bool,
+    **runtime: object,
+) -> None:
+    """Fuse and simplify MODEL, verify it, and write it to OUTPUT."""
+    from opfuse.pipeline.options import make_options
+    from opfuse.pipeline.run import optimize_file
+    from opfuse.verification.compare import parse_input_shapes
+
+    for old, new, values in (
+        ("--inputs", "--keep-inputs", old_inputs),
+        ("--outputs", "--keep-outputs", old_outputs),
+    ):
+        if values:
+            deprecated(old, new)
+    if static_shapes and not verify:
+        raise OpfuseError("--static-shapes changes the model's inputs: drop --no-verify")
+    check_verifier_options(verify, verify_inputs, "--verify-inputs", input_shape)
+    refuse_without_benchmark(benchmark)
+    settings = settings_from(runtime)
+    if benchmark:
+        settings.make()  # a bad --runtime/--provider fails before the work
+    options = make_options(
+        fold_size_limit=fold_size_limit,
+        target_opset=target_opset,
+        layout=layout,
+        target=target,
+        keep_inputs=names(keep_inputs + old_inputs),
+        keep_outputs=names(keep_outputs + old_outputs),
+    )
+    with progress() as phases:
+        result = optimize_file(
+            model,
+            output,
+            fusion_switch_file=fusion_switch_file,
+            enable=names(enable),
+            disable=names(disable),
+            options=options,
+            verify=verify,
+            rtol=rtol,
+            atol=atol,
+            input_shapes=parse_input_shapes(list(input_shape)),
+            inputs_npz=verify_inputs,
+            seed=seed,
+            fusion_result=fusion_result,
+            save_failing_inputs=save_failing_inputs,
+            bisect=bisect,
+            phases=phases,
+            static_shapes=static_shapes,
+        )
+    if log_level != "error":
+        for warning in result.warnings:
+            err.print(f"opfuse: warning: {warning}", markup=False)
+    if log_level in ("info", "debug"):
+        for line in result.skipped:
+            err.print(f"[INFO] OPFUSE {line}", soft_wrap=True, markup=False)
+        for line in result.log.lines():
+            err.print(f"[INFO] OPFUSE {line}", soft_wrap=True, markup=False)
+    if log_level == "debug":
+        for r in result.log.reasons():
+            nodes = ", ".join(r["nodes"])  # type: ignore[arg-type]
+            err.print(
+                f"[DEBUG] OPFUSE {r['pass']}: pattern={r['pattern']} not applied "
+                f"{r['count']}x: {r['reason']} ({nodes})",
+                soft_wrap=True,
+                markup=False,
+            )
+    if fmt == "json":
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        _print_summary(result, model, output)
+        for line in opset_hints(result.model):
+            out.print(f"note: {line}", markup=False)
+    if benchmark:
+        lines, warnings = benchmark_lines(
+            model, output, settings, parse_input_shapes(list(input_shape)), verify_inputs
+        )
+        for line in lines:  # on stderr under --format json, which owns stdout
+            (err if fmt == "json" else out).print(line, markup=False, soft_wrap=True)
+        for warning in warnings:
+            err.print(f"opfuse: warning: {warning}", markup=False, soft_wrap=True)
+
+
+def _print_summary(result, model: Path, output: Path) -> None:  # type: ignore[no-untyped-def]
+    from opfuse.pipeline.run import timings_text
+    from opfuse.verification.messages import inputs_text
+
+    before, after = result.before, result.after
+    table = Table(title=f"{model.name} -> {output.name}", title_justify="left")
+    table.add_column("op type")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    changed = sorted(
+        (op for op in set(before) | set(after) if before[op] != after[op]),
+        key=lambda op: (after[op] - before[op], op),
+    )
+    for op in changed:
+        table.add_row(op, str(before[op]), str(after[op]))
+    table.add_row("nodes", str(sum(before.values())), str(sum(after.values())), style="bold")
+    table.add_row("file size", size(result.input_bytes), size(result.output_bytes))
+    out.print(table)
+    if not result.changed:
+        out.print("no pass changed the model (it was written unchanged)")
+    report = result.verify
+    if report is None:
+        out.print("verification: off")
+    else:
+        out.print(f"verification: ok on inputs {inputs_text(report)}", markup=False)
+        _print_outputs(report, indent="  ")
+        if report.inputs:
+            out.print("generated inputs: " + "; ".join(report.inputs), markup=False)
+    out.print(f"{result.rounds} rounds; time: {timings_text(result.timings)}")
+    for note in result.notes:
+        out.print(f"note: {note}", markup=False)
+
+
+def _print_outputs(report, indent: str = "") -> None:  # type: ignore[no-untyped-def]
+    """One line per output: its error, the bound applied, the share the worst element used."""
+    from opfuse.verification.messages import output_line
+
+    for o in report.outputs:
+        out.print(indent + output_line(o, report.rtol), markup=False, soft_wrap=True)

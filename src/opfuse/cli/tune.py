@@ -1,0 +1,147 @@
+"""``opfuse tune``: the measured search for the fastest verified variant (``opfuse.api.tune``),
+with a progress bar over the budget and the table of trials."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from opfuse.cli.options import PathArg, runtime_options
+
+
+@click.command()
+@click.argument("model", type=PathArg)
+@click.option("-o", "--output", type=PathArg, required=True, help="Where to write the result.")
+@click.option(
+    "--switch-file-out",
+    type=PathArg,
+    help="Where to write the fusion switch file [default: OUTPUT.fusion_switch.cfg].",
+)
+@click.option("--report", type=PathArg, help="Write every trial as JSON here.")
+@click.option(
+    "--budget", default=120.0, show_default=True, help="Seconds of search (trials in progress end)."
+)
+@runtime_options
+@click.option("--rtol", default=1e-4, show_default=True, help="Relative tolerance.")
+@click.option("--atol", default=1e-5, show_default=True, help="Absolute tolerance (scaled).")
+@click.option("--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224.")
+@click.option("--verify-inputs", type=PathArg, help=".npz of inputs (verification and timing).")
+@click.option(
+    "--static-shapes",
+    is_flag=True,
+    help="Also try the inputs re-declared with the --input-shape dims.",
+)
+def tune(
+    model: Path,
+    output: Path,
+    switch_file_out: Path | None,
+    report: Path | None,
+    budget: float,
+    rtol: float,
+    atol: float,
+    input_shape: tuple[str, ...],
+    verify_inputs: Path | None,
+    static_shapes: bool,
+    **runtime: object,
+) -> None:
+    """Search for the fastest verified variant of MODEL on the runtime and write it to
+    OUTPUT, with the fusion switch file and the optimize command line that rebuild it."""
+    from opfuse import api
+    from opfuse.verification.compare import parse_input_shapes
+
+    with _trial_progress(budget) as step:
+        result = api.tune(
+            model,
+            output,
+            budget=budget,
+            switch_file_out=switch_file_out,
+            report=report,
+            rtol=rtol,
+            atol=atol,
+            input_shape=parse_input_shapes(list(input_shape)),
+            verify_inputs=verify_inputs,
+            static_shapes=static_shapes,
+            progress=step,
+            **runtime,  # type: ignore[arg-type]
+        )
+    _print_tune(result, result.command, result.switch_file or Path())
+
+
+@contextmanager
+def _trial_progress(budget: float) -> Iterator[Callable[[str], None]]:
+    """A progress bar on stderr over the budget; step(what) names the trial under way."""
+    err = Console(stderr=True)
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as bar:
+        task = bar.add_task("tune", total=budget)
+        start = time.monotonic()
+
+        def step(what: str) -> None:
+            bar.update(task, description=f"trial: {what}", completed=time.monotonic() - start)
+
+        yield step
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"+-{x:.1%}"
+
+
+def _print_tune(result, command: str, switch_file: Path) -> None:  # type: ignore[no-untyped-def]
+    out = Console(highlight=False, width=None if sys.stdout.isatty() else 240)
+    table = Table(title=f"tune on {result.runtime}", title_justify="left")
+    for col in ("#", "settings", "nodes", "verification", "latency", "noise", "kept", "note"):
+        table.add_column(col, justify="right" if col in ("#", "nodes", "latency") else "left")
+    for i, t in enumerate(result.trials):
+        ratio = "" if t.ratio is None else f"{t.ratio:.3f}x"
+        kept = "yes" if t.kept else ""
+        table.add_row(
+            str(i),
+            t.variant.label,
+            str(t.nodes),
+            t.verification,
+            ratio,
+            _pct(t.noise),
+            kept,
+            t.note,
+        )
+    out.print(table)
+    if result.budget_spent:
+        out.print("the budget ran out before every flip was tried")
+    for name, (opset, n) in result.probe.upgrades.items():
+        out.print(
+            f"note: {name} would fire at a higher opset: {n} match{'' if n == 1 else 'es'} at --target-opset {opset}",
+            markup=False,
+        )
+    if result.final is not None:
+        out.print(
+            f"best variant: {result.searched.label}: {result.final.line('best')}",
+            markup=False,
+            soft_wrap=True,
+        )
+    if result.best.original:
+        out.print(
+            "nothing beat the original beyond the noise: the output is the original unchanged",
+            markup=False,
+        )
+    elif not result.beat_original:
+        out.print(
+            "nothing beat the original beyond the noise: the output is the variant measured "
+            "fastest",
+            markup=False,
+        )
+    out.print(f"switch file: {switch_file}", markup=False)
+    out.print(f"rebuild: {command}", markup=False, soft_wrap=True)

@@ -1,0 +1,140 @@
+"""Small facts about values that many rules ask: the one helper module the pass modules
+share (a pass module imports no other pass module)."""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import struct
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from opfuse.model.graphs import DEFAULT_DOMAINS as DEFAULT_DOMAINS  # re-exported for the passes
+from opfuse.rewrite.builder import Builder
+from opfuse.rewrite.pattern import Match, const_array
+
+
+def static_shape(value: ir.Value | None) -> tuple[int, ...] | None:
+    """The value's shape when every dim is a known integer, else None."""
+    if value is None or value.shape is None:
+        return None
+    dims = tuple(value.shape)
+    if all(isinstance(d, int) for d in dims):
+        return tuple(int(d) for d in dims)  # type: ignore[arg-type]
+    return None
+
+
+def rank(value: ir.Value | None) -> int | None:
+    return None if value is None or value.shape is None else len(value.shape)
+
+
+def producer(value: ir.Value | None, *op_types: str) -> ir.Node | None:
+    """The default-domain node of one of ``op_types`` that makes ``value``, else None."""
+    node = value.producer() if value is not None else None
+    if node is None or node.op_type not in op_types or node.domain not in DEFAULT_DOMAINS:
+        return None
+    return node
+
+
+def perm_of(node: ir.Node, rank_: int | None = None) -> tuple[int, ...] | None:
+    """A Transpose's permutation; without a ``perm`` attribute the reversed dims of
+    ``rank_`` (default: its input's rank), None when that rank is unknown."""
+    perm = attr(node, "perm")
+    if perm is not None:
+        return tuple(int(p) for p in perm)
+    n = rank(node.inputs[0]) if rank_ is None else rank_
+    return None if n is None else tuple(reversed(range(n)))
+
+
+def axes_of(node: ir.Node, absent: list[int] | None = None) -> list[int] | None:
+    """A node's constant axes: its ``axes`` attribute (older opsets), else its constant
+    second input; ``absent`` when it has neither (a Reduce* then reduces all dims: []),
+    None when the input is not constant."""
+    axes = attr(node, "axes")
+    if axes is not None:
+        return [int(a) for a in axes]
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        array = const_array(node.inputs[1])
+        return None if array is None else [int(a) for a in array.reshape(-1)]
+    return None if absent is None else list(absent)
+
+
+def reduce_axes(node: ir.Node) -> list[int] | None:
+    """A Reduce* node's axes; [] reduces all dims (or none, with noop_with_empty_axes);
+    None when the axes input is not constant."""
+    return axes_of(node, absent=[])
+
+
+def needs_identity(x: ir.Value, root: ir.Node) -> bool:
+    """Whether the root's output, a graph output, cannot simply become ``x``: x is a
+    graph input, an initializer, another graph output, or a value of an enclosing graph
+    (a graph's outputs must be made by its own nodes)."""
+    if not root.outputs[0].is_graph_output():
+        return False
+    made_by = x.producer()
+    return made_by is None or made_by.graph is not root.graph or x.is_graph_output()
+
+
+def forward(m: Match, b: Builder, x: ir.Value) -> ir.Value:
+    """``x`` in place of the root's output, through an Identity where ``needs_identity``
+    (Add(x, 0) from a graph input to a graph output becomes Identity(x))."""
+    return b.op("Identity", [x], like=m.root) if needs_identity(x, m.root) else x
+
+
+def drop_pages(value: ir.Value | None) -> None:
+    """Let the kernel take back the pages of a memory-mapped external weight that a fold
+    has read (they are read from the file again if needed), so folding several large
+    weights does not keep every one of them in the process's memory."""
+    tensor = value.const_value if value is not None else None
+    raw = getattr(tensor, "raw", None)
+    if isinstance(tensor, ir.ExternalTensor) and raw is not None and hasattr(mmap, "MADV_DONTNEED"):
+        with contextlib.suppress(OSError, ValueError):
+            raw.madvise(mmap.MADV_DONTNEED)
+
+
+def attr(node: ir.Node, name: str, default: Any = None) -> Any:
+    a = node.attributes.get(name)
+    return default if a is None else a.value
+
+
+def float_key(value: float) -> bytes:
+    """A float attribute as a dict key: -0.0 and 0.0 differ; NaN equals the same NaN."""
+    return struct.pack("<d", value)
+
+
+def scalar_value(array: np.ndarray) -> float | None:
+    """The single value of an array whose elements are all equal, else None."""
+    if array.size == 0:
+        return None
+    flat = array.reshape(-1)
+    first = flat[0]
+    return float(first) if np.all(flat == first) else None
+
+
+def _producer_op(value: ir.Value | None) -> ir.Node | None:
+    return None if value is None else value.producer()
+
+
+def _times_act_sum(node: ir.Node) -> bool:
+    """``Mul(x, Add(Erf|Tanh(...), c))``: the product at the heart of a GELU."""
+    if node.op_type != "Mul":
+        return False
+    for value in node.inputs:
+        add = _producer_op(value)
+        if add is not None and add.op_type == "Add":
+            for term in add.inputs:
+                act = _producer_op(term)
+                if act is not None and act.op_type in ("Erf", "Tanh"):
+                    return True
+    return False
+
+
+def gelu_product(mul: ir.Node) -> bool:
+    """Whether ``mul`` is one of the Muls of ``0.5 * x * (1 + Erf|Tanh(...))``, which
+    onnxruntime fuses into one Gelu kernel: folding its constant into a neighbour (a
+    MatMul's weight) would break that fusion."""
+    if _times_act_sum(mul):
+        return True
+    return any((p := _producer_op(v)) is not None and _times_act_sum(p) for v in mul.inputs)

@@ -1,0 +1,147 @@
+"""Paired, interleaved latency measurement of model files on one runtime.
+
+Every model is loaded once, the original twice; after a warm-up, rounds run every model
+once each, the order reversed every other round, so that load changes on the machine hit
+all of them alike. A model's latency is the median of its runs; a ratio of two models is
+the median of their per-round ratios; the noise is how far that ratio of the original's
+two copies is from 1 (the same model, the same rounds)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from opfuse.runtime import Runtime
+from opfuse.verification.compare import input_permutations, make_inputs, session
+
+ORIGINAL = "original"
+AGAIN = "original (again)"
+WARMUP = 3
+MIN_ROUNDS, MAX_ROUNDS = 5, 1000
+# a flip must beat the best by more than this even when the original's copies agree closely
+NOISE_FLOOR = 0.02
+
+
+@dataclass
+class Measurement:
+    """Per-round times (seconds) of the original, its second copy and each variant, by
+    label. Ratios are paired: the median over rounds of one model's time over another's
+    in the same round, so that load which changes between rounds cancels out."""
+
+    runtime: str
+    rounds: int
+    times: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def medians(self) -> dict[str, float]:
+        return {label: statistics.median(t) for label, t in self.times.items()}
+
+    @property
+    def original_s(self) -> float:
+        return statistics.median(self.times[ORIGINAL])
+
+    @property
+    def noise(self) -> float:
+        """How far the original's second copy is from the original (paired ratio)."""
+        return abs(self.ratio(AGAIN) - 1.0)
+
+    @property
+    def threshold(self) -> float:
+        """The relative difference below which two latencies count as equal."""
+        return max(self.noise, NOISE_FLOOR)
+
+    def ratio(self, label: str, to: str = ORIGINAL) -> float:
+        """Median over rounds of ``label``'s time over ``to``'s."""
+        pairs = zip(self.times[label], self.times[to], strict=True)
+        return statistics.median(a / b for a, b in pairs)
+
+    def faster(self, label: str, than: str) -> bool:
+        """``label`` beats ``than`` by more than the noise."""
+        return self.ratio(label, than) < 1 - self.threshold
+
+    def line(self, label: str) -> str:
+        """``latency 20.1 -> 7.5 ms (0.37x; noise +-2%) onnxruntime 1.32 ...``"""
+        return (
+            f"latency {_ms(self.original_s)} -> {_ms(self.medians[label])} ms "
+            f"({self.ratio(label):.2f}x; noise +-{self.noise:.0%}) {self.runtime}"
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "runtime": self.runtime,
+            "rounds": self.rounds,
+            "noise": self.noise,
+            "medians_s": self.medians,
+            "ratios": {label: self.ratio(label) for label in self.times},
+        }
+
+
+def _ms(seconds: float) -> str:
+    ms = seconds * 1000
+    return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
+
+
+def feeds_for(
+    original: str | os.PathLike[str],
+    input_shapes: Mapping[str, list[int]] | None = None,
+    inputs_npz: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
+    """The verifier's inputs for ``original`` (seeded random, or an .npz's arrays)."""
+    return make_inputs(session(original), input_shapes, inputs_npz, seed, model=original)
+
+
+def _feeds_of(path: str | os.PathLike[str], feeds: dict[str, np.ndarray]) -> dict:
+    """``feeds`` in the layout a variant declares (``--layout`` records a permutation)."""
+    perms = input_permutations(path)
+    return {
+        k: np.ascontiguousarray(v.transpose(perms[k])) if k in perms else v
+        for k, v in feeds.items()
+    }
+
+
+def measure(
+    original: str | os.PathLike[str],
+    variants: Mapping[str, str | os.PathLike[str]],
+    runtime: Runtime,
+    *,
+    seconds: float = 5.0,
+    feeds: dict[str, np.ndarray] | None = None,
+    input_shapes: Mapping[str, list[int]] | None = None,
+    inputs_npz: str | os.PathLike[str] | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> Measurement:
+    """Median latency of ``original`` (twice) and of each variant (label -> file), in
+    rounds for about ``seconds`` after the warm-up (at least MIN_ROUNDS).
+    ``progress`` gets the fraction of rounds done."""
+    if ORIGINAL in variants or AGAIN in variants:
+        raise ValueError(f"variant labels {ORIGINAL!r} and {AGAIN!r} are reserved")
+    if feeds is None:
+        feeds = feeds_for(original, input_shapes, inputs_npz)
+    paths = {ORIGINAL: original, AGAIN: original, **variants}
+    loaded = {label: runtime.load(path) for label, path in paths.items()}
+    feed_sets = {label: _feeds_of(path, feeds) for label, path in paths.items()}
+    clock = runtime.clock
+    round_s = 0.0
+    for label, sess in loaded.items():
+        took = 0.0
+        for _ in range(WARMUP):
+            start = clock()
+            sess.run(feed_sets[label])
+            took = clock() - start
+        round_s += took
+    rounds = int(min(MAX_ROUNDS, max(MIN_ROUNDS, seconds / max(round_s, 1e-9))))
+    times: dict[str, list[float]] = {label: [] for label in loaded}
+    order = list(loaded)
+    for i in range(rounds):
+        for label in order if i % 2 == 0 else reversed(order):
+            start = clock()
+            loaded[label].run(feed_sets[label])
+            times[label].append(clock() - start)
+        if progress is not None:
+            progress((i + 1) / rounds)
+    return Measurement(runtime.describe(), rounds, times)

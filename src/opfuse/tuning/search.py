@@ -1,0 +1,271 @@
+"""Measured tuning (the AOE of opfuse): a greedy coordinate search over optimize's
+settings for the fastest verified variant on the target runtime.
+
+From the default optimize, each trial flips one choice of the current best (a pass that
+matched in this model, the layout, an opset upgrade that lets a matching pass run); the
+variant is built, verified against the original, and measured paired with the original
+(twice, for the noise) and the current best. A flip is kept only when it beats the best by
+more than the noise, twice in a row. The search stops when no flip helps or the budget is spent; the
+result is then measured against the original once more, and the original itself is the
+result when nothing beats it."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opfuse.errors import OpfuseError
+from opfuse.model import io
+from opfuse.runtime import Runtime
+from opfuse.tuning.measure import ORIGINAL as ORIGINAL_LABEL
+from opfuse.tuning.measure import Measurement, feeds_for, measure
+from opfuse.tuning.variants import DEFAULT, ORIGINAL, Built, Probe, Variant, build, probe
+
+BEST, CANDIDATE = "best", "candidate"
+
+
+@dataclass
+class Trial:
+    """One row of the report."""
+
+    variant: Variant
+    nodes: int
+    verification: str  # "ok" or why it failed
+    ratio: float | None = None  # latency / the original's, in the same rounds
+    noise: float | None = None
+    kept: bool = False
+    note: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "settings": self.variant.label,
+            "switches": dict(self.variant.switches),
+            "layout": self.variant.layout,
+            "target_opset": self.variant.target_opset,
+            "static_shapes": self.variant.static_shapes,
+            "nodes": self.nodes,
+            "verification": self.verification,
+            "latency_ratio": self.ratio,
+            "noise": self.noise,
+            "kept": self.kept,
+            "note": self.note,
+        }
+
+
+@dataclass
+class TuneResult:
+    runtime: str
+    probe: Probe
+    trials: list[Trial] = field(default_factory=list)
+    best: Variant = ORIGINAL  # what is written
+    searched: Variant = ORIGINAL  # the search's best, measured last against the original
+    final: Measurement | None = None  # that last measurement
+    beat_original: bool = False
+    budget_spent: bool = False
+    command: str = ""  # the opfuse optimize command line that rebuilds the written model
+    switch_file: Path | None = None  # where its fusion switch file was written
+
+    @property
+    def ratio(self) -> float:
+        """The written model's latency over the original's (1.0 for the original)."""
+        return 1.0 if self.final is None or self.best.original else self.final.ratio(BEST)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "runtime": self.runtime,
+            "best": self.best.label,
+            "beat_original": self.beat_original,
+            "latency_ratio": self.ratio,
+            "noise": None if self.final is None else self.final.noise,
+            "budget_spent": self.budget_spent,
+            "opset_upgrades": {k: list(v) for k, v in self.probe.upgrades.items()},
+            "trials": [t.to_json() for t in self.trials],
+        }
+
+
+@dataclass
+class TuneSettings:
+    budget_s: float = 120.0
+    bench_seconds: float = 3.0
+    input_shapes: Mapping[str, list[int]] | None = None
+    inputs_npz: str | os.PathLike[str] | None = None
+    rtol: float = 1e-4
+    atol: float = 1e-5
+    static_shapes: bool = False  # try the inputs re-declared with input_shapes
+
+
+class Search:
+    """The search's state: built variants cached by their settings, the deadline."""
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        runtime: Runtime,
+        workdir: Path,
+        settings: TuneSettings,
+        progress: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.model_path = model_path
+        self.runtime = runtime
+        self.workdir = workdir
+        self.settings = settings
+        self.progress = progress or (lambda what: None)
+        self.clock = clock
+        self.deadline = clock() + settings.budget_s
+        self.built: dict[Variant, Built] = {}
+        self.feeds = feeds_for(model_path, settings.input_shapes, settings.inputs_npz)
+
+    def build(self, variant: Variant) -> Built:
+        if variant not in self.built:
+            out = self.workdir / f"variant{len(self.built)}.onnx"
+            self.built[variant] = build(
+                self.model_path,
+                variant,
+                out,
+                input_shapes=self.settings.input_shapes,
+                inputs_npz=self.settings.inputs_npz,
+                rtol=self.settings.rtol,
+                atol=self.settings.atol,
+            )
+        return self.built[variant]
+
+    def measure(self, variants: Mapping[str, Built]) -> Measurement:
+        return measure(
+            self.model_path,
+            {label: b.path for label, b in variants.items()},
+            self.runtime,
+            seconds=self.settings.bench_seconds,
+            feeds=self.feeds,
+        )
+
+    def time_left(self) -> bool:
+        return self.clock() < self.deadline
+
+
+def tune(
+    model_path: str | os.PathLike[str],
+    runtime: Runtime,
+    settings: TuneSettings | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    workdir: str | os.PathLike[str] | None = None,
+    keep: Callable[[TuneResult, Built], None] | None = None,
+) -> TuneResult:
+    """Search for the fastest verified variant of ``model_path`` on ``runtime``.
+    ``keep`` receives the result and the chosen variant's build before the work folder
+    is removed (write the model out there). ``progress`` gets the trial under way."""
+    settings = settings or TuneSettings()
+    # a staging folder by io's naming, so that one left by a killed run is swept later
+    with tempfile.TemporaryDirectory(prefix=io.STAGING_PREFIX + "stage-", dir=workdir) as tmp:
+        search = Search(model_path, runtime, Path(tmp), settings, progress, clock)
+        result = _search(search)
+        if keep is not None:
+            keep(result, search.build(result.best))
+    return result
+
+
+def _search(s: Search) -> TuneResult:
+    s.progress("probing which settings match")
+    found = probe(io.load_model(s.model_path))
+    found.static_shapes = s.settings.static_shapes and bool(s.settings.input_shapes)
+    result = TuneResult(s.runtime.describe(), found)
+    original = s.build(ORIGINAL)
+    result.trials.append(Trial(ORIGINAL, original.nodes, "ok", 1.0, note="the input"))
+    s.progress(DEFAULT.label)
+    default = s.build(DEFAULT)
+    best = ORIGINAL
+    if not default.ok:
+        result.trials.append(Trial(DEFAULT, default.nodes, default.failure, note="not measured"))
+    else:
+        m = s.measure({BEST: default})
+        result.trials.append(
+            Trial(DEFAULT, default.nodes, "ok", m.ratio(BEST), m.noise, True, "the start")
+        )
+        best = DEFAULT
+    tried = {ORIGINAL, DEFAULT}
+    improved = not best.original
+    while improved:
+        improved = False
+        for variant in found.flips(best):
+            if variant in tried:
+                continue
+            if not s.time_left():
+                result.budget_spent = True
+                break
+            tried.add(variant)
+            s.progress(variant.label)
+            trial = _try(s, best, variant)
+            result.trials.append(trial)
+            if trial.kept:
+                best, improved = variant, True
+                break
+    _finish(s, result, best)
+    return result
+
+
+def _try(s: Search, best: Variant, variant: Variant) -> Trial:
+    """Build, verify and measure one flip against the current best. A flip that looks
+    faster is measured a second time and kept only if it is faster again: on a loaded
+    machine one pair of medians can differ by more than the original's two copies did."""
+    built = s.build(variant)
+    if not built.ok:
+        return Trial(variant, built.nodes, built.failure, note="not measured")
+    pair = {BEST: s.build(best), CANDIDATE: built}
+    try:
+        m = s.measure(pair)
+        kept = m.faster(CANDIDATE, BEST)
+        note = f"{_vs_best(m)} the best"
+        if kept:
+            again = s.measure(pair)
+            kept = again.faster(CANDIDATE, BEST)
+            note += f", {'confirmed' if kept else 'not confirmed'} at {_vs_best(again)}"
+    except OpfuseError as exc:  # the runtime refused the variant: that is the trial's result
+        return Trial(variant, built.nodes, "ok", note=f"runtime failed: {exc}")
+    return Trial(variant, built.nodes, "ok", m.ratio(CANDIDATE), m.noise, kept, note)
+
+
+def _vs_best(m: Measurement) -> str:
+    return f"{m.ratio(CANDIDATE, BEST):.3f}x"
+
+
+def _finish(s: Search, result: TuneResult, best: Variant) -> None:
+    """Measure the best against the original once more: the result is the one measured
+    faster (the original unless the best is)."""
+    result.searched = best
+    if best.original:
+        return
+    s.progress("final measurement")
+    m = s.measure({BEST: s.build(best)})
+    result.final = m
+    result.beat_original = m.faster(BEST, ORIGINAL_LABEL)
+    result.best = best if m.ratio(BEST) < 1.0 else ORIGINAL
+
+
+def write_outputs(
+    result: TuneResult,
+    built: Built,
+    model_path: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    switch_file: str | os.PathLike[str],
+    report: str | os.PathLike[str] | None = None,
+    input_shapes: Mapping[str, list[int]] | None = None,
+) -> str:
+    """Write the chosen model, its switch file (and the report); return the command line
+    that rebuilds it."""
+    io.save_model(io.load_model(built.path), output, input_path=model_path)
+    io.write_text(
+        switch_file, json.dumps(result.best.switch_file(), indent=2) + "\n", what="switch file"
+    )
+    shapes = input_shapes if result.best.static_shapes else None
+    command = result.best.command(model_path, output, switch_file, shapes)
+    if report is not None:
+        data = {**result.to_json(), "command": command, "switch_file": str(switch_file)}
+        io.write_text(report, json.dumps(data, indent=2) + "\n", what="tune report")
+    return command

@@ -1,0 +1,448 @@
+"""Numeric comparison of two models under onnxruntime with its own optimizations off,
+so that onnxruntime's fusions cannot hide a broken one of ours."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnxruntime as ort
+
+from opfuse.errors import OpfuseError, VerificationError, first_line
+from opfuse.model.graphs import INPUT_PERMUTATION_KEY
+from opfuse.verification import inputs as verify_inputs
+from opfuse.verification import tolerance
+from opfuse.verification.inputs import InputPlan
+
+if TYPE_CHECKING:
+    import onnx
+
+ORT_DTYPES = {f"tensor({k})": v for k, v in verify_inputs.ORT_DTYPES.items() if k != "string"}
+
+
+def session(
+    path: str | os.PathLike[str], optimize: bool = False, threads: int = 0
+) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if optimize
+        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
+    opts.intra_op_num_threads = threads
+    opts.log_severity_level = 4  # its own log line would precede our one-line error
+    try:
+        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own exception types
+        first = first_line(exc)
+        raise OpfuseError(f"{path}: onnxruntime cannot load the model: {first}") from None
+
+
+def parse_input_shapes(specs: list[str] | None) -> dict[str, list[int]]:
+    """``name:1,3,224,224`` items to a dict."""
+    shapes: dict[str, list[int]] = {}
+    for spec in specs or []:
+        name, sep, dims = spec.rpartition(":")
+        try:
+            if not sep or not name:
+                raise ValueError
+            shapes[name] = [int(d) for d in dims.split(",") if d.strip()]
+        except ValueError:
+            raise OpfuseError(
+                f"--input-shape {spec!r}: expected NAME:D0,D1,... with integers"
+            ) from None
+        if any(d < 0 for d in shapes[name]):
+            raise OpfuseError(f"--input-shape {spec!r}: dims must be 0 or more")
+    return shapes
+
+
+def _dims_text(dims: list[int | str | None]) -> str:
+    return "[" + ",".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+def declared_shape(
+    spec: ort.NodeArg, model: str | os.PathLike[str] | None
+) -> list[int | str | None] | None:
+    """The dims a model declares for an input; None where its rank is unknown.
+    onnxruntime reports an unknown rank as [] (a scalar's too): the model file tells."""
+    if spec.shape or model is None:
+        return list(spec.shape) if spec.shape else None
+    import onnx
+
+    proto = onnx.load_model(str(model), load_external_data=False)
+    for value in proto.graph.input:
+        if value.name == spec.name and value.type.tensor_type.HasField("shape"):
+            return []
+    return None
+
+
+def check_input_shape(
+    spec: ort.NodeArg, dims: list[int], model: str | os.PathLike[str] | None = None
+) -> None:
+    """``--input-shape`` dims must have the input's rank and keep its fixed dims."""
+    declared = declared_shape(spec, model)
+    if declared is None:
+        return
+    given = f"--input-shape {spec.name}:{','.join(map(str, dims))}"
+    if len(dims) != len(declared):
+        raise OpfuseError(
+            f"{given}: input {spec.name!r} has rank {len(declared)} {_dims_text(declared)}; "
+            f"give {len(declared)} dims"
+        )
+    for i, (d, a) in enumerate(zip(declared, dims, strict=True)):
+        if isinstance(d, int) and d >= 0 and d != a:
+            raise OpfuseError(
+                f"{given}: input {spec.name!r} is {_dims_text(declared)}, its dim {i} is fixed at {d}"
+            )
+
+
+def make_inputs(
+    sess: ort.InferenceSession,
+    input_shapes: Mapping[str, list[int]] | None = None,
+    inputs_npz: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+    model: str | os.PathLike[str] | None = None,
+) -> dict[str, np.ndarray]:
+    """Seeded inputs for every model input (opfuse.verification.inputs), or the arrays of an
+    ``.npz``. ``model``: the session's file, read for a scalar input's rank and for the
+    uses of integer inputs."""
+    return make_inputs_and_plan(sess, input_shapes, inputs_npz, seed, model)[0]
+
+
+def make_inputs_and_plan(
+    sess: ort.InferenceSession,
+    input_shapes: Mapping[str, list[int]] | None = None,
+    inputs_npz: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+    model: str | os.PathLike[str] | None = None,
+) -> tuple[dict[str, np.ndarray], InputPlan | None]:
+    """make_inputs and how each input was generated (None for an ``.npz``)."""
+    specs = sess.get_inputs()
+    names = [i.name for i in specs]
+    for name in input_shapes or {}:
+        if name not in names:
+            raise OpfuseError(
+                f"--input-shape names {name!r}, which is not a model input ({', '.join(names)})"
+            )
+    for spec in specs:
+        if input_shapes and spec.name in input_shapes:
+            check_input_shape(spec, input_shapes[spec.name], model)
+    if inputs_npz is not None:
+        return _load_npz(inputs_npz, specs), None
+    proto = None
+    if model is not None:
+        import onnx
+
+        proto = onnx.load_model(str(model), load_external_data=False)
+    feeds, plan = verify_inputs.generate(specs, input_shapes, proto, seed)
+    return feeds, plan  # type: ignore[return-value]  # sequences are lists of arrays
+
+
+def _load_npz(path: str | os.PathLike[str], specs: list) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as exc:
+        raise OpfuseError(f"{path}: cannot read inputs .npz: {exc}") from None
+    feeds: dict[str, np.ndarray] = {}
+    for spec in specs:
+        if spec.name not in arrays:
+            raise OpfuseError(f"{path}: has no array for model input {spec.name!r}")
+        array = arrays.pop(spec.name)
+        dtype = ORT_DTYPES.get(spec.type)
+        if dtype is not None and array.dtype != dtype:
+            raise OpfuseError(
+                f"{path}: array {spec.name!r} is {array.dtype}, the input is {spec.type}"
+            )
+        if len(array.shape) != len(spec.shape) or any(
+            isinstance(d, int) and d >= 0 and d != a
+            for d, a in zip(spec.shape, array.shape, strict=True)
+        ):
+            raise OpfuseError(
+                f"{path}: array {spec.name!r} has shape {list(array.shape)}, the input is {spec.shape}"
+            )
+        feeds[spec.name] = array
+    if arrays:
+        raise OpfuseError(f"{path}: array {sorted(arrays)[0]!r} is not a model input")
+    return feeds
+
+
+def run_model(
+    sess: ort.InferenceSession,
+    feeds: dict[str, np.ndarray],
+    path: str | os.PathLike[str],
+    hint: str = "",
+) -> list[np.ndarray]:
+    """One inference; a model that cannot run on these inputs (dims that contradict each
+    other or the model) is a one-line error naming the file, ending in ``hint``."""
+    quiet = ort.RunOptions()
+    quiet.log_severity_level = 4  # the failure is reported once, below, not logged too
+    try:
+        return list(sess.run(None, feeds, quiet))
+    except Exception as exc:  # onnxruntime raises its own exception types
+        first = first_line(exc)
+        shapes = ", ".join(  # a sequence input is a list of arrays
+            f"{k} {list(v.shape) if hasattr(v, 'shape') else 'sequence'}" for k, v in feeds.items()
+        )
+        raise OpfuseError(
+            f"{path}: onnxruntime cannot run the model on inputs {shapes}: {first}{hint}"
+        ) from None
+
+
+GENERATED_HINT = (
+    " (the inputs were generated; give realistic ones with --verify-inputs inputs.npz,"
+    " or sizes with --input-shape)"
+)
+
+
+@dataclass
+class OutputDiff:
+    name: str
+    max_abs: float
+    max_rel: float
+    ok: bool
+    detail: str = ""
+    # the bound applied: |got - ref| <= abs_bound + rtol * |ref| (abs_bound is atol scaled
+    # by the output's magnitude); used: the worst element's error as a share of its bound
+    abs_bound: float = 0.0
+    used: float = 0.0
+
+
+@dataclass
+class VerifyReport:
+    outputs: list[OutputDiff]
+    rtol: float
+    atol: float
+    input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    seed: int | None = None  # None: the inputs came from an .npz
+    feeds: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    inputs: list[str] = field(default_factory=list)  # how each input was generated
+
+    @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outputs)
+
+    def failure(self) -> str:
+        bad = [o for o in self.outputs if not o.ok]
+        return "; ".join(
+            f"output {o.name!r} {o.detail or f'differs by {o.max_abs:.3g} (relative {o.max_rel:.3g})'}"
+            for o in bad
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "ok": self.ok,
+            "rtol": self.rtol,
+            "atol": self.atol,
+            "input_shapes": self.input_shapes,
+            "seed": self.seed,
+            "outputs": [o.__dict__ for o in self.outputs],
+            "inputs": self.inputs,
+        }
+
+
+def compare_arrays(
+    name: str, ref: np.ndarray, got: np.ndarray, rtol: float, atol: float
+) -> OutputDiff:
+    """Allclose with atol scaled by the output's magnitude: ``|got - ref| <= atol *
+    max(1, max|ref|) + rtol * |ref|`` (rtol and atol no tighter than the dtype's precision,
+    opfuse.verification.tolerance), NaN and inf only where the reference has them."""
+    if ref.shape != got.shape:
+        return OutputDiff(
+            name,
+            float("inf"),
+            float("inf"),
+            False,
+            f"has shape {list(got.shape)}, expected {list(ref.shape)}",
+        )
+    if ref.size == 0:
+        return OutputDiff(name, 0.0, 0.0, True)
+    if not np.issubdtype(ref.dtype, np.number) or not np.issubdtype(ref.dtype, np.inexact):
+        same = bool(np.array_equal(ref, got))
+        return OutputDiff(
+            name,
+            0.0 if same else float("inf"),
+            0.0 if same else float("inf"),
+            same,
+            "" if same else "differs (exact dtype)",
+        )
+    r, g = ref.astype(np.float64), got.astype(np.float64)
+    finite = np.isfinite(r)
+    if not np.array_equal(np.isnan(r), np.isnan(g)) or not np.array_equal(
+        r[np.isinf(r)], g[np.isinf(r)]
+    ):
+        return OutputDiff(
+            name, float("inf"), float("inf"), False, "has NaN or inf where the original does not"
+        )
+    if not finite.any():
+        return OutputDiff(name, 0.0, 0.0, True)
+    rtol, atol = tolerance.for_dtype(ref.dtype, rtol, atol)
+    diff = np.abs(r[finite] - g[finite])
+    bound = tolerance.allowed(r[finite], rtol, atol)
+    ok = bool(np.all(diff <= bound))
+    max_abs = float(diff.max())
+    # relative to |ref|, but never to less than the absolute tolerance: an element within
+    # it near a zero reference is not a 1e300 relative error
+    absolute = tolerance.allowed(r[finite], 0.0, atol)
+    floor = np.maximum(np.abs(r[finite]), np.maximum(absolute, np.finfo(np.float64).tiny))
+    max_rel = float(np.max(diff / floor))
+    used = float(np.max(diff / np.maximum(bound, np.finfo(np.float64).tiny)))
+    return OutputDiff(name, max_abs, max_rel, ok, abs_bound=float(absolute.flat[0]), used=used)
+
+
+def compare_values(name: str, ref: object, got: object, rtol: float, atol: float) -> OutputDiff:
+    """compare_arrays through a sequence output (a list of arrays, compared one by one)
+    and an optional one (None when absent)."""
+    if isinstance(ref, list) or isinstance(got, list):
+        if not isinstance(ref, list) or not isinstance(got, list) or len(ref) != len(got):
+            return OutputDiff(name, float("inf"), float("inf"), False, "differs (sequence)")
+        parts = [
+            compare_arrays(name, np.asarray(r), np.asarray(g), rtol, atol)
+            for r, g in zip(ref, got, strict=True)
+        ]
+        bad = [p for p in parts if not p.ok]
+        worst = max(parts, key=lambda p: p.max_abs, default=OutputDiff(name, 0.0, 0.0, True))
+        return bad[0] if bad else worst
+    if ref is None or got is None:
+        same = ref is None and got is None
+        return OutputDiff(
+            name,
+            0.0 if same else float("inf"),
+            0.0 if same else float("inf"),
+            same,
+            "" if same else "differs (optional)",
+        )
+    return compare_arrays(name, np.asarray(ref), np.asarray(got), rtol, atol)
+
+
+def input_permutations(path: str | os.PathLike[str]) -> dict[str, list[int]]:
+    """Layout changes recorded by the optimizer in the optimized model's metadata."""
+    import onnx
+
+    proto = onnx.load_model(str(path), load_external_data=False)
+    for prop in proto.metadata_props:
+        if prop.key == INPUT_PERMUTATION_KEY:
+            return {k: list(v) for k, v in json.loads(prop.value).items()}
+    return {}
+
+
+def check_feeds(
+    model: str | os.PathLike[str],
+    input_shapes: Mapping[str, list[int]] | None = None,
+    inputs_npz: str | os.PathLike[str] | None = None,
+) -> None:
+    """Fail now, with a one-line error, on ``--input-shape`` or ``.npz`` inputs that do not
+    fit ``model`` (optimize checks them before it works, not only when it verifies)."""
+    make_inputs(session(model), input_shapes, inputs_npz, model=model)
+
+
+def compare_files(
+    original: str | os.PathLike[str],
+    optimized: str | os.PathLike[str],
+    *,
+    rtol: float = 1e-4,
+    atol: float = 1e-5,
+    input_shapes: Mapping[str, list[int]] | None = None,
+    inputs_npz: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+) -> VerifyReport:
+    """Run both models on the same inputs and compare every output by name."""
+    ref_sess = session(original)
+    got_sess = session(optimized)
+    feeds, plan = make_inputs_and_plan(ref_sess, input_shapes, inputs_npz, seed, model=original)
+    perms = input_permutations(optimized)
+    got_feeds = {
+        k: (np.ascontiguousarray(v.transpose(perms[k])) if k in perms else v)
+        for k, v in feeds.items()
+    }
+    ref_out = dict(
+        zip(
+            [o.name for o in ref_sess.get_outputs()],
+            run_model(ref_sess, feeds, original, "" if plan is None else GENERATED_HINT),
+            strict=True,
+        )
+    )
+    wanted = [i.name for i in got_sess.get_inputs()]
+    missing = [n for n in wanted if n not in got_feeds]
+    if missing:
+        raise OpfuseError(
+            f"{Path(optimized)}: has input {missing[0]!r} that {Path(original)} does not"
+        )
+    try:
+        got_values = run_model(got_sess, {k: got_feeds[k] for k in wanted}, optimized)
+    except OpfuseError as exc:  # the original ran on these inputs: the optimized must too
+        raise VerificationError(str(exc)) from None
+    got_out = dict(zip([o.name for o in got_sess.get_outputs()], got_values, strict=True))
+    diffs = []
+    for name, ref in ref_out.items():
+        if name not in got_out:
+            diffs.append(
+                OutputDiff(
+                    name, float("inf"), float("inf"), False, "is missing from the optimized model"
+                )
+            )
+            continue
+        diffs.append(compare_values(name, ref, got_out[name], rtol, atol))
+    judge_by_float64(original, feeds, ref_out, got_out, diffs, rtol, atol)
+    shapes = {k: list(np.shape(v)) for k, v in feeds.items() if isinstance(v, np.ndarray)}
+    return VerifyReport(
+        diffs,
+        rtol,
+        atol,
+        shapes,
+        None if inputs_npz is not None else seed,
+        feeds=dict(feeds),
+        inputs=plan.lines() if plan is not None else [],
+    )
+
+
+def judge_by_float64(
+    original: str | os.PathLike[str],
+    feeds: Mapping[str, np.ndarray],
+    ref_out: Mapping[str, np.ndarray],
+    got_out: Mapping[str, np.ndarray],
+    diffs: list[OutputDiff],
+    rtol: float,
+    atol: float,
+) -> None:
+    """Float outputs that failed the plain rule pass when they are as close to the
+    original run in float64 as the original's own float32 output (opfuse.verification.tolerance)."""
+    failed = [
+        d
+        for d in diffs
+        if not d.ok
+        and not d.detail
+        and isinstance(ref_out[d.name], np.ndarray)
+        and ref_out[d.name].dtype == np.float32
+    ]
+    if not failed:
+        return
+    import onnx
+
+    try:
+        truth = tolerance.run_float64(
+            onnx.load_model(str(original)), feeds, lambda m: _proto_session(m)
+        )
+    except Exception:  # no float64 model onnxruntime runs: the plain rule stands
+        return
+    for d in failed:
+        ref, got = np.asarray(ref_out[d.name]), np.asarray(got_out[d.name])
+        if d.name in truth and tolerance.within_rounding(ref, got, truth[d.name], rtol, atol):
+            d.ok = True
+            d.detail = "within the original's own float32 error against float64"
+
+
+def _proto_session(model: onnx.ModelProto) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 4
+    return ort.InferenceSession(
+        model.SerializeToString(),
+        opts,
+        providers=["CPUExecutionProvider"],
+    )
