@@ -247,3 +247,21 @@ def test_importing_opfuse_is_cheap_and_names_load_on_first_use():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_tune_is_public_and_writes_the_variant_its_switch_file_and_command(tmp_path):
+    out = tmp_path / "convnet.tuned.onnx"
+    result = opfuse.tune(EXAMPLE, out, budget=3, bench_seconds=0.2)
+    assert isinstance(result, opfuse.TuneResult)
+    assert out.exists() and onnx.load(str(out)).graph.node
+    switch = json.loads((tmp_path / "convnet.tuned.onnx.fusion_switch.cfg").read_text())
+    assert "Switch" in switch
+    assert result.switch_file == tmp_path / "convnet.tuned.onnx.fusion_switch.cfg"
+    assert result.command.startswith("opfuse optimize ") and str(out) in result.command
+    assert result.trials and result.ratio > 0
+
+
+def test_tune_refuses_a_bad_budget_before_any_work(tmp_path):
+    with pytest.raises(opfuse.OpfuseError, match="--budget"):
+        opfuse.tune(EXAMPLE, tmp_path / "x.onnx", budget=0)
+    assert list(tmp_path.iterdir()) == []
