@@ -265,3 +265,11 @@ def test_tune_refuses_a_bad_budget_before_any_work(tmp_path):
     with pytest.raises(opfuse.OpfuseError, match="--budget"):
         opfuse.tune(EXAMPLE, tmp_path / "x.onnx", budget=0)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_package_re_exports_exactly_the_api_modules_names():
+    import opfuse.api
+
+    assert set(opfuse.__all__) - {"__version__"} == set(opfuse.api.__all__)
+    for name in opfuse.api.__all__:
+        assert getattr(opfuse, name) is getattr(opfuse.api, name), name
