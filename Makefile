@@ -23,7 +23,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
 	$(BIN)/mypy
-	$(BIN)/lint-imports
+	$(BIN)/lint-imports --no-cache
 
 test: lint
 	$(BIN)/pytest -q
