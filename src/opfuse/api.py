@@ -187,7 +187,7 @@ def optimize(
     if isinstance(model, onnx.ModelProto):
         proto_result: OptimizeResult[onnx.ModelProto] = dataclasses.replace(
             result,  # type: ignore[arg-type, assignment]
-            model=ir.to_proto(result.model),
+            model=io.to_proto(result.model),
         )
         workdir.cleanup()
         return proto_result
@@ -342,7 +342,7 @@ class InferenceSession(ort.InferenceSession):  # type: ignore[misc]
         result = optimize(model, **optimize_options)
         self.optimize_result: OptimizeResult[Any] = result
         optimized = result.model
-        proto = optimized if isinstance(optimized, onnx.ModelProto) else ir.to_proto(optimized)
+        proto = optimized if isinstance(optimized, onnx.ModelProto) else io.to_proto(optimized)
         if proto.ByteSize() > PROTOBUF_LIMIT:
             raise OpfuseError(
                 "the optimized model is over 2 GB: write it with opfuse.optimize(..., output=) "

@@ -227,6 +227,8 @@ def _print_summary(result, model: Path, output: Path) -> None:  # type: ignore[n
     out.print(f"{result.rounds} rounds; time: {timings_text(result.timings)}")
     for note in result.notes:
         out.print(f"note: {note}", markup=False)
+    for part in result.left_alone:
+        out.print(f"left alone: {part}", markup=False)
 
 
 def _print_outputs(report, indent: str = "") -> None:  # type: ignore[no-untyped-def]

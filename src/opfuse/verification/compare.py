@@ -296,15 +296,19 @@ def compare_arrays(
 
 
 def compare_values(name: str, ref: object, got: object, rtol: float, atol: float) -> OutputDiff:
-    """compare_arrays through a sequence output (a list of arrays, compared one by one)
-    and an optional one (None when absent)."""
+    """compare_arrays through a sequence output (a list of arrays, compared one by one),
+    a map (skl2onnx's ZipMap: the same keys, the values compared as one array) and an
+    optional one (None when absent)."""
+    if isinstance(ref, dict) or isinstance(got, dict):
+        if not isinstance(ref, dict) or not isinstance(got, dict) or list(ref) != list(got):
+            return OutputDiff(name, float("inf"), float("inf"), False, "differs (map keys)")
+        return compare_arrays(
+            name, np.asarray(list(ref.values())), np.asarray(list(got.values())), rtol, atol
+        )
     if isinstance(ref, list) or isinstance(got, list):
         if not isinstance(ref, list) or not isinstance(got, list) or len(ref) != len(got):
             return OutputDiff(name, float("inf"), float("inf"), False, "differs (sequence)")
-        parts = [
-            compare_arrays(name, np.asarray(r), np.asarray(g), rtol, atol)
-            for r, g in zip(ref, got, strict=True)
-        ]
+        parts = [compare_values(name, r, g, rtol, atol) for r, g in zip(ref, got, strict=True)]
         bad = [p for p in parts if not p.ok]
         worst = max(parts, key=lambda p: p.max_abs, default=OutputDiff(name, 0.0, 0.0, True))
         return bad[0] if bad else worst
