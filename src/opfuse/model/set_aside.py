@@ -66,7 +66,20 @@ def _type_problem(type_proto: onnx.TypeProto) -> str | None:
 
 
 def _describe(type_proto: onnx.TypeProto) -> str:
-    return onnx.helper.printable_type(type_proto)
+    """``seq(map(int64, tensor(float)))``: the type as onnx's operator docs write it."""
+    case = type_proto.WhichOneof("value")
+    if case in ("tensor_type", "sparse_tensor_type"):
+        inner = getattr(type_proto, case)
+        name = onnx.helper.tensor_dtype_to_string(inner.elem_type).removeprefix("TensorProto.")
+        return f"{'tensor' if case == 'tensor_type' else 'sparse_tensor'}({name.lower()})"
+    if case in ("sequence_type", "optional_type"):
+        inner = getattr(type_proto, case)
+        return f"{case[:3] if case == 'sequence_type' else 'optional'}({_describe(inner.elem_type)})"
+    if case == "map_type":
+        key = onnx.helper.tensor_dtype_to_string(type_proto.map_type.key_type)
+        value = _describe(type_proto.map_type.value_type)
+        return f"map({key.removeprefix('TensorProto.').lower()}, {value})"
+    return case or "no type"
 
 
 def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
