@@ -74,7 +74,9 @@ def _describe(type_proto: onnx.TypeProto) -> str:
         return f"{'tensor' if case == 'tensor_type' else 'sparse_tensor'}({name.lower()})"
     if case in ("sequence_type", "optional_type"):
         inner = getattr(type_proto, case)
-        return f"{case[:3] if case == 'sequence_type' else 'optional'}({_describe(inner.elem_type)})"
+        return (
+            f"{case[:3] if case == 'sequence_type' else 'optional'}({_describe(inner.elem_type)})"
+        )
     if case == "map_type":
         key = onnx.helper.tensor_dtype_to_string(type_proto.map_type.key_type)
         value = _describe(type_proto.map_type.value_type)
