@@ -164,8 +164,9 @@ def optimize(
             static_shapes=static_shapes,
         )
     if log_level != "error":
-        for warning in result.warnings:
-            err.print(f"opfuse: warning: {warning}", markup=False)
+        input_warnings = [] if result.verify is None else result.verify.input_warnings
+        for warning in [*result.warnings, *input_warnings]:
+            err.print(f"opfuse: warning: {warning}", markup=False, soft_wrap=True)
     if log_level in ("info", "debug"):
         for line in result.skipped:
             err.print(f"[INFO] OPFUSE {line}", soft_wrap=True, markup=False)

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from opfuse.cli.console import err
 from opfuse.cli.options import PathArg, runtime_options
 
 
@@ -145,3 +146,5 @@ def _print_tune(result, command: str, switch_file: Path) -> None:  # type: ignor
         )
     out.print(f"switch file: {switch_file}", markup=False)
     out.print(f"rebuild: {command}", markup=False, soft_wrap=True)
+    for warning in result.warnings:
+        err.print(f"opfuse: warning: {warning}", markup=False, soft_wrap=True)

@@ -23,7 +23,7 @@ from opfuse.errors import OpfuseError
 from opfuse.model import io
 from opfuse.runtime import Runtime
 from opfuse.tuning.measure import ORIGINAL as ORIGINAL_LABEL
-from opfuse.tuning.measure import Measurement, feeds_for, measure
+from opfuse.tuning.measure import Measurement, feeds_and_warnings, measure
 from opfuse.tuning.variants import DEFAULT, ORIGINAL, Built, Probe, Variant, build, probe
 
 BEST, CANDIDATE = "best", "candidate"
@@ -69,6 +69,7 @@ class TuneResult:
     budget_spent: bool = False
     command: str = ""  # the opfuse optimize command line that rebuilds the written model
     switch_file: Path | None = None  # where its fusion switch file was written
+    warnings: list[str] = field(default_factory=list)  # about the generated inputs
 
     @property
     def ratio(self) -> float:
@@ -85,6 +86,7 @@ class TuneResult:
             "budget_spent": self.budget_spent,
             "opset_upgrades": {k: list(v) for k, v in self.probe.upgrades.items()},
             "trials": [t.to_json() for t in self.trials],
+            "warnings": self.warnings,
         }
 
 
@@ -119,7 +121,9 @@ class Search:
         self.clock = clock
         self.deadline = clock() + settings.budget_s
         self.built: dict[Variant, Built] = {}
-        self.feeds = feeds_for(model_path, settings.input_shapes, settings.inputs_npz)
+        self.feeds, self.input_warnings = feeds_and_warnings(
+            model_path, settings.input_shapes, settings.inputs_npz
+        )
 
     def build(self, variant: Variant) -> Built:
         if variant not in self.built:
@@ -175,7 +179,7 @@ def _search(s: Search) -> TuneResult:
     s.progress("probing which settings match")
     found = probe(io.load_model(s.model_path))
     found.static_shapes = s.settings.static_shapes and bool(s.settings.input_shapes)
-    result = TuneResult(s.runtime.describe(), found)
+    result = TuneResult(s.runtime.describe(), found, warnings=s.input_warnings)
     original = s.build(ORIGINAL)
     result.trials.append(Trial(ORIGINAL, original.nodes, "ok", 1.0, note="the input"))
     s.progress(DEFAULT.label)

@@ -222,6 +222,8 @@ class VerifyReport:
     seed: int | None = None  # None: the inputs came from an .npz
     feeds: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     inputs: list[str] = field(default_factory=list)  # how each input was generated
+    # generated inputs that decide a branch real inputs may not take (verification.inputs)
+    input_warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -243,6 +245,7 @@ class VerifyReport:
             "seed": self.seed,
             "outputs": [o.__dict__ for o in self.outputs],
             "inputs": self.inputs,
+            "input_warnings": self.input_warnings,
         }
 
 
@@ -402,6 +405,7 @@ def compare_files(
         None if inputs_npz is not None else seed,
         feeds=dict(feeds),
         inputs=plan.lines() if plan is not None else [],
+        input_warnings=plan.warnings if plan is not None else [],
     )
 
 
