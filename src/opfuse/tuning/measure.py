@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from opfuse.runtime import Runtime
+from opfuse.runtime import Runtime, Session
 from opfuse.verification.compare import input_permutations, make_inputs_and_plan, session
 
 ORIGINAL = "original"
@@ -141,7 +141,37 @@ def measure(
     paths = {ORIGINAL: original, AGAIN: original, **variants}
     loaded = {label: runtime.load(path) for label, path in paths.items()}
     feed_sets = {label: _feeds_of(path, feeds) for label, path in paths.items()}
-    clock = runtime.clock
+    rounds, times = _interleaved(loaded, feed_sets, runtime.clock, seconds, progress)
+    return Measurement(runtime.describe(), rounds, times, warnings)
+
+
+def measure_sessions(
+    model: str | os.PathLike[str],
+    baseline: Runtime,
+    candidates: Mapping[str, Runtime],
+    *,
+    seconds: float = 5.0,
+    feeds: dict[str, np.ndarray],
+) -> Measurement:
+    """One model under different session settings: ``baseline`` (twice, for the noise)
+    and each candidate runtime, paired and interleaved as ``measure`` does. The runtimes
+    must share one clock (a real runtime's is ``time.perf_counter``)."""
+    runtimes = {ORIGINAL: baseline, AGAIN: baseline, **candidates}
+    loaded = {label: rt.load(model) for label, rt in runtimes.items()}
+    feed_sets = {label: _feeds_of(model, feeds) for label in runtimes}
+    rounds, times = _interleaved(loaded, feed_sets, baseline.clock, seconds, None)
+    return Measurement(baseline.describe(), rounds, times)
+
+
+def _interleaved(
+    loaded: Mapping[str, Session],
+    feed_sets: Mapping[str, dict],
+    clock: Callable[[], float],
+    seconds: float,
+    progress: Callable[[float], None] | None,
+) -> tuple[int, dict[str, list[float]]]:
+    """Warm every session up, then time one run of each per round, the order reversed
+    every other round, for about ``seconds`` (MIN_ROUNDS..MAX_ROUNDS rounds)."""
     round_s = 0.0
     for label, sess in loaded.items():
         took = 0.0
@@ -160,4 +190,4 @@ def measure(
             times[label].append(clock() - start)
         if progress is not None:
             progress((i + 1) / rounds)
-    return Measurement(runtime.describe(), rounds, times, warnings)
+    return rounds, times
