@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+
 from qdq_models import calibration, cnn
 
 ROOT = Path(__file__).resolve().parents[1]
