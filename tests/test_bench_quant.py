@@ -41,7 +41,7 @@ def test_top5_and_the_common_class() -> None:
     acc = quant.accuracy([ref], [got], classes=True)
     assert acc["top1"] == 0.75 and acc["top5"] == 1.0
     assert acc["top1_rare"] == 0.0 and acc["common_share"] == 0.75
-    assert quant.top1_text(acc) == "75.0% (0.0% where float's class is not the common one)"
+    assert quant.top1_text(acc) == "75.0% (0.0% off the common class)"
 
 
 def test_text_lines_of_a_drawn_page() -> None:
@@ -100,3 +100,12 @@ def test_unknown_model_or_tool_is_refused() -> None:
         quant.parse_args(["--models", "nosuch"])
     with pytest.raises(SystemExit):
         quant.parse_args(["--tools", "nosuch"])
+
+
+def test_probability_map_iou_at_the_detectors_threshold() -> None:
+    ref = np.array([[0.0, 0.5, 0.9, 0.2]])
+    got = np.array([[0.4, 0.1, 0.8, 0.2]])  # above 0.3: ref {1, 2}, got {0, 2}
+    acc = quant.accuracy([ref], [got], classes=False)
+    assert acc["map_iou"] == pytest.approx(1 / 3)
+    assert quant.top1_text(acc) == "map IoU 33.3%"
+    assert "map_iou" not in quant.accuracy([ref * 3], [got * 3], classes=False)  # not a map
