@@ -417,7 +417,10 @@ def error(exc: BaseException) -> str:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    import onnx
+
     from bench.measure import node_count
+    from opfuse.quantization.kernels import integer_coverage
     from opfuse.runtime.cpu import cpu_features
 
     work: Path = args.out
@@ -445,6 +448,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 cell["quantize_s"] = time.perf_counter() - start
             try:
                 cell["nodes"] = node_count(out)
+                cov = integer_coverage(onnx.load_model(str(out)))
+                cell["int8_macs"] = cov.integer_fraction
+                cell["float_between_qdq"] = sum(cov.float_between_qdq.values())
                 cell["accuracy"] = accuracy(ref, outputs(out, case.evaluation), case.classes)
             except Exception as exc:  # an invalid int8 model is a finding, not a crash
                 cell = {"error": f"its int8 model does not run: {error(exc)}"}
@@ -495,14 +501,14 @@ def table(results: dict[str, Any], command: str) -> str:
         "is faster), noise = the original measured twice.",
         "",
         "| model | tool | SQNR dB | cosine | top-1 (or map IoU) | top-5 | ORT CPU ratio | OpenVINO ratio "
-        "| nodes (float) | quantize s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| MACs in int8 kernels (float ops between DQ and Q) | nodes (float) | quantize s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in results["models"].items():
         lat = row.get("latency", {})
         for tool, cell in row["tools"].items():
             if "error" in cell:
-                lines.append(f"| {name} | {tool} | {cell['error']} |  |  |  |  |  |  |  |")
+                lines.append(f"| {name} | {tool} | {cell['error']} |  |  |  |  |  |  |  |  |")
                 continue
             acc = cell["accuracy"]
             ratios = []
@@ -515,7 +521,8 @@ def table(results: dict[str, Any], command: str) -> str:
             lines.append(
                 f"| {name} | {tool} | {acc['sqnr_db']:.1f} | {acc['cosine']:.4f} "
                 f"| {top1_text(acc)} | {_pct(acc.get('top5'))} | {ratios[0]} "
-                f"| {ratios[1]} | {cell['nodes']} ({row['float_nodes']}) "
+                f"| {ratios[1]} | {_pct(cell.get('int8_macs'))} ({cell.get('float_between_qdq', '-')}) "
+                f"| {cell['nodes']} ({row['float_nodes']}) "
                 f"| {cell['quantize_s']:.1f} |"
             )
     lines.append("")
