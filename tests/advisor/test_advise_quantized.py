@@ -195,3 +195,14 @@ def test_advise_float_model_has_an_empty_section(tmp_path: Path) -> None:
     out = io.StringIO()
     render_text(report, Console(file=out, width=200, color_system=None))
     assert "Quantized model" not in out.getvalue()
+
+
+def test_int8_does_not_pay_advice_follows_the_cpu(tmp_path: Path) -> None:
+    path = tmp_path / "q.onnx"
+    onnx.save_model(quantize(cnn(), tmp_path), str(path))
+    costs = {"QuantizeLinear": 1e-3, "DequantizeLinear": 1e-3}
+    without = int8_pays(path, FakeRuntime(costs), 0.1, AVX2)[0]
+    with_vnni = int8_pays(path, FakeRuntime(costs), 0.1, AVX512_VNNI)[0]
+    assert "needs a CPU with VNNI or AMX" in str(without["what_to_do"])
+    assert "remove what eats the int8 kernels' gain" in str(with_vnni["what_to_do"])
+    assert "has VNNI" in str(with_vnni["why"])

@@ -61,7 +61,8 @@ def unfused_qdq(model: onnx.ModelProto, providers: list[str] | None) -> list[dic
         finding(
             "unfused_qdq",
             f"onnxruntime keeps {sum(cov.float_between_qdq.values())} float ops between "
-            f"DequantizeLinear and QuantizeLinear ({ops}); {cov.describe()}",
+            f"DequantizeLinear and QuantizeLinear ({ops}); {cov.integer_fraction:.0%} of "
+            "the Conv/MatMul/Gemm multiply-adds run in integer kernels",
             "each runs in float: its input is dequantized and its output quantized again, "
             "two extra passes over the tensor that a float model does not make",
             "keep these ops in float (exclude them, or their producer, from quantization "
@@ -303,13 +304,23 @@ def int8_pays(
     figures = f"int8 {ratio:.2f}x the float twin's latency (noise +-{m.noise:.0%}, {m.runtime})"  # type: ignore[attr-defined]
     if ratio < 1 - noise:
         return []
+    if cpu.vnni or cpu.amx:
+        what = (
+            "remove what eats the int8 kernels' gain (the float ops between DQ and Q and the "
+            "float layers above), try another runtime (OpenVINO), or ship the float model "
+            "optimized (opfuse optimize)"
+        )
+    else:
+        what = (
+            "ship the float model optimized (opfuse optimize) on this machine; int8 needs a "
+            "CPU with VNNI or AMX, another runtime (OpenVINO), or an accelerator to pay"
+        )
     return [
         finding(
             "int8_does_not_pay",
             f"int8 does not pay on this CPU: {figures}",
             f"{cpu.int8_verdict()} (this CPU: {cpu.describe()})",
-            "ship the float model optimized (opfuse optimize) on this machine; int8 needs a "
-            "CPU with VNNI/AMX, another runtime (OpenVINO), or an accelerator to pay",
+            what,
             [],
         )
     ]
