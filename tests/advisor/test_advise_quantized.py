@@ -206,3 +206,30 @@ def test_int8_does_not_pay_advice_follows_the_cpu(tmp_path: Path) -> None:
     assert "needs a CPU with VNNI or AMX" in str(without["what_to_do"])
     assert "remove what eats the int8 kernels' gain" in str(with_vnni["what_to_do"])
     assert "has VNNI" in str(with_vnni["why"])
+
+
+def test_float_twin_keeps_a_quantized_graph_output() -> None:
+    """x -> Q -> DQ -> Relu -> Q -> y (an int8 output): the last Q stays."""
+    inits = [
+        numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+        numpy_helper.from_array(np.array(128, np.uint8), "z"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="q"),
+        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"], name="d"),
+        helper.make_node("Relu", ["d"], ["r"], name="relu"),
+        helper.make_node("QuantizeLinear", ["r", "s", "z"], ["y"], name="qy"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "int8_out",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [4])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    twin = dequantized_float(model)
+    onnx.checker.check_model(twin)
+    assert [n.op_type for n in twin.graph.node] == ["Relu", "QuantizeLinear"]
+    x = np.array([-1.0, 0.0, 0.5, 2.0], np.float32)
+    assert run(twin, {"x": x}).tolist() == [128, 128, 133, 148]
