@@ -26,6 +26,7 @@ by ``opfuse.tuning.measure`` with the original measured twice (the noise)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -444,8 +445,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             cell: dict[str, Any] = {}
             with tempfile.TemporaryDirectory(prefix="bench-quant-") as tmp:
                 start = time.perf_counter()
-                try:
-                    QUANTIZERS[tool](case, out, Path(tmp))
+                try:  # in the temp folder: quant_pre_process leaves files in the cwd
+                    with contextlib.chdir(tmp):
+                        QUANTIZERS[tool](case, out.resolve(), Path(tmp))
                 except Exception as exc:  # one cell of the table, not the run
                     cell["error"] = error(exc)
                     print(f"   {tool}: {cell['error']}", flush=True)
@@ -569,6 +571,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=OUT, help="downloads and results (ignored)")
     p.add_argument("--docs", type=Path, default=None, help=f"update the section in e.g. {DOCS}")
     args = p.parse_args(argv)
+    args.out = args.out.resolve()  # the quantizers run in a temp folder
     args.models = [m for m in args.models.split(",") if m]
     unknown = [m for m in args.models if m not in ALL_MODELS]
     if unknown:
