@@ -54,3 +54,11 @@ def test_the_harness_tells_a_wrong_output(tmp_path):
     feeds = {"x": np.array([1.0, 2.0], np.float32)}
     assert conformance.output_wrong(path, feeds, [np.array([-1.0, -2.0], np.float32)]) is None
     assert "differs" in conformance.output_wrong(path, feeds, [np.array([1.0, 2.0], np.float32)])
+
+
+def test_every_ai_onnx_ml_model_of_the_suite():
+    """The ai.onnx.ml operators (classical ML: skl2onnx's exports) pass, all of them."""
+    paths = [p for p in conformance.cases(conformance.generate()) if "ai_onnx_ml" in p.name]
+    assert len(paths) >= 8
+    counts = check(list(conformance.run_all(paths, workers=2)))
+    assert counts["ok"] == len(paths), counts

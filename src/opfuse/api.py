@@ -37,7 +37,13 @@ from opfuse.pipeline.run import OptimizeResult
 from opfuse.rewrite.context import DEFAULT_FOLD_SIZE_LIMIT, Options
 from opfuse.rewrite.registry import PassInfo
 from opfuse.rules import all_passes
-from opfuse.runtime.settings import RuntimeSettings
+from opfuse.runtime import RUNTIMES
+from opfuse.runtime.settings import (
+    RuntimeSettings,
+    SessionSettings,
+    ort_session_options,
+    read_session_file,
+)
 from opfuse.tuning import search as tuning
 from opfuse.verification.compare import OutputDiff, VerifyReport, check_feeds, compare_files
 
@@ -187,7 +193,7 @@ def optimize(
     if isinstance(model, onnx.ModelProto):
         proto_result: OptimizeResult[onnx.ModelProto] = dataclasses.replace(
             result,  # type: ignore[arg-type, assignment]
-            model=ir.to_proto(result.model),
+            model=io.to_proto(result.model),
         )
         workdir.cleanup()
         return proto_result
@@ -250,6 +256,9 @@ def tune(
     input_shape: Mapping[str, Sequence[int]] | None = None,
     verify_inputs: str | os.PathLike[str] | None = None,
     static_shapes: bool = False,
+    session_search: bool = True,
+    max_threads: int | None = None,
+    runtimes: Sequence[str] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> TuneResult:
     """Search for the fastest verified variant of the model file ``model`` on the runtime
@@ -260,6 +269,13 @@ def tune(
     Returns the ``TuneResult``: ``result.best`` (the variant written), ``result.ratio``
     (its latency over the original's, measured), ``result.trials``, and
     ``result.command``, the ``opfuse optimize`` command line that rebuilds the output.
+
+    Then (``session_search``) the session settings are searched on that model: intra-op
+    threads up to ``max_threads`` (default: the machine's cores), sequential or parallel
+    execution, the graph optimization level, and the runtimes in ``runtimes`` (e.g.
+    ``["onnxruntime", "openvino"]``); the choice is written to ``OUTPUT.session.json``
+    (``result.session_file``; apply it with ``InferenceSession(..., session_file=)``), each
+    choice's measured ratio in ``result.session``.
     ``progress`` is called with the name of each trial as it starts."""
     model = Path(model)
     output = Path(output)
@@ -277,9 +293,22 @@ def tune(
         if switch_file_out is not None
         else output.with_name(output.name + ".fusion_switch.cfg")
     )
+    session_file = output.with_name(output.name + ".session.json") if session_search else None
     io.check_outputs(
-        model, [("-o", output), ("--switch-file-out", switch_file), ("--report", report)]
+        model,
+        [
+            ("-o", output),
+            ("--switch-file-out", switch_file),
+            ("--report", report),
+            ("the session file", session_file),
+        ],
     )
+    if max_threads is not None and max_threads < 1:
+        raise OpfuseError(f"--max-threads {max_threads}: must be 1 or more")
+    runtimes = tuple(runtimes) if runtimes else (runtime,)
+    for name in runtimes:
+        if name not in RUNTIMES:
+            raise OpfuseError(f"--runtimes {name!r}: expected some of {', '.join(RUNTIMES)}")
     io.read_proto(model)
     shapes = {k: [int(d) for d in v] for k, v in (input_shape or {}).items()}
     if shapes or verify_inputs is not None:
@@ -294,6 +323,15 @@ def tune(
         rtol=rtol,
         atol=atol,
         static_shapes=static_shapes,
+        session_search=session_search,
+        session_start=SessionSettings(
+            runtime,
+            provider,
+            intra_op_num_threads=threads,
+            graph_optimization_level=graph_opt,
+        ),
+        max_threads=max_threads,
+        runtimes=runtimes,
     )
     written: dict[str, str] = {}
     result = tuning.tune(
@@ -303,7 +341,9 @@ def tune(
         progress=progress,
         workdir=output.parent,
         keep=lambda found, built: written.update(
-            command=tuning.write_outputs(found, built, model, output, switch_file, report, shapes)
+            command=tuning.write_outputs(
+                found, built, model, output, switch_file, report, shapes, session_file
+            )
         ),
     )
     result.command = written.get("command", "")
@@ -322,6 +362,10 @@ class InferenceSession(ort.InferenceSession):  # type: ignore[misc]
     ``provider_options`` go to onnxruntime unchanged; other keywords are
     ``opfuse.optimize``'s (verification is on by default: the session is built only on
     a model that verified). ``optimize_result`` tells what was done.
+
+    ``session_file``: the ``OUTPUT.session.json`` ``opfuse tune`` wrote: its threads,
+    execution mode, graph optimization level and provider make the SessionOptions (give
+    it instead of ``sess_options``).
     """
 
     def __init__(
@@ -330,10 +374,20 @@ class InferenceSession(ort.InferenceSession):  # type: ignore[misc]
         sess_options: ort.SessionOptions | None = None,
         providers: Sequence[str | tuple[str, dict[str, Any]]] | None = None,
         provider_options: Sequence[dict[str, Any]] | None = None,
+        *,
+        session_file: str | os.PathLike[str] | None = None,
         **optimize_options: Unpack[OptimizeKeywords],
     ) -> None:
         if optimize_options.get("output") is not None:
             raise OpfuseError("InferenceSession optimizes in memory; it takes no output")
+        if session_file is not None:
+            if sess_options is not None:
+                raise OpfuseError(
+                    f"{session_file}: give the session file or sess_options, not both"
+                )
+            self.session_settings = read_session_file(session_file)
+            sess_options, file_providers = ort_session_options(self.session_settings)  # type: ignore[assignment]
+            providers = providers or file_providers
         model = (
             onnx.load_model_from_string(path_or_model)
             if isinstance(path_or_model, bytes)
@@ -342,7 +396,7 @@ class InferenceSession(ort.InferenceSession):  # type: ignore[misc]
         result = optimize(model, **optimize_options)
         self.optimize_result: OptimizeResult[Any] = result
         optimized = result.model
-        proto = optimized if isinstance(optimized, onnx.ModelProto) else ir.to_proto(optimized)
+        proto = optimized if isinstance(optimized, onnx.ModelProto) else io.to_proto(optimized)
         if proto.ByteSize() > PROTOBUF_LIMIT:
             raise OpfuseError(
                 "the optimized model is over 2 GB: write it with opfuse.optimize(..., output=) "

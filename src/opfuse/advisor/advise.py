@@ -76,7 +76,7 @@ def _ort_graph(path: str | os.PathLike[str], level: str, provider: str, tmp: str
     except Exception as exc:
         first = first_line(exc)
         raise OpfuseError(f"{path}: onnxruntime cannot load the model: {first}") from None
-    return from_model(ir.load(out))
+    return from_model(io.read_model(out))
 
 
 @dataclass(frozen=True)
@@ -125,14 +125,14 @@ def load(model_path: str | os.PathLike[str], tmp: str, step: Step) -> Loaded:
     step("opfuse trial optimization", 0, 1)
     original = io.load_model(model_path)
     _name_nodes(original)
-    shaped = ir.from_proto(ir.to_proto(original))
+    shaped = io.copy_model(original)
     infer_shapes(shaped)
     original_graph = from_model(shaped)
     trial = Trial.run(original)
     analysed = trial.result.model
     _name_nodes(analysed)
     analysed_path = os.path.join(tmp, "analysed.onnx")
-    ir.save(analysed, analysed_path)
+    io.save_model(analysed, analysed_path)
     step("opfuse trial optimization", 1, 1)
     return Loaded(
         original=shaped,
@@ -203,7 +203,7 @@ def place(
     else:
         graph = loaded.analysed
         if profile.ort_optimized_model:  # kernels of the graph onnxruntime ran
-            resolver = Resolver(graph, None, from_model(ir.load(profile.ort_optimized_model)))
+            resolver = Resolver(graph, None, from_model(io.read_model(profile.ort_optimized_model)))
         else:
             resolver = Resolver(graph, loaded.original_graph)
         if op_summary is not None:  # the operators that ran, by their names

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import onnx_ir as ir
 
+from opfuse.model import io
 from opfuse.runtime import Runtime
 from opfuse.tuning.variants import DEFAULT, Variant, build, probe
 
@@ -122,7 +123,7 @@ def trial(
                 row["error"] = result.failure.splitlines()[0]
                 continue
             built[variant.label] = result.path
-            row["effect"] = effect(before, dict(op_counts(ir.load(result.path))))
+            row["effect"] = effect(before, dict(op_counts(io.read_model(result.path))))
         if step:
             step("next steps: measuring", 0, 1)
         if built:

@@ -9,8 +9,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import onnx_ir as ir
-
 from opfuse.advisor.attribution import Resolver, attribute, original_nodes
 from opfuse.advisor.graph import from_model
 from opfuse.advisor.profile_readers import (
@@ -21,7 +19,7 @@ from opfuse.advisor.profile_readers import (
     run_onnxruntime,
     top_nodes,
 )
-from opfuse.model.io import check_output_path, load_model, read_proto
+from opfuse.model.io import check_output_path, load_model, read_model, read_proto
 
 Step = Callable[..., None]  # step(what) shows a phase; step(what, done, total) a count
 
@@ -110,7 +108,7 @@ def profile(
         step("mapping onnxruntime's kernels to the model's nodes")
         graph = from_model(load_model(model))
         if prof.ort_optimized_model:  # kernels are placed on the graph onnxruntime ran
-            runtime = from_model(ir.load(prof.ort_optimized_model))
+            runtime = from_model(read_model(prof.ort_optimized_model))
             resolver = Resolver(graph, runtime=runtime)
             placed = attribute(prof.records, Resolver(runtime))
         else:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
+from opfuse.model import io
 from opfuse.pipeline.run import OptimizeResult, optimize_model
 from opfuse.rewrite.context import Options, PassContext
 from opfuse.rewrite.driver import Driver
@@ -15,10 +16,6 @@ from opfuse.rewrite.stats import EffectLog
 from opfuse.rules import all_passes
 
 AIPP_PASS = "AippFusionPass"
-
-
-def copy_model(model: ir.Model) -> ir.Model:
-    return ir.from_proto(ir.to_proto(model))
 
 
 def registered() -> dict[str, str]:
@@ -55,15 +52,15 @@ class Trial:
     def run(cls, model: ir.Model, enable: Iterable[str] = (), target: str | None = None) -> Trial:
         options = Options(target=target)
         enable = list(enable)
-        result = optimize_model(copy_model(model), enable=enable, options=options)
-        return cls(result, _node_types(result.model), options, copy_model(model), enable)
+        result = optimize_model(io.copy_model(model), enable=enable, options=options)
+        return cls(result, _node_types(result.model), options, io.copy_model(model), enable)
 
     def without(self, pass_name: str) -> dict[str, str]:
         """Node name -> op type after the same run with ``pass_name`` turned off (cached)."""
         if pass_name not in self._without:
             assert self.source is not None
             result = optimize_model(
-                copy_model(self.source),
+                io.copy_model(self.source),
                 enable=[p for p in self.enable if p != pass_name],
                 disable=[pass_name],
                 options=self.options,

@@ -136,6 +136,8 @@ def run_task(job: Job, outdir: str) -> dict[str, Any]:
         record["passes"] = {name: count for name, count in _effected(result.log).items() if count}
         if result.verify is not None:
             record["verification"] = result.verify.to_json()
+        if result.left_alone:
+            record["left_alone"] = result.left_alone
         record["optimize_seconds"] = round(result.seconds, 3)
         # paths relative to OUTDIR: records stay true when OUTDIR moves, and equal across engines
         record["output"] = job.relpath

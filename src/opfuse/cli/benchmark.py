@@ -42,7 +42,7 @@ def benchmark_lines(
         input_shapes=input_shapes,
         inputs_npz=inputs_npz,
     )
-    warnings = []
+    warnings = list(found.warnings)
     if settings.runtime == "onnxruntime":  # the kernels are onnxruntime's
         provider = settings.provider or "CPUExecutionProvider"
         try:

@@ -164,8 +164,9 @@ def optimize(
             static_shapes=static_shapes,
         )
     if log_level != "error":
-        for warning in result.warnings:
-            err.print(f"opfuse: warning: {warning}", markup=False)
+        input_warnings = [] if result.verify is None else result.verify.input_warnings
+        for warning in [*result.warnings, *input_warnings]:
+            err.print(f"opfuse: warning: {warning}", markup=False, soft_wrap=True)
     if log_level in ("info", "debug"):
         for line in result.skipped:
             err.print(f"[INFO] OPFUSE {line}", soft_wrap=True, markup=False)
@@ -227,6 +228,8 @@ def _print_summary(result, model: Path, output: Path) -> None:  # type: ignore[n
     out.print(f"{result.rounds} rounds; time: {timings_text(result.timings)}")
     for note in result.notes:
         out.print(f"note: {note}", markup=False)
+    for part in result.left_alone:
+        out.print(f"left alone: {part}", markup=False)
 
 
 def _print_outputs(report, indent: str = "") -> None:  # type: ignore[no-untyped-def]

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from opfuse.cli.console import err
 from opfuse.cli.options import PathArg, runtime_options
 
 
@@ -39,6 +40,20 @@ from opfuse.cli.options import PathArg, runtime_options
     is_flag=True,
     help="Also try the inputs re-declared with the --input-shape dims.",
 )
+@click.option(
+    "--no-session-search",
+    is_flag=True,
+    help="Search the graph only, not the session settings (threads, execution mode, level).",
+)
+@click.option(
+    "--max-threads",
+    type=click.IntRange(min=1),
+    help="Most intra-op threads the session search tries [default: the machine's cores].",
+)
+@click.option(
+    "--runtimes",
+    help="Runtimes the session search compares, e.g. onnxruntime,openvino [default: --runtime].",
+)
 def tune(
     model: Path,
     output: Path,
@@ -50,6 +65,9 @@ def tune(
     input_shape: tuple[str, ...],
     verify_inputs: Path | None,
     static_shapes: bool,
+    no_session_search: bool,
+    max_threads: int | None,
+    runtimes: str | None,
     **runtime: object,
 ) -> None:
     """Search for the fastest verified variant of MODEL on the runtime and write it to
@@ -69,6 +87,9 @@ def tune(
             input_shape=parse_input_shapes(list(input_shape)),
             verify_inputs=verify_inputs,
             static_shapes=static_shapes,
+            session_search=not no_session_search,
+            max_threads=max_threads,
+            runtimes=[r.strip() for r in runtimes.split(",") if r.strip()] if runtimes else None,
             progress=step,
             **runtime,  # type: ignore[arg-type]
         )
@@ -145,3 +166,30 @@ def _print_tune(result, command: str, switch_file: Path) -> None:  # type: ignor
         )
     out.print(f"switch file: {switch_file}", markup=False)
     out.print(f"rebuild: {command}", markup=False, soft_wrap=True)
+    if result.session is not None:
+        _print_session(out, result.session, result.session_file)
+    for warning in result.warnings:
+        err.print(f"opfuse: warning: {warning}", markup=False, soft_wrap=True)
+
+
+def _print_session(out: Console, search, path: Path | None) -> None:  # type: ignore[no-untyped-def]
+    """The session settings tried, each with its latency over the best at the time."""
+    table = Table(title="session settings", title_justify="left")
+    for col in ("settings", "latency vs best", "noise", "kept", "note"):
+        table.add_column(col, justify="right" if col.startswith("latency") else "left")
+    for t in search.trials:
+        ratio = "" if t.ratio is None else f"{t.ratio:.3f}x"
+        table.add_row(t.settings.label, ratio, _pct(t.noise), "yes" if t.kept else "", t.note)
+    out.print(table)
+    if search.budget_spent:
+        out.print("the budget ran out before every session setting was tried")
+    if search.best == search.start:
+        out.print(f"session: {search.start.label} kept (nothing beat it beyond the noise)")
+    else:
+        out.print(
+            f"session: {search.best.label}: {search.ratio:.2f}x the latency of "
+            f"{search.start.label} (noise +-{search.final.noise:.0%})",
+            markup=False,
+        )
+    if path is not None:
+        out.print(f"session file: {path} (opfuse.InferenceSession(model, session_file=...))")

@@ -89,6 +89,8 @@ def verify(
                 verdict,
             )
         out.print(table)
+    for warning in report.input_warnings:
+        err.print(f"opfuse: warning: {warning}", markup=False, soft_wrap=True)
     if not report.ok:
         saved = None
         if save_failing_inputs is not None:

@@ -23,6 +23,10 @@ from google.protobuf.message import DecodeError
 
 from opfuse.errors import OpfuseError, first_line
 from opfuse.model.graphs import DEFAULT_DOMAINS, all_graphs
+from opfuse.model.set_aside import META_KEY, SetAside, from_proto, restore
+from opfuse.model.set_aside import (
+    to_proto as to_proto,  # the set-aside-aware one, for callers of io
+)
 from opfuse.model.shapes import infer_proto
 
 MIN_OPSET = 7
@@ -143,9 +147,47 @@ def load_model(path: str | os.PathLike[str], *, infer: bool = False) -> ir.Model
     proto, _ = read_proto(path)
     if infer:
         proto = infer_proto(proto)
-    model = ir.serde.deserialize_model(proto)
+    model = from_proto(proto)
     ir.external_data.set_base_dir(model.graph, os.path.dirname(os.path.abspath(path)))
     return model
+
+
+def read_model(path: str | os.PathLike[str]) -> ir.Model:
+    """Load a file opfuse or onnxruntime wrote (no input checks), setting aside what
+    onnx-ir cannot hold as ``load_model`` does."""
+    model = from_proto(onnx.load_model(str(path), load_external_data=False))
+    ir.external_data.set_base_dir(model.graph, os.path.dirname(os.path.abspath(path)))
+    return model
+
+
+def must_pass_unchanged(model: ir.Model) -> str | None:
+    """Why the loaded model must be written exactly as it was read (onnx-ir could hold
+    it only without a part), or None."""
+    aside = model.meta.get(META_KEY)
+    return aside.unchanged if aside else None
+
+
+def set_aside_notes(model: ir.Model) -> list[str]:
+    """What the loader set aside for onnx-ir, in words for the summary."""
+    aside = model.meta.get(META_KEY)
+    return list(aside.notes) if aside else []
+
+
+def copy_model(model: ir.Model) -> ir.Model:
+    """An independent copy (through the protobuf), keeping what the loader set aside."""
+    copy = ir.from_proto(ir.to_proto(model))
+    aside = model.meta.get(META_KEY)
+    if aside:
+        copy.meta[META_KEY] = aside
+    return copy
+
+
+def _restore_file(path: Path, aside: SetAside) -> None:
+    """Put back into a written model file what the loader set aside (external tensors
+    stay where they were written)."""
+    proto = onnx.load_model(str(path), load_external_data=False)
+    restore(proto, aside)
+    path.write_bytes(proto.SerializeToString())
 
 
 def has_external_data(model: ir.Model) -> bool:
@@ -330,6 +372,9 @@ def staged_save(
         try:
             with _without_derivable_value_info(model):
                 ir.save(model, staged, external_data=data_name)
+            aside = model.meta.get(META_KEY)
+            if aside:
+                _restore_file(staged, aside)
         except OSError as exc:
             raise OpfuseError(f"{target}: cannot write: {exc.strerror or exc}") from None
         yield staged

@@ -14,6 +14,7 @@ import onnx_ir as ir
 
 from opfuse.errors import OpfuseError
 from opfuse.model.graphs import all_graphs
+from opfuse.model.set_aside import has_set_aside, to_proto
 
 try:  # onnx-ir's helper that strips large initializers before calling onnx's C API
     from onnx_ir.passes.common._c_api_utils import call_onnx_api
@@ -102,7 +103,9 @@ def infer_shapes(model: ir.Model) -> None:
         return onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
 
     try:
-        if call_onnx_api is not None:
+        if has_set_aside(model):  # onnx crashes on the inputs whose types were set aside
+            inferred = infer(to_proto(model))
+        elif call_onnx_api is not None:
             inferred = call_onnx_api(infer, model)
         else:
             inferred = infer(ir.to_proto(model))

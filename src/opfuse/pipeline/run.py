@@ -60,6 +60,8 @@ class OptimizeResult(Generic[ModelT]):
     warnings: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # parts of the model no pass touched because onnx-ir cannot hold them (map types...)
+    left_alone: list[str] = field(default_factory=list)
     before: Counter[str] = field(default_factory=Counter)
     after: Counter[str] = field(default_factory=Counter)
     rounds: int = 0
@@ -108,6 +110,7 @@ class OptimizeResult(Generic[ModelT]):
             lines.append("no pass changed the model")
         lines.append(f"verification: {verification_text(self.verify)}")
         lines += [f"note: {note}" for note in self.notes]
+        lines += [f"left alone: {part}" for part in self.left_alone]
         if self.timings:
             lines.append("time: " + timings_text(self.timings))
         return "\n".join(lines)
@@ -143,6 +146,7 @@ class OptimizeResult(Generic[ModelT]):
             "verification": None if self.verify is None else self.verify.to_json(),
             "warnings": self.warnings,
             "notes": self.notes,
+            "left_alone": self.left_alone,
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
         }
 
@@ -201,11 +205,11 @@ def convert_opset(model: ir.Model, target: int) -> ir.Model:
     if target == current:
         return model
     try:
-        converted = onnx.version_converter.convert_version(ir.to_proto(model), target)
+        converted = onnx.version_converter.convert_version(io.to_proto(model), target)
     except Exception as exc:  # the converter raises plain RuntimeError/ValueError
         first = first_line(exc)
         raise OpfuseError(f"cannot convert the model to opset {target}: {first}") from None
-    new = ir.from_proto(converted)
+    new = io.from_proto(converted)
     base_dirs = {
         v.name: v.const_value.base_dir
         for v in model.graph.initializers.values()
@@ -279,7 +283,14 @@ def optimize_model(
     result = OptimizeResult(
         model, log, [p.name for p in runnable], warnings=warnings, skipped=skipped, notes=ctx.notes
     )
+    result.left_alone = io.set_aside_notes(model)
     result.before = op_counts(model)
+    unchanged = io.must_pass_unchanged(model)
+    if unchanged is not None:
+        result.passes = []
+        result.left_alone.append(f"the whole model, written as it was read: {unchanged}")
+        result.after = result.before
+        return result
     if not shapes_inferred:
         infer_shapes(model)
     for round_no in range(1, MAX_ROUNDS + 1):
@@ -355,6 +366,8 @@ def optimize_file(
 
     with phases("load"):
         model = load()
+    if io.must_pass_unchanged(model) is not None:
+        return _pass_unchanged(input_path, output_path, model, options, phases)
     external = io.has_external_data(model) or None  # keep external data external
     try:
         with phases("optimize"):
@@ -439,6 +452,31 @@ def optimize_file(
     return result
 
 
+def _pass_unchanged(
+    input_path: str | os.PathLike[str],
+    output_path: str | os.PathLike[str],
+    model: ir.Model,
+    options: Options | None,
+    phases: Phases,
+) -> OptimizeResult[ir.Model]:
+    """Write the input's bytes as the output: onnx-ir could load the model only without a
+    part (``io.must_pass_unchanged``), so nothing may be written from it."""
+    result = optimize_model(model, options=options)
+    if io.external_data_files(input_path):
+        raise OpfuseError(
+            f"{input_path}: {io.must_pass_unchanged(model)}, and its weights are in external "
+            "data: opfuse cannot pass it through; use the input model as it is"
+        )
+    with phases("write"):
+        io.write_bytes(
+            output_path, Path(input_path).read_bytes(), inputs=[input_path], what="the model"
+        )
+    result.timings = dict(phases.seconds)
+    result.input_bytes = result.output_bytes = _file_bytes(input_path)
+    result.output = Path(output_path)
+    return result
+
+
 def _failure(
     result: OptimizeResult[ir.Model],
     cannot_run: str | None,
@@ -486,7 +524,7 @@ def _reference(
         session(input_path)
     except OpfuseError:
         path = staged.with_name("converted-original.onnx")
-        ir.save(convert_opset(original, io.MIN_OPSET), path)
+        io.save_model(convert_opset(original, io.MIN_OPSET), path)
         result.notes.append(
             f"verified against the model converted to opset {io.MIN_OPSET}: onnxruntime "
             f"cannot load opset {old}"

@@ -55,6 +55,17 @@ def _inline(graph: ir.Graph, node: ir.Node, branch: ir.Graph, names: NameScope) 
     return moved
 
 
+def _detach(branch: ir.Graph) -> None:
+    """Drop the uses the branch that never runs (and the graphs in it) holds on outer
+    values: left in place, a value the other branch also reads would look used twice, and
+    single-use rules (constant push-down...) would not fire until the model was reloaded."""
+    for graph in all_graphs(branch):
+        for inner in graph:
+            for i, value in enumerate(inner.inputs):
+                if value is not None:
+                    inner.replace_input_with(i, None)
+
+
 def inline_constant_ifs(ctx: PassContext) -> None:
     names = NameScope(ctx.model)
     gone: set[int] = set()  # graphs of removed Ifs (by id): nothing left to do there
@@ -70,6 +81,8 @@ def inline_constant_ifs(ctx: PassContext) -> None:
                 ctx.reason(PATTERN, "the condition is not a constant", node)
                 continue
             branch = node.attributes["then_branch" if condition else "else_branch"].value
+            other = node.attributes["else_branch" if condition else "then_branch"].value
+            _detach(other)
             gone.update(id(sub) for held in node_graphs(node) for sub in all_graphs(held))
             moved = _inline(graph, node, branch, names)
             ctx.record(PATTERN, effected=1)

@@ -46,6 +46,8 @@ def get_runtime(
     provider: str | None = None,
     threads: int = 1,
     graph_opt: str = "all",
+    execution_mode: str = "sequential",
+    inter_threads: int = 1,
 ) -> Runtime:
     """The runtime called ``name`` with these settings (``--runtime``, ``--provider``,
     ``--threads``, ``--graph-opt``)."""
@@ -54,7 +56,13 @@ def get_runtime(
     if name == "onnxruntime":
         from opfuse.runtime.ort import OrtRuntime
 
-        return OrtRuntime(provider=provider, threads=threads, graph_opt=graph_opt)
+        return OrtRuntime(
+            provider=provider,
+            threads=threads,
+            graph_opt=graph_opt,
+            execution_mode=execution_mode,
+            inter_threads=inter_threads,
+        )
     if name == "openvino":
         if provider not in (None, "CPU"):
             raise OpfuseError(f"--provider {provider}: the openvino runtime runs on CPU only")

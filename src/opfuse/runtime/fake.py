@@ -34,15 +34,25 @@ class FakeRuntime:
     name = "fake"
     version = "1.0"
 
-    def __init__(self, costs: Mapping[str, float] | None = None, default: float = 1e-3) -> None:
+    def __init__(
+        self,
+        costs: Mapping[str, float] | None = None,
+        default: float = 1e-3,
+        *,
+        clock: FakeClock | None = None,
+        scale: float = 1.0,
+    ) -> None:
+        """``clock``: share one between runtimes measured together (session settings);
+        ``scale``: every latency times this (a faster or slower setting)."""
         self.costs = dict(costs or {})
         self.default = default
-        self.clock = FakeClock()
+        self.clock = clock or FakeClock()
+        self.scale = scale
         self.loaded: list[str] = []
 
     def latency(self, path: str | os.PathLike[str]) -> float:
         graph = onnx.load_model(str(path), load_external_data=False).graph
-        return sum(self.costs.get(node.op_type, self.default) for node in graph.node)
+        return self.scale * sum(self.costs.get(node.op_type, self.default) for node in graph.node)
 
     def load(self, path: str | os.PathLike[str]) -> FakeSession:
         self.loaded.append(str(path))

@@ -19,12 +19,20 @@ LEVELS = {
 }
 
 
-def session_options(graph_opt: str = "all", threads: int = 1) -> ort.SessionOptions:
+MODES = {"sequential": ort.ExecutionMode.ORT_SEQUENTIAL, "parallel": ort.ExecutionMode.ORT_PARALLEL}
+
+
+def session_options(
+    graph_opt: str = "all",
+    threads: int = 1,
+    execution_mode: str = "sequential",
+    inter_threads: int = 1,
+) -> ort.SessionOptions:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = LEVELS[graph_opt]
     opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.inter_op_num_threads = inter_threads
+    opts.execution_mode = MODES[execution_mode]
     opts.log_severity_level = 3
     return opts
 
@@ -42,7 +50,14 @@ class OrtRuntime:
     version = ort.__version__
     clock = staticmethod(time.perf_counter)
 
-    def __init__(self, provider: str | None = None, threads: int = 1, graph_opt: str = "all"):
+    def __init__(
+        self,
+        provider: str | None = None,
+        threads: int = 1,
+        graph_opt: str = "all",
+        execution_mode: str = "sequential",
+        inter_threads: int = 1,
+    ):
         available = ort.get_available_providers()
         provider = provider or "CPUExecutionProvider"
         if provider not in available:
@@ -56,9 +71,13 @@ class OrtRuntime:
         self.provider = provider
         self.threads = threads
         self.graph_opt = graph_opt
+        self.execution_mode = execution_mode
+        self.inter_threads = inter_threads
 
     def load(self, path: str | os.PathLike[str]) -> OrtSession:
-        opts = session_options(self.graph_opt, self.threads)
+        opts = session_options(
+            self.graph_opt, self.threads, self.execution_mode, self.inter_threads
+        )
         try:
             sess = ort.InferenceSession(str(path), opts, providers=[self.provider])
         except Exception as exc:  # onnxruntime raises its own exception types
@@ -69,7 +88,12 @@ class OrtRuntime:
     def describe(self) -> str:
         level = str(LEVELS[self.graph_opt]).rsplit(".", 1)[-1]
         threads = "default threads" if self.threads == 0 else _plural(self.threads, "thread")
-        return f"onnxruntime {self.version} {self.provider}, {level}, {threads}"
+        mode = (
+            f", parallel ({_plural(self.inter_threads, 'inter-op thread')})"
+            if self.execution_mode == "parallel"
+            else ""
+        )
+        return f"onnxruntime {self.version} {self.provider}, {level}, {threads}{mode}"
 
 
 def _plural(n: int, word: str) -> str:

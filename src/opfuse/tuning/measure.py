@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from opfuse.runtime import Runtime
-from opfuse.verification.compare import input_permutations, make_inputs, session
+from opfuse.runtime import Runtime, Session
+from opfuse.verification.compare import input_permutations, make_inputs_and_plan, session
 
 ORIGINAL = "original"
 AGAIN = "original (again)"
@@ -35,6 +35,7 @@ class Measurement:
     runtime: str
     rounds: int
     times: dict[str, list[float]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # about the generated inputs
 
     @property
     def medians(self) -> dict[str, float]:
@@ -92,7 +93,21 @@ def feeds_for(
     seed: int = 0,
 ) -> dict[str, np.ndarray]:
     """The verifier's inputs for ``original`` (seeded random, or an .npz's arrays)."""
-    return make_inputs(session(original), input_shapes, inputs_npz, seed, model=original)
+    return feeds_and_warnings(original, input_shapes, inputs_npz, seed)[0]
+
+
+def feeds_and_warnings(
+    original: str | os.PathLike[str],
+    input_shapes: Mapping[str, list[int]] | None = None,
+    inputs_npz: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+) -> tuple[dict[str, np.ndarray], list[str]]:
+    """``feeds_for`` and the warnings about generated inputs that decide a branch (the
+    measurement may time a branch real inputs never take)."""
+    feeds, plan = make_inputs_and_plan(
+        session(original), input_shapes, inputs_npz, seed, model=original
+    )
+    return feeds, [] if plan is None else plan.warnings
 
 
 def _feeds_of(path: str | os.PathLike[str], feeds: dict[str, np.ndarray]) -> dict:
@@ -120,12 +135,43 @@ def measure(
     ``progress`` gets the fraction of rounds done."""
     if ORIGINAL in variants or AGAIN in variants:
         raise ValueError(f"variant labels {ORIGINAL!r} and {AGAIN!r} are reserved")
+    warnings: list[str] = []
     if feeds is None:
-        feeds = feeds_for(original, input_shapes, inputs_npz)
+        feeds, warnings = feeds_and_warnings(original, input_shapes, inputs_npz)
     paths = {ORIGINAL: original, AGAIN: original, **variants}
     loaded = {label: runtime.load(path) for label, path in paths.items()}
     feed_sets = {label: _feeds_of(path, feeds) for label, path in paths.items()}
-    clock = runtime.clock
+    rounds, times = _interleaved(loaded, feed_sets, runtime.clock, seconds, progress)
+    return Measurement(runtime.describe(), rounds, times, warnings)
+
+
+def measure_sessions(
+    model: str | os.PathLike[str],
+    baseline: Runtime,
+    candidates: Mapping[str, Runtime],
+    *,
+    seconds: float = 5.0,
+    feeds: dict[str, np.ndarray],
+) -> Measurement:
+    """One model under different session settings: ``baseline`` (twice, for the noise)
+    and each candidate runtime, paired and interleaved as ``measure`` does. The runtimes
+    must share one clock (a real runtime's is ``time.perf_counter``)."""
+    runtimes = {ORIGINAL: baseline, AGAIN: baseline, **candidates}
+    loaded = {label: rt.load(model) for label, rt in runtimes.items()}
+    feed_sets = {label: _feeds_of(model, feeds) for label in runtimes}
+    rounds, times = _interleaved(loaded, feed_sets, baseline.clock, seconds, None)
+    return Measurement(baseline.describe(), rounds, times)
+
+
+def _interleaved(
+    loaded: Mapping[str, Session],
+    feed_sets: Mapping[str, dict],
+    clock: Callable[[], float],
+    seconds: float,
+    progress: Callable[[float], None] | None,
+) -> tuple[int, dict[str, list[float]]]:
+    """Warm every session up, then time one run of each per round, the order reversed
+    every other round, for about ``seconds`` (MIN_ROUNDS..MAX_ROUNDS rounds)."""
     round_s = 0.0
     for label, sess in loaded.items():
         took = 0.0
@@ -144,4 +190,4 @@ def measure(
             times[label].append(clock() - start)
         if progress is not None:
             progress((i + 1) / rounds)
-    return Measurement(runtime.describe(), rounds, times)
+    return rounds, times

@@ -22,8 +22,10 @@ from pathlib import Path
 from opfuse.errors import OpfuseError
 from opfuse.model import io
 from opfuse.runtime import Runtime
+from opfuse.runtime.settings import SessionSettings
 from opfuse.tuning.measure import ORIGINAL as ORIGINAL_LABEL
-from opfuse.tuning.measure import Measurement, feeds_for, measure
+from opfuse.tuning.measure import Measurement, feeds_and_warnings, measure
+from opfuse.tuning.sessions import SessionSearch, search_sessions
 from opfuse.tuning.variants import DEFAULT, ORIGINAL, Built, Probe, Variant, build, probe
 
 BEST, CANDIDATE = "best", "candidate"
@@ -69,6 +71,9 @@ class TuneResult:
     budget_spent: bool = False
     command: str = ""  # the opfuse optimize command line that rebuilds the written model
     switch_file: Path | None = None  # where its fusion switch file was written
+    warnings: list[str] = field(default_factory=list)  # about the generated inputs
+    session: SessionSearch | None = None  # the session-settings search on the result
+    session_file: Path | None = None  # where its choice was written
 
     @property
     def ratio(self) -> float:
@@ -85,6 +90,8 @@ class TuneResult:
             "budget_spent": self.budget_spent,
             "opset_upgrades": {k: list(v) for k, v in self.probe.upgrades.items()},
             "trials": [t.to_json() for t in self.trials],
+            "warnings": self.warnings,
+            "session": None if self.session is None else self.session.to_json(),
         }
 
 
@@ -97,6 +104,13 @@ class TuneSettings:
     rtol: float = 1e-4
     atol: float = 1e-5
     static_shapes: bool = False  # try the inputs re-declared with input_shapes
+    # after the graph search, search the session settings from session_start
+    session_search: bool = False
+    session_start: SessionSettings = SessionSettings()
+    max_threads: int | None = None  # None: the machine's cores
+    runtimes: tuple[str, ...] = ("onnxruntime",)
+    # the runtime measuring a session setting (tests give fake ones sharing a clock)
+    session_runtime: Callable[[SessionSettings], Runtime] | None = None
 
 
 class Search:
@@ -119,7 +133,9 @@ class Search:
         self.clock = clock
         self.deadline = clock() + settings.budget_s
         self.built: dict[Variant, Built] = {}
-        self.feeds = feeds_for(model_path, settings.input_shapes, settings.inputs_npz)
+        self.feeds, self.input_warnings = feeds_and_warnings(
+            model_path, settings.input_shapes, settings.inputs_npz
+        )
 
     def build(self, variant: Variant) -> Built:
         if variant not in self.built:
@@ -166,6 +182,8 @@ def tune(
     with tempfile.TemporaryDirectory(prefix=io.STAGING_PREFIX + "stage-", dir=workdir) as tmp:
         search = Search(model_path, runtime, Path(tmp), settings, progress, clock)
         result = _search(search)
+        if settings.session_search:
+            result.session = _search_sessions(search, result)
         if keep is not None:
             keep(result, search.build(result.best))
     return result
@@ -175,7 +193,7 @@ def _search(s: Search) -> TuneResult:
     s.progress("probing which settings match")
     found = probe(io.load_model(s.model_path))
     found.static_shapes = s.settings.static_shapes and bool(s.settings.input_shapes)
-    result = TuneResult(s.runtime.describe(), found)
+    result = TuneResult(s.runtime.describe(), found, warnings=s.input_warnings)
     original = s.build(ORIGINAL)
     result.trials.append(Trial(ORIGINAL, original.nodes, "ok", 1.0, note="the input"))
     s.progress(DEFAULT.label)
@@ -208,6 +226,23 @@ def _search(s: Search) -> TuneResult:
                 break
     _finish(s, result, best)
     return result
+
+
+def _search_sessions(s: Search, result: TuneResult) -> SessionSearch:
+    """The session settings for the model the graph search chose, with the time left
+    (at least half the budget again: the graph search may have spent it all)."""
+    deadline = max(s.deadline, s.clock() + s.settings.budget_s / 2)
+    return search_sessions(
+        s.build(result.best).path,
+        s.settings.session_start,
+        s.feeds,
+        max_threads=s.settings.max_threads,
+        runtimes=s.settings.runtimes,
+        seconds=s.settings.bench_seconds,
+        make_runtime=s.settings.session_runtime or SessionSettings.make,
+        time_left=lambda: s.clock() < deadline,
+        progress=s.progress,
+    )
 
 
 def _try(s: Search, best: Variant, variant: Variant) -> Trial:
@@ -256,15 +291,20 @@ def write_outputs(
     switch_file: str | os.PathLike[str],
     report: str | os.PathLike[str] | None = None,
     input_shapes: Mapping[str, list[int]] | None = None,
+    session_file: str | os.PathLike[str] | None = None,
 ) -> str:
-    """Write the chosen model, its switch file (and the report); return the command line
-    that rebuilds it."""
+    """Write the chosen model, its switch file, the session settings chosen (when searched)
+    and the report; return the command line that rebuilds the model."""
     io.save_model(io.load_model(built.path), output, input_path=model_path)
     io.write_text(
         switch_file, json.dumps(result.best.switch_file(), indent=2) + "\n", what="switch file"
     )
     shapes = input_shapes if result.best.static_shapes else None
     command = result.best.command(model_path, output, switch_file, shapes)
+    if result.session is not None and session_file is not None:
+        data = {**result.session.best.to_json(), "measured": result.session.to_json()}
+        io.write_text(session_file, json.dumps(data, indent=2) + "\n", what="session file")
+        result.session_file = Path(session_file)
     if report is not None:
         data = {**result.to_json(), "command": command, "switch_file": str(switch_file)}
         io.write_text(report, json.dumps(data, indent=2) + "\n", what="tune report")

@@ -133,10 +133,6 @@ class Probe:
         return [v for v in dict.fromkeys(out) if v != best]
 
 
-def copy_model(model: ir.Model) -> ir.Model:
-    return ir.from_proto(ir.to_proto(model))
-
-
 def opset_upgrades(model: ir.Model) -> dict[str, tuple[int, int]]:
     """Passes on by default that cannot run at the model's opset but whose patterns match
     in it (a read-only match, no rewrite): pass -> (the lowest opset it runs at, matches).
@@ -165,11 +161,11 @@ def probe(model: ir.Model) -> Probe:
     """Run the passes in memory (every switchable pass on; each layout) to see what
     matches; the model is not changed."""
     every = [p.name for p in all_passes()]
-    result = optimize_model(copy_model(model), enable=every)
+    result = optimize_model(io.copy_model(model), enable=every)
     matched = [p.name for p in all_passes() if not p.mandatory and result.log.matched(p.name)]
     layouts = []
     for layout in LAYOUTS:
-        trial = optimize_model(copy_model(model), options=Options(layout=layout))
+        trial = optimize_model(io.copy_model(model), options=Options(layout=layout))
         if any(note.startswith("input ") and " is now " in note for note in trial.notes):
             layouts.append(layout)
     return Probe(matched, layouts, opset_upgrades(model))

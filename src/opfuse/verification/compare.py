@@ -222,6 +222,8 @@ class VerifyReport:
     seed: int | None = None  # None: the inputs came from an .npz
     feeds: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     inputs: list[str] = field(default_factory=list)  # how each input was generated
+    # generated inputs that decide a branch real inputs may not take (verification.inputs)
+    input_warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -243,6 +245,7 @@ class VerifyReport:
             "seed": self.seed,
             "outputs": [o.__dict__ for o in self.outputs],
             "inputs": self.inputs,
+            "input_warnings": self.input_warnings,
         }
 
 
@@ -296,15 +299,19 @@ def compare_arrays(
 
 
 def compare_values(name: str, ref: object, got: object, rtol: float, atol: float) -> OutputDiff:
-    """compare_arrays through a sequence output (a list of arrays, compared one by one)
-    and an optional one (None when absent)."""
+    """compare_arrays through a sequence output (a list of arrays, compared one by one),
+    a map (skl2onnx's ZipMap: the same keys, the values compared as one array) and an
+    optional one (None when absent)."""
+    if isinstance(ref, dict) or isinstance(got, dict):
+        if not isinstance(ref, dict) or not isinstance(got, dict) or list(ref) != list(got):
+            return OutputDiff(name, float("inf"), float("inf"), False, "differs (map keys)")
+        return compare_arrays(
+            name, np.asarray(list(ref.values())), np.asarray(list(got.values())), rtol, atol
+        )
     if isinstance(ref, list) or isinstance(got, list):
         if not isinstance(ref, list) or not isinstance(got, list) or len(ref) != len(got):
             return OutputDiff(name, float("inf"), float("inf"), False, "differs (sequence)")
-        parts = [
-            compare_arrays(name, np.asarray(r), np.asarray(g), rtol, atol)
-            for r, g in zip(ref, got, strict=True)
-        ]
+        parts = [compare_values(name, r, g, rtol, atol) for r, g in zip(ref, got, strict=True)]
         bad = [p for p in parts if not p.ok]
         worst = max(parts, key=lambda p: p.max_abs, default=OutputDiff(name, 0.0, 0.0, True))
         return bad[0] if bad else worst
@@ -398,6 +405,7 @@ def compare_files(
         None if inputs_npz is not None else seed,
         feeds=dict(feeds),
         inputs=plan.lines() if plan is not None else [],
+        input_warnings=plan.warnings if plan is not None else [],
     )
 
 

@@ -9,13 +9,18 @@ input saying how it was made.
 - Numbers that feed a position whose values must fit the model (a shape, axes, indices,
   repeats, pads, a divisor, scales, a ratio or threshold) get values valid there, derived
   from that use (USES); other integers are 0 or 1 (masks, indices into any non-empty axis).
+- An input that decides a branch (compared with a constant, or an If's condition, in any
+  graph, through data movement) is where generated values mislead most: a sample-rate input
+  compared with 16000 selects the branch real audio takes only at 16000. Compared for
+  equality with a constant, it gets that constant; otherwise (Less, Greater, a flag) the
+  plan carries a warning naming the input and the node, and that ``--verify-inputs`` fixes it.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -92,6 +97,11 @@ USES: dict[tuple[str, int], str] = {
 }
 _REDUCE = re.compile(r"Reduce[A-Za-z0-9]+")
 _PASS_THROUGH = frozenset({"Cast", "Identity"})  # a use behind these is still the use
+_COMPARISONS = frozenset({"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"})
+_LOGIC = frozenset({"Not", "And", "Or", "Xor"})  # a condition behind these is still one
+# data movement: a value behind these is still the input's value
+_CARRIES = _PASS_THROUGH | {"Reshape", "Squeeze", "Unsqueeze", "Flatten"}
+BRANCH_HINT = "give real inputs with --verify-inputs inputs.npz"
 
 
 @dataclass
@@ -99,6 +109,7 @@ class InputPlan:
     """How each input was generated, by name: what the summary and errors say."""
 
     how: dict[str, str]
+    warnings: list[str] = field(default_factory=list)  # inputs that decide a branch
 
     def lines(self) -> list[str]:
         return [f"{name}: {how}" for name, how in self.how.items()]
@@ -133,6 +144,92 @@ def integer_uses(proto: onnx.ModelProto | None) -> dict[str, str]:
                 if node.op_type in _PASS_THROUGH:
                     todo.extend(node.output)
     return found
+
+
+@dataclass(frozen=True)
+class BranchUse:
+    """An input that decides a branch: where, and the value that takes the branch an
+    equality names (None when no value can be derived)."""
+
+    where: str
+    value: np.ndarray | None = None
+
+
+def _constant_arrays(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Initializers and Constant outputs of every graph, as arrays (small ones only)."""
+    found: dict[str, np.ndarray] = {}
+    for graph in _graphs(proto.graph):
+        for init in graph.initializer:
+            if init.data_location != onnx.TensorProto.EXTERNAL and np.prod(init.dims) <= 64:
+                found[init.name] = onnx.numpy_helper.to_array(init)
+        for node in graph.node:
+            if node.op_type == "Constant" and node.output:
+                for attr in node.attribute:
+                    if attr.name == "value" and np.prod(attr.t.dims) <= 64:
+                        found[node.output[0]] = onnx.numpy_helper.to_array(attr.t)
+    return found
+
+
+def _graphs(graph: onnx.GraphProto):  # type: ignore[no-untyped-def]
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield from _graphs(attr.g)
+            for sub in attr.graphs:
+                yield from _graphs(sub)
+
+
+def branch_uses(proto: onnx.ModelProto | None) -> dict[str, BranchUse]:
+    """Graph inputs that decide a branch, found through data movement in every graph
+    (subgraphs read the outer graph's values by name): compared with a constant, or
+    reaching an If's condition (through Not/And/Or/Xor too)."""
+    if proto is None:
+        return {}
+    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for graph in _graphs(proto.graph):
+        for node in graph.node:
+            for i, name in enumerate(node.input):
+                consumers.setdefault(name, []).append((node, i))
+    constants = _constant_arrays(proto)
+    found: dict[str, BranchUse] = {}
+    for value in proto.graph.input:
+        todo, seen = [value.name], set()
+        while todo and value.name not in found:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            for node, i in consumers.get(name, []):
+                use = _branch_use(node, i, constants)
+                if use is not None:
+                    found[value.name] = use
+                    break
+                if (node.op_type in _CARRIES and i == 0) or node.op_type in _LOGIC:
+                    todo.extend(node.output)
+    return found
+
+
+def _branch_use(
+    node: onnx.NodeProto, i: int, constants: Mapping[str, np.ndarray]
+) -> BranchUse | None:
+    where = f"{node.op_type} {node.name or node.output[0]!r}"
+    if node.op_type == "If" and i == 0:
+        return BranchUse(f"the condition of If {node.name or node.output[0]!r}")
+    if node.op_type not in _COMPARISONS or len(node.input) != 2:
+        return None
+    other = constants.get(node.input[1 - i])
+    if other is None:
+        return None
+    text = f"compared with {_values_text(other)} by {where}"
+    if node.op_type == "Equal" and other.size >= 1 and np.all(other == other.reshape(-1)[0]):
+        return BranchUse(text, other.reshape(-1)[:1])
+    return BranchUse(text)
+
+
+def _values_text(array: np.ndarray) -> str:
+    flat = array.reshape(-1)
+    return str(flat[0].item()) if flat.size == 1 else f"[{', '.join(str(v) for v in flat[:4])}...]"
 
 
 def _sized(use: str, node: onnx.NodeProto, proto: onnx.ModelProto) -> str | None:
@@ -271,8 +368,10 @@ def generate(
         if spec.name in given:
             dims.bind(spec.shape or [], given[spec.name])
     uses = integer_uses(proto)
+    branches = branch_uses(proto)
     feeds: dict[str, object] = {}
     how: dict[str, str] = {}
+    warnings: list[str] = []
     for spec in specs:
         name, type_text = spec.name, spec.type
         wrappers, elem = _parse_type(type_text)
@@ -286,12 +385,21 @@ def generate(
         shape = list(given[name]) if name in given else dims.sizes(declared)
         numeric = dtype not in (np.str_, np.bool_)
         use = uses.get(name) if numeric and not wrappers else None
-        if use is not None:
-            value: object = _derived(use, dtype, shape)
+        branch = branches.get(name) if not wrappers else None
+        if branch is not None and branch.value is not None and dtype is not np.str_:
+            value: object = np.full(shape, branch.value[0], dtype=dtype)
+            text = f"{_values_text(branch.value)} ({branch.where}: the branch it names)"
+        elif use is not None:
+            value = _derived(use, dtype, shape)
             text = f"{use}"
         else:
             value = _random(rng, dtype, shape)
             text = "0 or 1" if np.issubdtype(dtype, np.integer) else "random"
+        if branch is not None and branch.value is None:
+            warnings.append(
+                f"input {name!r} decides a branch ({branch.where}); its generated value may "
+                f"take a branch real inputs never take: {BRANCH_HINT}"
+            )
         shape_text = "x".join(map(str, shape)) or "scalar"
         if "seq" in wrappers:
             value = [value]
@@ -302,4 +410,4 @@ def generate(
             text = f"present, {text}"
         feeds[name] = value
         how[name] = text
-    return feeds, InputPlan(how)
+    return feeds, InputPlan(how, warnings)
