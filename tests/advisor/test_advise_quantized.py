@@ -4,6 +4,7 @@ with a fake runtime, and the section in the advise report and its text."""
 
 from __future__ import annotations
 
+import html
 import io
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from rich.console import Console
 
 from opfuse.advisor.advise import AdviseOptions, advise
+from opfuse.advisor.html import render_html
 from opfuse.advisor.quantized import (
     channel_counts,
     dequantized_float,
@@ -184,6 +186,9 @@ def test_advise_report_has_the_quantized_section(qdq_path: Path) -> None:
     text = out.getvalue()
     assert "====Quantized model (int8)====" in text
     assert "why it costs:" in text and "what to do:" in text
+    page = render_html(report)
+    assert '<h2 id="quantized">' in page and "Why it costs" in page
+    assert html.escape(str(findings[0]["finding"])) in page  # type: ignore[index]
 
 
 def test_advise_float_model_has_an_empty_section(tmp_path: Path) -> None:
@@ -195,6 +200,7 @@ def test_advise_float_model_has_an_empty_section(tmp_path: Path) -> None:
     out = io.StringIO()
     render_text(report, Console(file=out, width=200, color_system=None))
     assert "Quantized model" not in out.getvalue()
+    assert 'id="quantized"' not in render_html(report)
 
 
 def test_int8_does_not_pay_advice_follows_the_cpu(tmp_path: Path) -> None:
