@@ -310,7 +310,11 @@ def ort_quantize(case: Case, out: Path, tmp: Path) -> None:
     except Exception as exc:  # its symbolic shape inference asserts on some real models
         print(f"   onnxruntime: quant_pre_process failed ({error(exc)}); "
               "retried with skip_symbolic_shape=True", flush=True)  # fmt: skip
-        case.note += "; ORT pre-process needed skip_symbolic_shape"
+        if "quant_pre_process" not in case.note:
+            case.note += (
+                "; onnxruntime's quant_pre_process fails on it (symbolic shape inference) "
+                "and ran with skip_symbolic_shape=True"
+            )
         quant_pre_process(str(case.path), str(pre), skip_symbolic_shape=True)
     quantize_static(
         str(pre),
@@ -430,7 +434,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from opfuse.runtime.cpu import cpu_features
 
     work: Path = args.out
-    results: dict[str, Any] = {"cpu": cpu_features().describe(), "models": {}}
+    cpu = cpu_features()
+    results: dict[str, Any] = {"cpu": cpu.describe(), "verdict": cpu.int8_verdict(), "models": {}}
     for case in cases(args.models, work):
         print(f"== {case.name}: {len(case.calibration)} calibration, "
               f"{len(case.evaluation)} held-back samples", flush=True)  # fmt: skip
@@ -477,6 +482,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 lat = {"error": error(exc)}
             row.setdefault("latency", {})[runtime_name] = lat
             print(f"   {runtime_name}: {lat}", flush=True)
+        row["note"] = case.note  # with what the tools had to do to it
         results["models"][case.name] = row
     return results
 
@@ -513,7 +519,8 @@ def table(results: dict[str, Any], command: str) -> str:
         "original's (paired, interleaved, one thread; below 1 is faster), noise = the "
         "original measured twice. MACs in int8 kernels: the share of the Conv/MatMul/Gemm "
         "multiply-adds onnxruntime runs in integer kernels after its QDQ fusion "
-        "(opfuse.quantization.kernels), and the float ops it leaves between DQ and Q.",
+        "(opfuse.quantization.kernels), and the float ops it leaves between DQ and Q. "
+        f"What the CPU's features predict: {results.get('verdict', '')}",
         "",
         "| model | tool | SQNR dB | cosine | top-1 (or map IoU) | top-5 | ORT CPU ratio | OpenVINO ratio "
         "| MACs in int8 kernels (float ops between DQ and Q) | nodes (float) | quantize s |",

@@ -57,7 +57,10 @@ def test_text_lines_of_a_drawn_page() -> None:
     assert min(c.min() for c in crops) >= -1.0 and max(c.max() for c in crops) <= 1.0
 
 
-def test_a_built_cnn_through_onnxruntime_and_the_report(tmp_path: Path) -> None:
+def test_a_built_cnn_through_onnxruntime_and_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # quant_pre_process may leave files in the cwd
     model = cnn()
     path = tmp_path / "cnn.onnx"
     onnx.save_model(model, str(path))
