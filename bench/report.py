@@ -296,10 +296,21 @@ def _tuned(g: dict[str, Any], tune: dict[str, Any] | None, max_rel: float) -> No
     ratio = tune["latency_all_ratio"]
     noise = abs(1.0 - g.get("control_latency_all", 1.0))
     g["tuned_latency_all"] = ratio
+    if "session" in tune:
+        g["tuned_session"] = tune["session"]
     g["tuned_ok_vs_original"] = ratio <= 1.0 + noise
     g["tuned_ok_vs_default"] = ratio <= g["latency_all_ratio"] + noise
     if "best_other_latency_all" in g:
         g["tuned_ok_vs_best"] = ratio <= g["best_other_latency_all"][1]
+
+
+def _session_cell(session: dict[str, Any] | None) -> str:
+    """tune's session choice and its measured ratio to the start (1 thread, level all)."""
+    if not session:
+        return ""
+    if session["chosen"] == session["start"]:
+        return "start kept"
+    return f"{session['chosen']}: {session['latency_ratio_to_start']:.2f}"
 
 
 def _tuned_summary(g: dict[str, Any]) -> str:
@@ -351,12 +362,13 @@ def _goal_section(doc: dict[str, Any]) -> list[str]:
         + _tuned_summary(g),
         "",
         "| model | opfuse nodes | best other | opfuse time / onnxslim | opfuse lat all "
-        "| tuned lat all | best other lat all | original again (noise) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| tuned lat all | tuned session (its ratio to 1 thread) | best other lat all "
+        "| original again (noise) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for model, r in g["models"].items():
         if "nodes" not in r:
-            lines.append(f"| {model} | opfuse {r['opfuse']} | | | | | | |")
+            lines.append(f"| {model} | opfuse {r['opfuse']} | | | | | | | |")
             continue
         best = r.get("best_other_nodes")
         best_lat = r.get("best_other_latency_all")
@@ -368,6 +380,7 @@ def _goal_section(doc: dict[str, Any]) -> list[str]:
             f"{'' if r.get('latency_ok_vs_best') is None else (' (best)' if r['latency_ok_vs_best'] else '')} "
             f"| {_f(r.get('tuned_latency_all'), '.3f')}"
             f"{'' if r.get('tuned_ok_vs_best') is None else (' (best)' if r['tuned_ok_vs_best'] else '')} "
+            f"| {_session_cell(r.get('tuned_session'))} "
             f"| {f'{best_lat[1]:.3f} ({best_lat[0]})' if best_lat else ''} "
             f"| {_f(r.get('control_latency_all'), '.3f')} |"
         )
@@ -401,4 +414,33 @@ def _scale_section(doc: dict[str, Any]) -> list[str]:
             else:
                 cells.append(str(r.get("status")))
         lines.append(f"| {name} | {e['nodes']} | " + " | ".join(cells) + " |")
-    return lines + [""]
+    return lines + [""] + _engine_lines(table)
+
+
+ENGINE_GOAL = 1.5  # opfuse's time over onnxruntime-basic's session creation, largest model
+
+
+def _engine_lines(table: dict[str, Any]) -> list[str]:
+    """The engine against onnxruntime's C++ optimizer on the largest model, and where its
+    time goes (per phase, and per stage of passes over all rounds)."""
+    name, e = max(table.items(), key=lambda kv: kv[1]["nodes"])
+    ours, ort = e["tools"].get("opfuse", {}), e["tools"].get("ort-basic", {})
+    if ours.get("status") != "ok" or ort.get("status") != "ok":
+        return []
+    ratio = ours["optimize_s"] / ort["optimize_s"]
+    lines = [
+        f"Engine on {name}: opfuse {ours['optimize_s']:.2f} s vs onnxruntime ORT_ENABLE_BASIC "
+        f"{ort['optimize_s']:.2f} s (its C++ optimizer, writing the model too): "
+        f"**{ratio:.2f}x** (goal <= {ENGINE_GOAL:g}x){_mark(ratio <= ENGINE_GOAL)}.",
+        "",
+    ]
+    engine = e.get("engine") or {}
+    if "timings" in engine:
+        phases = ", ".join(f"{k} {v:.2f} s" for k, v in engine["timings"].items())
+        lines += [f"Its phases (a separate run): {phases}.", ""]
+        lines += ["| stage of passes (all rounds) | seconds |", "|---|---|"]
+        for stage, seconds in sorted(engine["pass_seconds"].items(), key=lambda kv: -kv[1]):
+            shown = stage if len(stage) <= 90 else stage[:87] + "..."
+            lines.append(f"| {shown} | {seconds:.2f} |")
+        lines.append("")
+    return lines

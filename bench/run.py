@@ -165,6 +165,10 @@ def bench_model(path: Path, args: argparse.Namespace) -> dict[str, Any]:
             row.update(check(dst, workdir, args.check_timeout))
             if row["check"] == "ok":
                 variants[tool] = dst
+        session = dst.with_name(dst.name + ".session.json")  # opfuse tune's session choice
+        if session.exists():
+            row["session"] = json.loads(session.read_text())["measured"]
+            session.unlink()
         rows[tool] = row
         log(f"  {name} {tool}: {report.short(row)}")
     if not args.no_latency:
@@ -242,12 +246,29 @@ def bench_scale(results: list[dict[str, Any]], args: argparse.Namespace) -> dict
             if not args.keep:
                 (workdir / f"{tool}.onnx").unlink(missing_ok=True)
         table[big.stem] = {"nodes": measure.node_count(big), "tools": tools}
+        if "opfuse" in tools:
+            table[big.stem]["engine"] = engine_breakdown(big, workdir, args.scale_timeout)
     for entry in table.values():
         nodes = entry["nodes"]
         for row in entry["tools"].values():
             if row.get("status") == "ok":
                 row["s_per_1k_nodes"] = row["optimize_s"] / (nodes / 1000)
     return table
+
+
+def engine_breakdown(model: Path, workdir: Path, timeout: float) -> dict[str, Any]:
+    """opfuse's own time per phase and per stage of passes on the largest model
+    (``optimize --format json``: timings, pass_seconds)."""
+    out = workdir / "engine.onnx"
+    res = run_python(
+        ["-m", "opfuse", "optimize", str(model), "-o", str(out), "--no-verify", "--format", "json"],
+        timeout,
+    )
+    out.unlink(missing_ok=True)
+    if res.returncode != 0:
+        return {"error": res.failure() or "failed"}
+    found = json.loads(res.stdout)
+    return {"timings": found["timings"], "pass_seconds": found["pass_seconds"]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,9 +31,16 @@ def node_graphs(node: ir.Node) -> list[ir.Graph]:
     return graphs
 
 
+# the ONNX operators with graph attributes; other default-domain nodes hold none, so the
+# walk reads only their op type (a custom-domain node may hold graphs: BeamSearch...)
+_HOLDS_GRAPHS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+
 def subgraphs(graph: ir.Graph) -> Iterator[ir.Graph]:
     """Every graph nested in ``graph`` (not ``graph`` itself), depth first."""
     for node in graph:
+        if node.op_type not in _HOLDS_GRAPHS and node.domain in DEFAULT_DOMAINS:
+            continue
         if not node.attributes:
             continue
         for sub in node_graphs(node):

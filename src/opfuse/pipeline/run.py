@@ -70,6 +70,8 @@ class OptimizeResult(Generic[ModelT]):
     input_bytes: int = 0
     output_bytes: int = 0
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase
+    # seconds per stage of passes over all rounds (the rules of one worklist share a stage)
+    pass_seconds: dict[str, float] = field(default_factory=dict)
     output: Path | None = None  # the file written, when one was asked for
     # a temporary folder the model's lazy external tensors still read from
     workdir: Any = field(default=None, compare=False)
@@ -148,6 +150,7 @@ class OptimizeResult(Generic[ModelT]):
             "notes": self.notes,
             "left_alone": self.left_alone,
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
+            "pass_seconds": {k: round(v, 4) for k, v in self.pass_seconds.items()},
         }
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -298,15 +301,24 @@ def optimize_model(
         phases.tell(f"optimize: round {round_no}")
         before = log.effected()
         for stage in _stages(runnable):
+            stage_start = time.perf_counter()
             if stage[0].rules:
                 Driver(ctx, stage).run()
             else:
                 ctx.current = stage[0]
                 assert stage[0].run is not None
                 stage[0].run(ctx)
+            label = "+".join(p.name for p in stage)
+            took = time.perf_counter() - stage_start
+            result.pass_seconds[label] = result.pass_seconds.get(label, 0.0) + took
         if log.effected() == before:
             break
+        shapes_start = time.perf_counter()
         infer_shapes(model)
+        took = time.perf_counter() - shapes_start
+        result.pass_seconds["(shape inference)"] = (
+            result.pass_seconds.get("(shape inference)", 0.0) + took
+        )
     ctx.current = None
     result.after = op_counts(model)
     result.seconds = time.perf_counter() - start
