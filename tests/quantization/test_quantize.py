@@ -24,7 +24,6 @@ from opfuse.quantization.accuracy import compare_output
 from opfuse.quantization.gate import Gate
 from opfuse.quantization.preprocess import Preprocess
 from opfuse.quantization.run import quantize_file
-from opfuse.runtime.cpu import cpu_features
 from opfuse.runtime.fake import FakeRuntime
 
 RNG = np.random.default_rng(0)
@@ -272,16 +271,6 @@ def test_gate_parsing():
     assert Gate.parse("off").misses([compare_output("y", np.ones(3), -np.ones(3))]) == []
     with pytest.raises(OpfuseError, match="--max-drop"):
         Gate.parse("accuracy=3")
-
-
-def test_cpu_features_from_cpuinfo_text():
-    flags = "flags\t: fpu sse avx2 avx512f avx512_vnni\n"
-    cpu = cpu_features(flags)
-    assert cpu.vnni and cpu.avx512 and cpu.avx2 and not cpu.amx
-    assert cpu.describe() == "AVX2, AVX-512, VNNI; no AMX"
-    old = cpu_features("flags : fpu avx2\n")
-    assert not old.vnni and "no VNNI" in old.int8_hint()
-    assert not cpu_features("").known
 
 
 def test_calibration_split_holds_back_every_fourth():

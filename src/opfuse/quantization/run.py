@@ -107,8 +107,8 @@ class QuantizeResult:
             )
             if not self.pays():
                 out.append(
-                    f"int8 does not pay on this machine ({self.cpu.describe()}): "
-                    f"{self.cpu.int8_hint()}; the float optimized model is the faster choice here"
+                    f"int8 does not pay on this machine ({self.cpu.describe()}): the float "
+                    f"optimized model is the faster choice here. {self.cpu.int8_verdict()}"
                 )
         return out + [f"warning: {w}" for w in self.warnings]
 
