@@ -277,3 +277,16 @@ def test_calibration_split_holds_back_every_fourth():
     samples = [{"x": np.full(1, i)} for i in range(8)]
     calib, held = calibration.split(samples)
     assert [int(s["x"][0]) for s in held] == [3, 7] and len(calib) == 6
+
+
+def test_an_old_opset_is_converted_for_per_channel_weights(tmp_path):
+    model = small_cnn(tmp_path / "cnn.onnx")
+    proto = onnx.load(str(model))
+    proto.opset_import[0].version = 11
+    onnx.save(proto, str(model))
+    data = samples_npz(tmp_path / "calib.npz", "x", (1, 3, 8, 8))
+    result = quantize_file(model, tmp_path / "out.onnx", data, benchmark=False)
+    assert any("opset 11 to 13" in w for w in result.warnings)
+    out = onnx.load(str(tmp_path / "out.onnx"))
+    onnx.checker.check_model(out, full_check=True)
+    assert out.opset_import[0].version >= 13

@@ -21,11 +21,13 @@ import numpy as np
 from opfuse.errors import OpfuseError, first_line
 from opfuse.pipeline.run import OptimizeResult, optimize_file
 from opfuse.pipeline.switch import SwitchTable
+from opfuse.rewrite.context import Options
 
 # the ops whose weights quantize_static quantizes and whose sensitivity is measured
 WEIGHTED = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
 CLEAN_UP = {"GraphFusion": {"ALL": False, "Relu6QuantFusionPass": True}, "UBFusion": {"ALL": False}}
 ACTIVATION_TYPES = ("uint8", "int8")
+PER_CHANNEL_OPSET = 13  # the axis attribute of QuantizeLinear/DequantizeLinear
 CALIBRATE_METHODS = ("minmax", "entropy", "percentile")
 
 
@@ -42,8 +44,25 @@ def fuse(
     switch_table: SwitchTable | None = None,
     enable: Sequence[str] = (),
     disable: Sequence[str] = (),
+    target_opset: int | None = None,
 ) -> OptimizeResult:
-    return optimize_file(model, out, switch_table=switch_table, enable=enable, disable=disable)
+    """opfuse's default passes (or the switch file's), verified; ``target_opset``: convert
+    first (per-channel QDQ needs opset 13)."""
+    return optimize_file(
+        model,
+        out,
+        switch_table=switch_table,
+        enable=enable,
+        disable=disable,
+        options=Options(target_opset=target_opset),
+    )
+
+
+def default_opset(model: str | os.PathLike[str]) -> int | None:
+    import onnx
+
+    proto = onnx.load_model(str(model), load_external_data=False)
+    return next((int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
 
 
 def quantize(

@@ -69,7 +69,9 @@ class Preprocess:
             ) from None
         try:
             with Image.open(path) as img:
-                rgb = img.convert("RGB").resize((self.size[1], self.size[0]), Image.Resampling.BILINEAR)
+                rgb = img.convert("RGB").resize(
+                    (self.size[1], self.size[0]), Image.Resampling.BILINEAR
+                )
                 pixels = np.asarray(rgb, dtype=np.float32)
         except (OSError, UnidentifiedImageError, ValueError) as exc:
             raise OpfuseError(f"{path}: not a readable image ({exc})") from None

@@ -165,7 +165,15 @@ def quantize_file(
         source = "samples held back from the calibration data (not used to calibrate)"
     with tempfile.TemporaryDirectory(prefix=io.STAGING_PREFIX + "quant-") as tmp:
         work = Path(tmp)
-        fused = flow.fuse(model, work / "fused.onnx", switch_table, enable, disable)
+        opset = flow.default_opset(model)
+        target = None
+        if options.per_channel and opset is not None and opset < flow.PER_CHANNEL_OPSET:
+            target = flow.PER_CHANNEL_OPSET
+            warnings.append(
+                f"converted from opset {opset} to {target}: per-channel QuantizeLinear/"
+                "DequantizeLinear (their axis) need it"
+            )
+        fused = flow.fuse(model, work / "fused.onnx", switch_table, enable, disable, target)
         excluded = flow.excluded_names(work / "fused.onnx", exclude)
         reference = _run(model, held)
         int8, accuracy, kept = _quantize_gated(
