@@ -126,6 +126,8 @@ def test_a_small_cnn_is_fused_quantized_and_deterministic(tmp_path):
     [acc] = result.accuracy
     assert acc.top1 is not None and acc.top1 >= 0.99 and acc.sqnr_db > 20
     assert result.kept_float == []
+    assert result.coverage is not None and result.coverage.integer_fraction > 0.9
+    assert result.to_json()["integer_kernels"]["integer_ops"]
 
 
 def test_the_gate_keeps_the_sensitive_layer_in_float(tmp_path):

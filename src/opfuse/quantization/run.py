@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from opfuse.errors import GateError, OpfuseError
@@ -21,6 +22,7 @@ from opfuse.pipeline.switch import SwitchTable
 from opfuse.quantization import calibration, flow
 from opfuse.quantization.accuracy import OutputAccuracy, compare_outputs
 from opfuse.quantization.gate import Gate
+from opfuse.quantization.kernels import KernelCoverage, integer_coverage
 from opfuse.quantization.preprocess import Preprocess
 from opfuse.runtime import Runtime
 from opfuse.runtime.cpu import CpuFeatures, cpu_features
@@ -54,6 +56,7 @@ class QuantizeResult:
     warnings: list[str] = field(default_factory=list)
     output: Path | None = None
     nodes: dict[str, int] = field(default_factory=dict)
+    coverage: KernelCoverage | None = None  # integer kernels after onnxruntime's QDQ fusion
 
     @property
     def speedup(self) -> float | None:
@@ -86,6 +89,13 @@ class QuantizeResult:
             "speed": speed,
             "cpu": None if self.cpu is None else self.cpu.describe(),
             "nodes": self.nodes,
+            "integer_kernels": None
+            if self.coverage is None
+            else {
+                "integer_fraction": self.coverage.integer_fraction,
+                "integer_ops": self.coverage.integer_ops,
+                "float_between_qdq": self.coverage.float_between_qdq,
+            },
             "warnings": self.warnings,
         }
 
@@ -99,6 +109,8 @@ class QuantizeResult:
         if self.kept_float:
             kept = ", ".join(f"{k.node} ({k.sqnr_db:.1f} dB alone)" for k in self.kept_float)
             out.append(f"kept in float to pass the gate: {kept}")
+        if self.coverage is not None:
+            out.append(f"onnxruntime (CPU, after its QDQ fusion): {self.coverage.describe()}")
         if self.speed is not None and self.cpu is not None:
             out.append(
                 f"latency vs the float original: int8 {self.speed.ratio(INT8):.2f}x, float "
@@ -187,6 +199,7 @@ def quantize_file(
             FLOAT_OPT: _nodes(work / "fused.onnx"),
             INT8: _nodes(int8),
         }
+        result.coverage = integer_coverage(onnx.load_model(str(int8)))
         if benchmark:
             settings = runtime if isinstance(runtime, RuntimeSettings) else RuntimeSettings()
             rt = settings.make() if runtime is None or runtime is settings else runtime
