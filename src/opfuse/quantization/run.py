@@ -104,7 +104,7 @@ class QuantizeResult:
             f"calibrated on {self.calibration_samples} samples; accuracy on {self.eval_samples} "
             f"{self.eval_source}",
             *(f"  {a.line()}" for a in self.accuracy),
-            f"gate: {self.gate.describe()}: passed",
+            f"gate: {self.gate.describe()}" + ("" if self.gate.off else ": passed"),
         ]
         if self.kept_float:
             kept = ", ".join(f"{k.node} ({k.sqnr_db:.1f} dB alone)" for k in self.kept_float)
