@@ -5,8 +5,10 @@
 2. ``quantize``: onnxruntime.quantization's static QDQ quantization: int8 weights
    (per channel by default), uint8 or int8 activations, calibrated on the user's samples;
    ``exclude`` node names stay in float.
-3. ``clean_up``: opfuse's exact rules for QDQ graphs (Relu6QuantFusionPass: a Relu/Clip
-   whose range the QuantizeLinear's saturation already gives is removed), verified.
+3. ``clean_up``: opfuse's exact rules for QDQ graphs, verified: Relu6QuantFusionPass (a
+   Relu/Clip whose range the QuantizeLinear's saturation already gives is removed),
+   QDQMovementFusionPass (Q/DQ around ops that only move data), and the common
+   subexpression pass (duplicate Q/DQ pairs of one tensor).
 """
 
 from __future__ import annotations
@@ -25,7 +27,15 @@ from opfuse.rewrite.context import Options
 
 # the ops whose weights quantize_static quantizes and whose sensitivity is measured
 WEIGHTED = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
-CLEAN_UP = {"GraphFusion": {"ALL": False, "Relu6QuantFusionPass": True}, "UBFusion": {"ALL": False}}
+CLEAN_UP = {
+    "GraphFusion": {
+        "ALL": False,
+        "Relu6QuantFusionPass": True,  # Relu/Clip the QuantizeLinear's saturation gives
+        "QDQMovementFusionPass": True,  # Q(move(DQ(x))) with the same parameters: move(x)
+        "CommonSubexpressionFusionPass": True,  # duplicate Q/DQ pairs of one tensor
+    },
+    "UBFusion": {"ALL": False},
+}
 ACTIVATION_TYPES = ("uint8", "int8")
 PER_CHANNEL_OPSET = 13  # the axis attribute of QuantizeLinear/DequantizeLinear
 CALIBRATE_METHODS = ("minmax", "entropy", "percentile")
