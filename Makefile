@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-conformance lint fuzz bench bench-quick clean
+.PHONY: demo test test-slow test-conformance lint fuzz bench bench-quick bench-quant clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,8 +42,19 @@ $(VENV)/.bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[test,ray,bench]'
 	touch $(VENV)/.bench
 
-bench: $(VENV)/.bench
+# bench.quant: OpenVINO's column needs opfuse[openvino]; NNCF's is optional (left out
+# where it does not install)
+$(VENV)/.bench-quant: $(VENV)/.bench
+	$(BIN)/pip install -q -e '.[test,ray,bench,openvino]'
+	$(BIN)/pip install -q 'nncf>=2.14' || echo "nncf did not install: its column is left out"
+	touch $(VENV)/.bench-quant
+
+bench: $(VENV)/.bench $(VENV)/.bench-quant
 	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.quant --docs docs/BENCHMARKS.md
+
+bench-quant: $(VENV)/.bench-quant
+	$(BIN)/python -m bench.quant --docs docs/BENCHMARKS.md
 
 bench-quick: $(VENV)/.bench
 	$(BIN)/python -m bench.run --quick

@@ -63,6 +63,7 @@ __all__ = [
     "batch",
     "optimize",
     "passes",
+    "quantize",
     "tune",
     "verify",
 ]

@@ -50,6 +50,8 @@ from opfuse.verification.compare import OutputDiff, VerifyReport, check_feeds, c
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+    from opfuse.quantization.run import QuantizeResult
+
 __all__ = [
     "AdviseOptions",
     "EngineError",
@@ -66,6 +68,7 @@ __all__ = [
     "batch",
     "optimize",
     "passes",
+    "quantize",
     "tune",
     "verify",
 ]
@@ -349,6 +352,56 @@ def tune(
     result.command = written.get("command", "")
     result.switch_file = switch_file
     return result
+
+
+def quantize(
+    model: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    *,
+    calibration: str | os.PathLike[str],
+    eval: str | os.PathLike[str] | None = None,  # noqa: A002 - the CLI's --eval
+    preprocess: str | None = None,
+    exclude: Sequence[str] = (),
+    max_drop: str = "auto",
+    min_speedup: float | None = None,
+    benchmark: bool = True,
+    calibrate_method: str = "minmax",
+    per_channel: bool = True,
+    activation_type: str = "uint8",
+    fusion_switch_file: str | os.PathLike[str] | None = None,
+    enable: Sequence[str] = (),
+    disable: Sequence[str] = (),
+    report: str | os.PathLike[str] | None = None,
+    runtime_settings: RuntimeSettings | None = None,
+) -> QuantizeResult:
+    """``opfuse quantize``: fuse the model file ``model``, quantize it to int8 (QDQ) with
+    the ``calibration`` samples, measure its accuracy against the float model on held-back
+    samples (``eval``, or every 4th calibration sample), keep the most sensitive layers in
+    float until ``max_drop`` holds, measure the speed, and write it to ``output``. Raises
+    ``GateError`` (exit 1, nothing written) when the gate or ``min_speedup`` fails, and
+    ``OpfuseError`` for bad input. Returns the figures (``QuantizeResult``)."""
+    from opfuse.pipeline.switch import parse_switch_file
+    from opfuse.quantization import flow
+    from opfuse.quantization.preprocess import Preprocess
+    from opfuse.quantization.run import quantize_file
+
+    return quantize_file(
+        model,
+        output,
+        calibration,
+        eval_data=eval,
+        preprocess=Preprocess.parse(preprocess) if preprocess else None,
+        exclude=exclude,
+        max_drop=max_drop,
+        min_speedup=min_speedup,
+        benchmark=benchmark,
+        runtime=runtime_settings,
+        options=flow.QuantOptions(per_channel, activation_type, calibrate_method),
+        switch_table=parse_switch_file(fusion_switch_file) if fusion_switch_file else None,
+        enable=enable,
+        disable=disable,
+        report=report,
+    )
 
 
 PROTOBUF_LIMIT = 2**31 - 1

@@ -40,3 +40,15 @@ class EngineError(OpfuseError):
     """The rewrite engine could not reach a fixpoint (rules that undo each other)."""
 
     exit_code = 2
+
+
+class GateError(OpfuseError):
+    """opfuse quantize: the int8 model misses the accuracy gate (``--max-drop``) even with
+    layers kept in float, or does not pay (``--min-speedup``): exit status 1, nothing
+    written. ``report``: the figures."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, report: Any = None) -> None:
+        super().__init__(message)
+        self.report = report

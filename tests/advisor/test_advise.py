@@ -195,7 +195,11 @@ SCHEMA_KEYS = {
     "graph_fusion",
     "ascend_sections",
     "next_steps",
+    "quantized",
 }
+# a finding of the quantized section (tests/advisor/test_advise_quantized.py fills it)
+QUANTIZED_KEYS = {"kind", "finding", "why", "what_to_do", "nodes", "count", "cost_us"}
+QUANTIZED_KINDS = {"unfused_qdq", "requantize", "float_layer", "channels", "int8_does_not_pay"}
 TARGET_KEYS = {
     "name",
     "source",
@@ -403,6 +407,7 @@ def test_json_schema_is_stable_and_documented(tmp_path) -> None:  # type: ignore
     documented |= ORT_KEYS | AIPP_KEYS | L2_KEYS | OP_KEYS | HINT_KEYS | HINT_KINDS
     documented |= VERDICT_KEYS | GRAPH_FUSION_KEYS | REASON_KEYS | OF_PEAK_KEYS | STEPS_KEYS
     documented |= COMMAND_KEYS | DOMINANT_KEYS | ACTIVATION_KEYS
+    documented |= QUANTIZED_KEYS | QUANTIZED_KINDS
     for key in documented:
         assert f"`{key}`" in doc, f"docs/ADVISOR.md does not document {key}"
 

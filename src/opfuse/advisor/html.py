@@ -62,6 +62,7 @@ TITLES = {
     "l2": ("Chains whose intermediates could stay in L2", "msadvisor: L2Model"),
     "time": ("Where the time goes", "msadvisor: Op Statistic"),
     "hints": ("Operator constraints", "Atlas tuning guide"),
+    "quantized": ("The quantized model (int8)", "Q/DQ, integer kernels, the CPU"),
     "passes": ("opfuse passes on this model", "CANN: GraphFusion"),
 }
 COLORS = {"conv": "#4e79a7", "elementwise": "#f28e2b", "reduce": "#59a14f", "other": "#9c9c9c"}
@@ -368,6 +369,23 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
             top,
         )
     )
+    if report.get("quantized"):
+        out.append(_title("quantized"))
+        out.append(
+            _table(
+                ["Finding", "Why it costs", "What to do", "Nodes", "Cost (us)"],
+                [
+                    (
+                        f["finding"],
+                        f["why"],
+                        f["what_to_do"],
+                        ", ".join(f["nodes"]) + (" ..." if f["count"] > len(f["nodes"]) else ""),
+                        f["cost_us"],
+                    )
+                    for f in report["quantized"]
+                ],
+            )
+        )
     if report["graph_fusion"]:
         out.append(_title("passes"))
         out.append(

@@ -335,6 +335,16 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
                 )
             if (line := more(top, len(hints))) is not None:
                 p(f"  {line}")
+    if report.get("quantized"):
+        p("")
+        p("====Quantized model (int8)====")
+        for f in report["quantized"]:
+            p(f"{f['finding']}", markup=False, soft_wrap=True)
+            p(f"    why it costs: {f['why']}", markup=False, soft_wrap=True, style="dim")
+            p(f"    what to do: {f['what_to_do']}", markup=False, soft_wrap=True, style="dim")
+            if f["nodes"]:
+                shown = ", ".join(f["nodes"]) + (" ..." if f["count"] > len(f["nodes"]) else "")
+                p(f"    nodes: {shown}", markup=False, soft_wrap=True, style="dim")
     if report["graph_fusion"]:
         p("")
         p("====GraphFusion (opfuse trial run)====")

@@ -18,6 +18,7 @@ from opfuse.advisor.l2 import RATIO_KEYS, estimate_ratios, l2_chains
 from opfuse.advisor.nextsteps import dominant, trial
 from opfuse.advisor.pass_verdict import Verdict
 from opfuse.advisor.profile_readers import OpRecord, Profile, iqr, op_statistic, top_nodes
+from opfuse.advisor.quantized import quantized_findings
 from opfuse.advisor.trial import AIPP_PASS, Refusal, Trial, registered
 from opfuse.advisor.written_activations import find_activations
 from opfuse.rules import all_passes
@@ -294,6 +295,26 @@ def next_steps_section(
     }
 
 
+def quantized_section(a: Analysis) -> list[dict[str, object]]:
+    """Findings on a QDQ model ([] for a float model, or without a model); the int8 vs
+    float measurement runs with the trial (not with --no-trial)."""
+    if a.model_path is None or a.original is None or a.profile.source == "op_summary":
+        return []
+    o = a.opts
+    times = {name: a.time(index) for name, index in a.node_of.items()}
+    runtime: Runtime | None = None
+    if o.next_steps and (o.runtime is not None or o.provider in ort_providers()):
+        runtime = o.runtime or get_runtime(provider=o.provider, threads=o.threads or 1)
+    return quantized_findings(
+        a.model_path,
+        times_us=times,
+        total_us=a.profile.total_us,
+        providers=[o.provider] if o.provider in ort_providers() else None,
+        runtime=runtime,
+        seconds=o.trial_seconds,
+    )
+
+
 def variance_warning(p: Profile) -> str | None:
     """A warning when the runs disagree: the sum per run, or a node that matters."""
     totals = p.run_totals_us()
@@ -449,6 +470,7 @@ def report(a: Analysis) -> dict[str, object]:
         "l2_fusion": l2,
         "hints": hints,
         "graph_fusion": a.trial.pass_summary() if a.trial is not None else [],
+        "quantized": quantized_section(a),
     }
 
 

@@ -20,6 +20,7 @@ from opfuse.cli.batch import batch
 from opfuse.cli.console import DEBUG, err
 from opfuse.cli.optimize import optimize
 from opfuse.cli.passes import passes
+from opfuse.cli.quantize import quantize
 from opfuse.cli.tune import tune
 from opfuse.cli.verify import verify
 from opfuse.errors import EXIT_STATUSES, OpfuseError
@@ -33,7 +34,7 @@ def app(debug: bool) -> None:
     DEBUG["on"] = debug
 
 
-for _command in (optimize, verify, passes, profile, advise, tune, batch):
+for _command in (optimize, verify, passes, profile, advise, tune, quantize, batch):
     app.add_command(_command)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import onnx
 import onnx_ir as ir
 
 DEFAULT_DOMAINS = ("", "ai.onnx")  # the ONNX operator set, under either of its names
@@ -51,3 +52,14 @@ def subgraphs(graph: ir.Graph) -> Iterator[ir.Graph]:
 def all_graphs(graph: ir.Graph) -> list[ir.Graph]:
     """``graph`` and every graph nested in it, outermost first."""
     return [graph, *subgraphs(graph)]
+
+
+def proto_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every graph nested in it (If/Loop/Scan bodies), on the protobuf."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield from proto_graphs(attr.g)
+            for sub in attr.graphs:
+                yield from proto_graphs(sub)

@@ -23,12 +23,13 @@ input without its type crashes them).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 from onnx import numpy_helper
+
+from opfuse.model.graphs import proto_graphs
 
 META_KEY = "opfuse.set_aside"
 DENSE_LIMIT = 64 * 2**20  # bytes a sparse tensor may take once dense
@@ -84,19 +85,9 @@ def _describe(type_proto: onnx.TypeProto) -> str:
     return case or "no type"
 
 
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                yield from _graphs(attr.g)
-            for sub in attr.graphs:
-                yield from _graphs(sub)
-
-
 def needs_setting_aside(proto: onnx.ModelProto) -> bool:
     """Cheap check: does the model hold anything onnx-ir cannot (so a copy is needed)?"""
-    for graph in _graphs(proto.graph):
+    for graph in proto_graphs(proto.graph):
         if graph.sparse_initializer:
             return True
         infos = (*graph.input, *graph.output, *graph.value_info)
@@ -140,7 +131,7 @@ def set_aside(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, SetAside]:
     if not needs_setting_aside(proto):
         return proto, aside
     proto = onnx.ModelProto.FromString(proto.SerializeToString())
-    for graph in _graphs(proto.graph):
+    for graph in proto_graphs(proto.graph):
         _set_aside_types(graph, aside)
         _set_aside_sparse(graph, aside)
     return proto, aside
@@ -237,7 +228,7 @@ def restore(proto: onnx.ModelProto, aside: SetAside) -> None:
     """Put back, in place, what ``set_aside`` took out and the model still has."""
     if not aside:
         return
-    for graph in _graphs(proto.graph):
+    for graph in proto_graphs(proto.graph):
         for info in (*graph.input, *graph.output):
             if info.name in aside.types and not info.type.WhichOneof("value"):
                 info.type.CopyFrom(aside.types[info.name])

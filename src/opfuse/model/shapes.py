@@ -13,7 +13,7 @@ import onnx
 import onnx_ir as ir
 
 from opfuse.errors import OpfuseError
-from opfuse.model.graphs import all_graphs
+from opfuse.model.graphs import all_graphs, proto_graphs
 from opfuse.model.set_aside import has_set_aside, to_proto
 
 try:  # onnx-ir's helper that strips large initializers before calling onnx's C API
@@ -134,14 +134,9 @@ def infer_shapes(model: ir.Model) -> None:
 def _value_infos(graph: onnx.GraphProto):
     """The inferred ValueInfos of a graph and of its If/Loop/Scan bodies (names are
     unique across scopes in a valid model)."""
-    yield from graph.value_info
-    yield from graph.output
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                yield from _value_infos(attr.g)
-            for sub in attr.graphs:
-                yield from _value_infos(sub)
+    for g in proto_graphs(graph):
+        yield from g.value_info
+        yield from g.output
 
 
 def _may_know_more(inferred: onnx.TensorShapeProto, shape: ir.Shape | None) -> bool:

@@ -24,6 +24,7 @@ PIPELINE_ORDER = (
     "bn_small_ops",
     "conv_affine",
     "requant",
+    "qdq_movement",
     "conv_fc",
     "pad_conv",
     "transformer",

@@ -27,6 +27,7 @@ import numpy as np
 import onnx
 
 from opfuse.errors import OpfuseError
+from opfuse.model.graphs import proto_graphs
 
 DEFAULT_BATCH = 1
 DEFAULT_DIM = 32  # sequence length and other symbolic dims
@@ -158,7 +159,7 @@ class BranchUse:
 def _constant_arrays(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
     """Initializers and Constant outputs of every graph, as arrays (small ones only)."""
     found: dict[str, np.ndarray] = {}
-    for graph in _graphs(proto.graph):
+    for graph in proto_graphs(proto.graph):
         for init in graph.initializer:
             if init.data_location != onnx.TensorProto.EXTERNAL and np.prod(init.dims) <= 64:
                 found[init.name] = onnx.numpy_helper.to_array(init)
@@ -170,16 +171,6 @@ def _constant_arrays(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
     return found
 
 
-def _graphs(graph: onnx.GraphProto):  # type: ignore[no-untyped-def]
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                yield from _graphs(attr.g)
-            for sub in attr.graphs:
-                yield from _graphs(sub)
-
-
 def branch_uses(proto: onnx.ModelProto | None) -> dict[str, BranchUse]:
     """Graph inputs that decide a branch, found through data movement in every graph
     (subgraphs read the outer graph's values by name): compared with a constant, or
@@ -187,7 +178,7 @@ def branch_uses(proto: onnx.ModelProto | None) -> dict[str, BranchUse]:
     if proto is None:
         return {}
     consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
-    for graph in _graphs(proto.graph):
+    for graph in proto_graphs(proto.graph):
         for node in graph.node:
             for i, name in enumerate(node.input):
                 consumers.setdefault(name, []).append((node, i))

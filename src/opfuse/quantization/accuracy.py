@@ -1,0 +1,91 @@
+"""How far the int8 model is from the float one on held-back samples, per output: SQNR
+(signal to quantization-noise ratio, dB), cosine similarity, max abs error, and where an
+output scores classes (N x C, or N x T x C per step) top-1 and top-5 agreement (the float
+model's top class is the int8 model's top one / among its top five)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class OutputAccuracy:
+    name: str
+    sqnr_db: float
+    cosine: float
+    max_abs: float
+    top1: float | None = None  # agreement, 0..1; None: the output does not score classes
+    top5: float | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "output": self.name,
+            "sqnr_db": None if math.isinf(self.sqnr_db) else round(self.sqnr_db, 3),
+            "cosine": round(self.cosine, 6),
+            "max_abs": float(self.max_abs),
+            "top1_agreement": self.top1,
+            "top5_agreement": self.top5,
+        }
+
+    def line(self) -> str:
+        sqnr = "inf" if math.isinf(self.sqnr_db) else f"{self.sqnr_db:.1f}"
+        text = f"{self.name}: SQNR {sqnr} dB, cosine {self.cosine:.4f}, max abs {self.max_abs:.3g}"
+        if self.top1 is not None:
+            text += f", top-1 {self.top1:.1%}, top-5 {self.top5:.1%} agreement"
+        return text
+
+
+def scores_classes(array: np.ndarray) -> bool:
+    """N x C or N x T x C floats with at least 2 classes."""
+    return array.dtype.kind == "f" and array.ndim in (2, 3) and array.shape[-1] >= 2
+
+
+def compare_output(name: str, ref: np.ndarray, got: np.ndarray) -> OutputAccuracy:
+    r = ref.astype(np.float64).ravel()
+    g = got.astype(np.float64).ravel()
+    noise = float(np.sum((r - g) ** 2))
+    signal = float(np.sum(r**2))
+    sqnr = math.inf if noise == 0 else 10 * math.log10(max(signal, 1e-300) / noise)
+    norms = float(np.linalg.norm(r) * np.linalg.norm(g))
+    cosine = float(r @ g / norms) if norms else (1.0 if noise == 0 else 0.0)
+    max_abs = float(np.max(np.abs(r - g))) if r.size else 0.0
+    top1 = top5 = None
+    if scores_classes(ref):
+        rows_ref = ref.reshape(-1, ref.shape[-1])
+        rows_got = got.reshape(-1, got.shape[-1])
+        want = rows_ref.argmax(axis=1)
+        top1 = float(np.mean(rows_got.argmax(axis=1) == want))
+        k = min(5, rows_got.shape[1])
+        best = np.argpartition(-rows_got, k - 1, axis=1)[:, :k]
+        top5 = float(np.mean([w in b for w, b in zip(want, best, strict=True)]))
+    return OutputAccuracy(name, sqnr, cosine, max_abs, top1, top5)
+
+
+def compare_outputs(
+    names: Sequence[str], ref: Sequence[Sequence[np.ndarray]], got: Sequence[Sequence[np.ndarray]]
+) -> list[OutputAccuracy]:
+    """``ref``/``got``: per sample, the outputs in ``names`` order; joined along axis 0."""
+    out = []
+    for i, name in enumerate(names):
+        r = np.concatenate(
+            [
+                np.asarray(s[i]).reshape(1, *np.shape(s[i]))
+                if np.ndim(s[i]) == 0
+                else np.asarray(s[i])
+                for s in ref
+            ]
+        )
+        g = np.concatenate(
+            [
+                np.asarray(s[i]).reshape(1, *np.shape(s[i]))
+                if np.ndim(s[i]) == 0
+                else np.asarray(s[i])
+                for s in got
+            ]
+        )
+        out.append(compare_output(name, r, g))
+    return out

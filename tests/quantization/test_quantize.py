@@ -1,0 +1,294 @@
+"""opfuse quantize on small built models: deterministic output with fixed calibration
+data, the accuracy figures, the gate and the fallback that keeps a deliberately sensitive
+layer in float, every bad-data case (exit 2, one line, nothing written), the image
+preprocessing against a hand-computed array, and the speed logic on a fake runtime."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+
+from opfuse.errors import GateError, OpfuseError
+from opfuse.quantization import calibration
+from opfuse.quantization.accuracy import compare_output
+from opfuse.quantization.gate import Gate
+from opfuse.quantization.preprocess import Preprocess
+from opfuse.quantization.run import quantize_file
+from opfuse.runtime.fake import FakeRuntime
+
+RNG = np.random.default_rng(0)
+
+
+def small_cnn(path: Path) -> Path:
+    """Conv -> BatchNormalization -> Relu -> Conv -> GlobalAveragePool -> Flatten -> Gemm:
+    10 classes from 1x3x8x8."""
+
+    def t(name: str, *shape: int, low: float = -0.5, high: float = 0.5) -> onnx.TensorProto:
+        return numpy_helper.from_array(RNG.uniform(low, high, shape).astype(np.float32), name)
+
+    nodes = [
+        h.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        h.make_node("BatchNormalization", ["c1", "g", "b", "m", "v"], ["n1"], name="bn1"),
+        h.make_node("Relu", ["n1"], ["r1"], name="relu1"),
+        h.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        h.make_node("GlobalAveragePool", ["c2"], ["p"], name="pool"),
+        h.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        h.make_node("Gemm", ["f", "wf", "bf"], ["logits"], name="fc", transB=1),
+    ]
+    inits = [
+        t("w1", 8, 3, 3, 3),
+        t("g", 8, low=0.5, high=1.5),
+        t("b", 8),
+        t("m", 8),
+        t("v", 8, low=0.5, high=1.5),
+        t("w2", 16, 8, 3, 3),
+        t("wf", 10, 16),
+        t("bf", 10),
+    ]
+    graph = h.make_graph(
+        nodes,
+        "cnn",
+        [h.make_tensor_value_info("x", T.FLOAT, ["N", 3, 8, 8])],
+        [h.make_tensor_value_info("logits", T.FLOAT, ["N", 10])],
+        initializer=inits,
+    )
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def sensitive_mlp(path: Path) -> Path:
+    """x (1x16) -> Gemm "normal" -> Relu -> Gemm "sensitive": each output channel of the
+    sensitive layer has one huge weight on a feature that is always 0 and small weights
+    elsewhere; per-channel int8 rounds the small ones to 0, so that layer alone ruins the
+    output (regression output: no classes)."""
+    w1 = RNG.uniform(0.5, 1.0, (16, 16)).astype(np.float32)
+    w1[0] = 0.0  # feature 0 of the hidden layer is always 0
+    w2 = np.full((4, 16), 0.01, np.float32)
+    w2[:, 0] = 1000.0
+    nodes = [
+        h.make_node("Gemm", ["x", "w1"], ["a"], name="normal", transB=1),
+        h.make_node("Relu", ["a"], ["r"], name="relu"),
+        h.make_node("Sub", ["r", "shift"], ["s"], name="shift"),  # feature 0 -> ~0
+        h.make_node("Gemm", ["s", "w2"], ["y"], name="sensitive", transB=1),
+    ]
+    shift = np.zeros(16, np.float32)
+    graph = h.make_graph(
+        nodes,
+        "mlp",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 16])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 4])],
+        initializer=[
+            numpy_helper.from_array(w1, "w1"),
+            numpy_helper.from_array(w2, "w2"),
+            numpy_helper.from_array(shift, "shift"),
+        ],
+    )
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def samples_npz(path: Path, name: str, shape: tuple[int, ...], n: int = 16, seed: int = 1) -> Path:
+    rng = np.random.default_rng(seed)
+    np.savez(path, **{name: rng.uniform(0, 1, (n, *shape[1:])).astype(np.float32)})
+    return path
+
+
+def mlp_samples(path: Path) -> Path:
+    rng = np.random.default_rng(2)
+    x = rng.uniform(0.5, 1.0, (16, 16)).astype(np.float32)
+    np.savez(path, x=x)
+    return path
+
+
+def test_a_small_cnn_is_fused_quantized_and_deterministic(tmp_path):
+    model = small_cnn(tmp_path / "cnn.onnx")
+    data = samples_npz(tmp_path / "calib.npz", "x", (1, 3, 8, 8))
+    outs = []
+    for k in range(2):
+        out = tmp_path / f"int8_{k}.onnx"
+        result = quantize_file(model, out, data, benchmark=False)
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]  # fixed calibration data: the same bytes
+    ops = Counter(n.op_type for n in onnx.load(str(tmp_path / "int8_0.onnx")).graph.node)
+    assert ops["BatchNormalization"] == 0  # fused before quantizing
+    assert ops["QuantizeLinear"] > 0 and ops["DequantizeLinear"] > 0
+    assert result.calibration_samples == 12 and result.eval_samples == 4
+    [acc] = result.accuracy
+    assert acc.top1 is not None and acc.top1 >= 0.99 and acc.sqnr_db > 20
+    assert result.kept_float == []
+    assert result.coverage is not None and result.coverage.integer_fraction > 0.9
+    assert result.to_json()["integer_kernels"]["integer_ops"]
+
+
+def test_the_gate_keeps_the_sensitive_layer_in_float(tmp_path):
+    model = sensitive_mlp(tmp_path / "mlp.onnx")
+    data = mlp_samples(tmp_path / "x.npz")
+    result = quantize_file(model, tmp_path / "out.onnx", data, max_drop="sqnr=25", benchmark=False)
+    assert [k.node for k in result.kept_float] == ["sensitive"]
+    assert min(a.sqnr_db for a in result.accuracy) >= 25
+    graph = onnx.load(str(tmp_path / "out.onnx")).graph
+    sensitive = next(n for n in graph.node if n.name == "sensitive")
+    producers = {o: n.op_type for n in graph.node for o in n.output}
+    assert producers.get(sensitive.input[1]) != "DequantizeLinear"  # float weights
+
+
+def test_a_gate_no_mix_meets_writes_nothing_and_exits_1(tmp_path):
+    model = sensitive_mlp(tmp_path / "mlp.onnx")
+    data = mlp_samples(tmp_path / "x.npz")
+    out = tmp_path / "out.onnx"
+    run = subprocess.run(
+        [sys.executable, "-m", "opfuse", "quantize", str(model), "-o", str(out),
+         "--calibration", str(data), "--max-drop", "sqnr=300", "--no-benchmark"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    assert "misses --max-drop" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def write_png(path: Path, pixels: np.ndarray) -> Path:
+    from PIL import Image
+
+    Image.fromarray(pixels.astype(np.uint8), "RGB").save(path)
+    return path
+
+
+def test_image_preprocessing_matches_the_hand_computed_array(tmp_path):
+    pixels = np.array([[[255, 0, 10], [20, 30, 40]], [[50, 60, 70], [80, 90, 100]]], np.uint8)
+    png = write_png(tmp_path / "a.png", pixels)
+    pre = Preprocess.parse(
+        "size=2,layout=NCHW,order=BGR,scale=1/255,mean=0.5:0.4:0.3,std=0.2:0.25:0.5"
+    )
+    got = pre.image(png)
+    bgr = pixels[..., ::-1].astype(np.float32) / 255.0
+    want = (bgr - np.array([0.5, 0.4, 0.3], np.float32)) / np.array([0.2, 0.25, 0.5], np.float32)
+    np.testing.assert_allclose(got, want.transpose(2, 0, 1)[None], rtol=1e-6)
+    assert Preprocess.parse("layout=nhwc,size=2").image(png).shape == (1, 2, 2, 3)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda d: np.savez(d / "c.npz", y=np.zeros((4, 3, 8, 8), np.float32)), "do not match"),
+        (lambda d: np.savez(d / "c.npz", x=np.zeros((4, 3, 9, 8), np.float32)), "fixes dim 2"),
+        (lambda d: np.savez(d / "c.npz", x=np.zeros((4, 3, 8, 8), np.float64)), "is float64"),
+        (lambda d: np.savez(d / "c.npz", x=np.zeros((1, 3, 8, 8), np.float32)), "at least 2"),
+        (lambda d: (d / "c.npz").write_bytes(b"PK\x03\x04 truncated"), "not a readable .npz"),
+    ],
+)
+def test_bad_calibration_files(tmp_path, make, message):
+    model = small_cnn(tmp_path / "cnn.onnx")
+    make(tmp_path)
+    out = tmp_path / "out.onnx"
+    with pytest.raises(OpfuseError, match=message) as info:
+        quantize_file(model, out, tmp_path / "c.npz", benchmark=False)
+    assert "\n" not in str(info.value) and info.value.exit_code == 2
+    assert not out.exists()
+
+
+def test_bad_calibration_folders_on_the_command_line(tmp_path):
+    model = small_cnn(tmp_path / "cnn.onnx")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    images = tmp_path / "images"
+    images.mkdir()
+    write_png(images / "good.png", np.zeros((8, 8, 3)))
+    (images / "bad.png").write_bytes(b"not an image")
+    cases = [
+        ([str(empty)], "no .npz files or images"),
+        ([str(images), "--preprocess", "size=8"], "bad.png: not a readable image"),
+        ([str(images)], "images need --preprocess"),
+        ([str(tmp_path / "missing.npz")], "no such file"),
+    ]
+    for args, message in cases:
+        run = subprocess.run(
+            [sys.executable, "-m", "opfuse", "quantize", str(model), "-o",
+             str(tmp_path / "out.onnx"), "--no-benchmark", "--calibration", *args],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert run.returncode == 2 and message in run.stderr, (args, run.stderr)
+        assert len(run.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "out.onnx").exists()
+
+
+def test_a_folder_of_images_calibrates(tmp_path):
+    model = small_cnn(tmp_path / "cnn.onnx")
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(8):
+        write_png(images / f"{i}.png", RNG.integers(0, 255, (12, 12, 3)))
+    result = quantize_file(
+        model, tmp_path / "out.onnx", images, preprocess=Preprocess.parse("size=8"), benchmark=False
+    )
+    assert result.calibration_samples == 6 and result.eval_samples == 2
+
+
+def test_the_speed_logic_on_a_fake_runtime(tmp_path):
+    """QuantizeLinear made expensive: int8 is slower, said plainly, and --min-speedup
+    turns it into exit 1 with nothing written."""
+    model = small_cnn(tmp_path / "cnn.onnx")
+    data = samples_npz(tmp_path / "calib.npz", "x", (1, 3, 8, 8))
+    slow_q = FakeRuntime({"QuantizeLinear": 0.01, "DequantizeLinear": 0.01}, default=0.001)
+    result = quantize_file(model, tmp_path / "out.onnx", data, runtime=slow_q)
+    assert result.pays() is False and result.speedup is not None and result.speedup < 1
+    assert any("int8 does not pay on this machine" in line for line in result.lines())
+    with pytest.raises(GateError, match="below --min-speedup 1.5"):
+        quantize_file(model, tmp_path / "o2.onnx", data, runtime=slow_q, min_speedup=1.5)
+    assert not (tmp_path / "o2.onnx").exists()
+    fast_q = FakeRuntime({"Conv": 0.01, "BatchNormalization": 0.01}, default=0.0)
+    result = quantize_file(model, tmp_path / "o3.onnx", data, runtime=fast_q)
+    assert result.speed is not None and result.to_json()["speed"] is not None
+
+
+def test_random_calibration_warns_loudly(tmp_path):
+    model = small_cnn(tmp_path / "cnn.onnx")
+    result = quantize_file(model, tmp_path / "out.onnx", "random", benchmark=False)
+    assert any("RANDOM" in w for w in result.warnings)
+    report = tmp_path / "r.json"
+    quantize_file(model, tmp_path / "o2.onnx", "random", benchmark=False, report=report)
+    assert "RANDOM" in json.loads(report.read_text())["warnings"][0]
+
+
+def test_accuracy_figures():
+    ref = np.array([[1.0, 3.0, 2.0], [5.0, 1.0, 0.0]], np.float32)
+    same = compare_output("y", ref, ref)
+    assert same.sqnr_db == float("inf") and same.top1 == 1.0 and same.cosine == pytest.approx(1)
+    swapped = compare_output("y", ref, np.array([[3.0, 1.0, 2.0], [5.0, 1.0, 0.0]], np.float32))
+    assert swapped.top1 == 0.5 and swapped.top5 == 1.0 and swapped.max_abs == 2.0
+
+
+def test_gate_parsing():
+    assert Gate.parse("top1=1%").top1_drop == pytest.approx(0.01)
+    assert Gate.parse("sqnr=25").sqnr_db == 25
+    assert Gate.parse("off").misses([compare_output("y", np.ones(3), -np.ones(3))]) == []
+    with pytest.raises(OpfuseError, match="--max-drop"):
+        Gate.parse("accuracy=3")
+
+
+def test_calibration_split_holds_back_every_fourth():
+    samples = [{"x": np.full(1, i)} for i in range(8)]
+    calib, held = calibration.split(samples)
+    assert [int(s["x"][0]) for s in held] == [3, 7] and len(calib) == 6
+
+
+def test_an_old_opset_is_converted_for_per_channel_weights(tmp_path):
+    model = small_cnn(tmp_path / "cnn.onnx")
+    proto = onnx.load(str(model))
+    proto.opset_import[0].version = 11
+    onnx.save(proto, str(model))
+    data = samples_npz(tmp_path / "calib.npz", "x", (1, 3, 8, 8))
+    result = quantize_file(model, tmp_path / "out.onnx", data, benchmark=False)
+    assert any("opset 11 to 13" in w for w in result.warnings)
+    out = onnx.load(str(tmp_path / "out.onnx"))
+    onnx.checker.check_model(out, full_check=True)
+    assert out.opset_import[0].version >= 13
