@@ -48,10 +48,15 @@ from opfuse.errors import EXIT_STATUSES
     type=click.Choice(("minmax", "entropy", "percentile")),
     default="minmax",
     show_default=True,
+    help="How the calibration picks each activation's range.",
 )
 @click.option("--per-tensor", is_flag=True, help="Per-tensor weights [default: per channel].")
 @click.option(
-    "--activation-type", type=click.Choice(("uint8", "int8")), default="uint8", show_default=True
+    "--activation-type",
+    type=click.Choice(("uint8", "int8")),
+    default="uint8",
+    show_default=True,
+    help="The activations' integer type (the weights are int8).",
 )
 @click.option("--fusion-switch-file", type=PathArg, help="CANN-format switch file for the fusions.")
 @click.option("--enable", multiple=True, help="Turn a fusion pass on (repeatable).")
