@@ -62,7 +62,14 @@ from opfuse.errors import EXIT_STATUSES
 @click.option("--enable", multiple=True, help="Turn a fusion pass on (repeatable).")
 @click.option("--disable", multiple=True, help="Turn a fusion pass off (repeatable).")
 @click.option("--report", type=PathArg, help="Write the figures as JSON here.")
-@click.option("--format", "fmt", type=click.Choice(("text", "json")), default="text")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(("text", "json")),
+    default="text",
+    show_default=True,
+    help="json: the figures as JSON on stdout.",
+)
 @runtime_options
 def quantize(
     model: Path,
