@@ -19,9 +19,9 @@ input saying how it was made.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import onnx
@@ -29,6 +29,7 @@ import onnx
 from opfuse.errors import OpfuseError
 from opfuse.model.graphs import proto_graphs
 
+T = TypeVar("T")
 DEFAULT_BATCH = 1
 DEFAULT_DIM = 32  # sequence length and other symbolic dims
 
@@ -116,17 +117,21 @@ class InputPlan:
         return [f"{name}: {how}" for name, how in self.how.items()]
 
 
-def integer_uses(proto: onnx.ModelProto | None) -> dict[str, str]:
-    """For graph inputs feeding a value-sensitive position (through Cast/Identity), what
-    values fit: the first such use found in the main graph."""
-    if proto is None:
-        return {}
+def _first_uses(
+    graphs: Iterable[onnx.GraphProto],
+    inputs: Iterable[onnx.ValueInfoProto],
+    use_of: Callable[[onnx.NodeProto, int], T | None],
+    carries: Callable[[onnx.NodeProto, int], bool],
+) -> dict[str, T]:
+    """For each graph input, the first ``use_of`` (node, input position) found by walking
+    its readers in ``graphs``, and on through the outputs of readers that ``carries``."""
     consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
-    for node in proto.graph.node:
-        for i, name in enumerate(node.input):
-            consumers.setdefault(name, []).append((node, i))
-    found: dict[str, str] = {}
-    for value in proto.graph.input:
+    for graph in graphs:
+        for node in graph.node:
+            for i, name in enumerate(node.input):
+                consumers.setdefault(name, []).append((node, i))
+    found: dict[str, T] = {}
+    for value in inputs:
         todo, seen = [value.name], set()
         while todo and value.name not in found:
             name = todo.pop()
@@ -134,17 +139,32 @@ def integer_uses(proto: onnx.ModelProto | None) -> dict[str, str]:
                 continue
             seen.add(name)
             for node, i in consumers.get(name, []):
-                use = USES.get((node.op_type, i))
-                if use is None and _REDUCE.fullmatch(node.op_type) and i == 1:
-                    use = _RANGE
-                if use in (_PARTS, _BATCH):
-                    use = _sized(use, node, proto)
+                use = use_of(node, i)
                 if use is not None:
-                    found[value.name] = f"{use} ({node.op_type} input {i})"
+                    found[value.name] = use
                     break
-                if node.op_type in _PASS_THROUGH:
+                if carries(node, i):
                     todo.extend(node.output)
     return found
+
+
+def integer_uses(proto: onnx.ModelProto | None) -> dict[str, str]:
+    """For graph inputs feeding a value-sensitive position (through Cast/Identity), what
+    values fit: the first such use found in the main graph."""
+    if proto is None:
+        return {}
+
+    def use_of(node: onnx.NodeProto, i: int) -> str | None:
+        use = USES.get((node.op_type, i))
+        if use is None and _REDUCE.fullmatch(node.op_type) and i == 1:
+            use = _RANGE
+        if use in (_PARTS, _BATCH):
+            use = _sized(use, node, proto)
+        return None if use is None else f"{use} ({node.op_type} input {i})"
+
+    return _first_uses(
+        [proto.graph], proto.graph.input, use_of, lambda node, _: node.op_type in _PASS_THROUGH
+    )
 
 
 @dataclass(frozen=True)
@@ -177,28 +197,13 @@ def branch_uses(proto: onnx.ModelProto | None) -> dict[str, BranchUse]:
     reaching an If's condition (through Not/And/Or/Xor too)."""
     if proto is None:
         return {}
-    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
-    for graph in proto_graphs(proto.graph):
-        for node in graph.node:
-            for i, name in enumerate(node.input):
-                consumers.setdefault(name, []).append((node, i))
     constants = _constant_arrays(proto)
-    found: dict[str, BranchUse] = {}
-    for value in proto.graph.input:
-        todo, seen = [value.name], set()
-        while todo and value.name not in found:
-            name = todo.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            for node, i in consumers.get(name, []):
-                use = _branch_use(node, i, constants)
-                if use is not None:
-                    found[value.name] = use
-                    break
-                if (node.op_type in _CARRIES and i == 0) or node.op_type in _LOGIC:
-                    todo.extend(node.output)
-    return found
+    return _first_uses(
+        proto_graphs(proto.graph),
+        proto.graph.input,
+        lambda node, i: _branch_use(node, i, constants),
+        lambda node, i: (node.op_type in _CARRIES and i == 0) or node.op_type in _LOGIC,
+    )
 
 
 def _branch_use(
