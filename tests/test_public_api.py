@@ -257,7 +257,9 @@ def test_tune_is_public_and_writes_the_variant_its_switch_file_and_command(tmp_p
     switch = json.loads((tmp_path / "convnet.tuned.onnx.fusion_switch.cfg").read_text())
     assert "Switch" in switch
     assert result.switch_file == tmp_path / "convnet.tuned.onnx.fusion_switch.cfg"
-    assert result.command.startswith("opfuse optimize ") and str(out) in result.command
+    # the original itself when nothing beat it on this machine (a copy), else the rebuild
+    rebuild = "cp " if result.best.original else "opfuse optimize "
+    assert result.command.startswith(rebuild) and str(out) in result.command
     assert result.trials and result.ratio > 0
 
 
