@@ -8,6 +8,10 @@ float32 and ``round(((x - z) * s) / s) + z`` recovers x, the float error of two 
 on an integer of at most 65535 being far below the 0.5 that rounding forgives. Only
 per-tensor (scalar) parameters are matched (a per-axis scale would have to follow the
 axis through the move), and only when x's type is the QuantizeLinear's output type.
+
+Off by default in ``optimize`` (a QDQ model's Q/DQ placement may be meant for the compiler
+it targets; onnxruntime drops these pairs itself at load); ``opfuse quantize`` runs it in
+its clean-up.
 """
 
 from __future__ import annotations
@@ -85,6 +89,9 @@ register(
         "Move a quantized tensor in its integer type where it is dequantized only to be "
         "reshaped/transposed/sliced and quantized again with the same scale and zero point",
         opset_min=10,
+        default=False,
+        note="off in optimize: a QDQ model's Q/DQ placement may be meant for its compiler "
+        "(onnxruntime drops these pairs itself at load); on in opfuse quantize's clean-up",
         rules=(QDQMovementRule(),),
     )
 )
