@@ -26,6 +26,7 @@ from opfuse.errors import OpfuseError, VerificationError, first_line
 from opfuse.model import io
 from opfuse.model.graphs import all_graphs
 from opfuse.model.shapes import declare_static_inputs, infer_shapes
+from opfuse.pipeline.gcpause import paused_gc
 from opfuse.pipeline.phases import Phases
 from opfuse.pipeline.switch import SwitchTable, parse_switch_file, resolve
 from opfuse.rewrite.context import Options, PassContext
@@ -233,6 +234,7 @@ def select_passes(
     return chosen.enabled, chosen.warnings
 
 
+@paused_gc()
 def optimize_model(
     model: ir.Model,
     *,
@@ -376,26 +378,27 @@ def optimize_file(
             declare_static_inputs(loaded, dict(input_shapes or {}))
         return loaded
 
-    with phases("load"):
-        model = load()
-    if io.must_pass_unchanged(model) is not None:
-        return _pass_unchanged(input_path, output_path, model, options, phases)
-    external = io.has_external_data(model) or None  # keep external data external
-    try:
-        with phases("optimize"):
-            result = optimize_model(
-                model,
-                switch_table=switch_table,
-                enable=enable,
-                disable=disable,
-                options=options,
-                shapes_inferred=not static_shapes,
-                phases=phases,
-            )
-    except OpfuseError as exc:  # e.g. --keep-inputs/--keep-outputs naming no tensor: name the file
-        if str(input_path) in str(exc):
-            raise
-        raise type(exc)(f"{input_path}: {exc}") from None
+    with paused_gc():  # one pause over both: the loaded graph is not garbage
+        with phases("load"):
+            model = load()
+        if io.must_pass_unchanged(model) is not None:
+            return _pass_unchanged(input_path, output_path, model, options, phases)
+        external = io.has_external_data(model) or None  # keep external data external
+        try:
+            with phases("optimize"):
+                result = optimize_model(
+                    model,
+                    switch_table=switch_table,
+                    enable=enable,
+                    disable=disable,
+                    options=options,
+                    shapes_inferred=not static_shapes,
+                    phases=phases,
+                )
+        except OpfuseError as exc:  # e.g. --keep-inputs naming no tensor: name the file
+            if str(input_path) in str(exc):
+                raise
+            raise type(exc)(f"{input_path}: {exc}") from None
     original = model
     model = result.model
     if static_shapes:

@@ -44,6 +44,9 @@ class PassContext:
         self.log = log
         self.current: PassLabel | None = None
         self.notes: list[str] = []  # facts the summary must tell the user (layout changes)
+        # what the rules tried at one node found out about it (the affine chain ending
+        # there): shared by them, emptied by the driver before each node and each change
+        self.visit_memo: dict[tuple[str, int], object] = {}
 
     @property
     def opset(self) -> int:

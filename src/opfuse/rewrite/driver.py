@@ -3,6 +3,7 @@ rewrite touched, so the cost stays linear in the size of the graph."""
 
 from __future__ import annotations
 
+import functools
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -71,7 +72,12 @@ class Driver:
                 ctx.entry(rule.name, info)  # every pattern gets a log line, zero or not
                 for op_type in rule.root_types():
                     self.by_type.setdefault(op_type, []).append((info, rule))
-        self.names = NameScope(ctx.model)
+
+    @functools.cached_property
+    def names(self) -> NameScope:
+        """The model's names, collected at the first rewrite (a stage that rewrites
+        nothing never walks the model for them)."""
+        return NameScope(self.ctx.model)
 
     def run(self) -> int:
         """Apply rules everywhere; return the number of rewrites."""
@@ -88,6 +94,7 @@ class Driver:
             queued.discard(id(node))
             if node.graph is not graph or node.domain not in DEFAULT_DOMAINS:
                 continue
+            self.ctx.visit_memo.clear()
             for info, rule in self.by_type.get(node.op_type, ()):
                 touched = self._try(info, rule, node, graph)
                 if touched is None:
@@ -116,6 +123,7 @@ class Driver:
         for node in list(graph):
             if node.domain not in DEFAULT_DOMAINS:
                 continue
+            self.ctx.visit_memo.clear()
             for info, rule in self.by_type.get(node.op_type, ()):
                 judged = self._judge(info, rule, node)
                 if judged is not None:
@@ -151,6 +159,7 @@ class Driver:
             stats.add_reason(reason, node.name)
             return None
         touched = self._commit(graph, m, b, pairs)
+        self.ctx.visit_memo.clear()
         stats.effected += 1
         return touched
 

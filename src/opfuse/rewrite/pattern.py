@@ -27,6 +27,7 @@ only the other operand order of a commuting op, not the alternatives inside that
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -57,10 +58,26 @@ def const_array(value: ir.Value | None) -> np.ndarray | None:
             tensor = ir.convenience.get_const_tensor(value)
     if tensor is None:
         return None
+    if type(tensor) is ir.serde.TensorProtoTensor and tensor.nbytes <= DECODED_CACHE_BYTES:
+        cached = _decoded.get(tensor)
+        if cached is None:
+            try:
+                cached = tensor.numpy()
+            except Exception:  # an unsupported dtype
+                return None
+            cached.flags.writeable = False  # shared by every caller
+            _decoded[tensor] = cached
+        return cached
     try:
         return tensor.numpy()
     except Exception:  # an external tensor whose file vanished, an unsupported dtype
         return None
+
+
+# A small constant read from the file is decoded from its protobuf on every .numpy();
+# rules ask for the same shape vectors and scalars many times, so those are decoded once.
+DECODED_CACHE_BYTES = 1 << 12
+_decoded: weakref.WeakKeyDictionary[ir.TensorProtocol, np.ndarray] = weakref.WeakKeyDictionary()
 
 
 class Match:

@@ -371,7 +371,11 @@ class AffineChainRule(Rule[C]):
     # imperative: a chain of any length (chain_ending_at), with the linear layer before
     # it found through a Transpose or bias Add (find_linear): no fixed-size pattern
     def match(self, node: ir.Node, ctx: PassContext) -> C | None:
-        chain = chain_ending_at(node)
+        key = ("affine_chain", id(node))  # the same for every chain rule tried here
+        if key in ctx.visit_memo:
+            chain = cast(Chain | None, ctx.visit_memo[key])
+        else:
+            chain = ctx.visit_memo[key] = chain_ending_at(node)
         if chain is None:
             return None
         m = cast(C, self.match_type(node))

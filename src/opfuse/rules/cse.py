@@ -1,6 +1,7 @@
 """Common subexpressions and duplicate constants.
 
-Identical initializers (same dtype and shape, then same hash, then same bytes) become one;
+Identical initializers (same dtype and shape, then the same bytes: a small weight's bytes
+are its key, a large one is sampled and hashed first) become one;
 then nodes with the same op, attributes and inputs become one: one hash-keyed sweep per
 graph in topological order, so chains of duplicates merge in the same sweep. The main
 graph goes first, then the If/Loop/Scan bodies (outermost first); a body's nodes merge
@@ -111,7 +112,7 @@ def dedupe_initializers(graph: ir.Graph) -> int:
     small = [v for v in groups.values() if len(v) > 1 and _nbytes(v[0]) <= SMALL_BYTES]
     large = [v for v in groups.values() if len(v) > 1 and _nbytes(v[0]) > SMALL_BYTES]
     duplicates = [
-        *_duplicates(small, _whole_digest),
+        *_duplicates_by_bytes(small),
         *_duplicates(_split_by_sample(large), _digest),
     ]
     for value, same in duplicates:
@@ -126,15 +127,20 @@ def _nbytes(value: ir.Value) -> int:
     return tensor.nbytes if tensor is not None else 0
 
 
-def _whole_digest(value: ir.Value) -> bytes | None:
-    """A small weight's hash, from its bytes at once (no sampling pass first)."""
-    array = const_array(value)
-    if array is None or array.dtype == object:
-        return None
-    key = hashlib.blake2b(array.tobytes(), digest_size=16).digest()
-    del array
-    _release(value)
-    return key
+def _duplicates_by_bytes(groups: list[list[ir.Value]]) -> Iterator[tuple[ir.Value, ir.Value]]:
+    """(duplicate, first copy) pairs among small weights of one dtype and shape: their
+    bytes are the key (no hash and no second comparison)."""
+    for values in groups:
+        kept: dict[bytes, ir.Value] = {}
+        for value in values:
+            array = const_array(value)
+            if array is None or array.dtype == object:
+                continue
+            same = kept.setdefault(array.tobytes(), value)
+            del array
+            _release(value)
+            if same is not value:
+                yield value, same
 
 
 def _duplicates(
