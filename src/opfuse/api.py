@@ -360,6 +360,7 @@ def quantize(
     *,
     calibration: str | os.PathLike[str],
     eval: str | os.PathLike[str] | None = None,  # noqa: A002 - the CLI's --eval
+    samples: int | None = None,
     preprocess: str | None = None,
     exclude: Sequence[str] = (),
     max_drop: str = "auto",
@@ -376,7 +377,8 @@ def quantize(
 ) -> QuantizeResult:
     """``opfuse quantize``: fuse the model file ``model``, quantize it to int8 (QDQ) with
     the ``calibration`` samples, measure its accuracy against the float model on held-back
-    samples (``eval``, or every 4th calibration sample), keep the most sensitive layers in
+    samples (``eval``, or every 4th calibration sample; ``samples``: use the first N of
+    ``calibration``, fewer is bad input), keep the most sensitive layers in
     float until ``max_drop`` holds, measure the speed, and write it to ``output``. Raises
     ``GateError`` (exit 1, nothing written) when the gate or ``min_speedup`` fails, and
     ``OpfuseError`` for bad input. Returns the figures (``QuantizeResult``)."""
@@ -390,6 +392,7 @@ def quantize(
         output,
         calibration,
         eval_data=eval,
+        samples_count=samples,
         preprocess=Preprocess.parse(preprocess) if preprocess else None,
         exclude=exclude,
         max_drop=max_drop,

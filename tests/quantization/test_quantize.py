@@ -142,6 +142,44 @@ def test_the_gate_keeps_the_sensitive_layer_in_float(tmp_path):
     assert producers.get(sensitive.input[1]) != "DequantizeLinear"  # float weights
 
 
+def test_the_fallback_keeps_only_layers_that_help(tmp_path, monkeypatch):
+    """The layer worst alone ("a") makes the whole model worse when kept in float (as on
+    PP-OCR's recognizer): it is tried and dropped, "b" is kept and the gate holds."""
+    from opfuse.quantization import run as qrun
+
+    layers = ["a", "b", "c"]
+    alone_sqnr = {"a": 5.0, "b": 10.0, "c": 30.0}  # quantized alone: a is the worst
+    in_float_sqnr = {(): 20.0, ("a",): 15.0, ("b",): 26.0, ("a", "b"): 22.0}
+    excluded: dict[str, list[str]] = {}
+
+    def fake_quantize(fused, qdq, calib, options, exclude):
+        excluded[Path(qdq).name.replace(".qdq", "")] = list(exclude)
+
+    def fake_compare(names, reference, got):
+        names_out = got  # _run returns the file name
+        floats = excluded[Path(names_out).name]
+        if len(floats) == len(layers) - 1:  # one layer quantized alone
+            (alone,) = set(layers) - set(floats)
+            sqnr = alone_sqnr[alone]
+        else:
+            sqnr = in_float_sqnr[tuple(sorted(floats))]
+        return [qrun.OutputAccuracy("y", sqnr, 1.0, 0.0)]
+
+    monkeypatch.setattr(qrun.flow, "quantize", fake_quantize)
+    monkeypatch.setattr(qrun.flow, "clean_up", lambda qdq, out: None)
+    monkeypatch.setattr(qrun.flow, "weighted_nodes", lambda fused: layers)
+    monkeypatch.setattr(qrun, "compare_outputs", fake_compare)
+    monkeypatch.setattr(qrun, "_run", lambda out, held: out)
+    monkeypatch.setattr(qrun, "_output_names", lambda fused: ["y"])
+    gate = Gate.parse("sqnr=25")
+    path, accuracy, kept = qrun._quantize_gated(tmp_path, [], [], [], None, [], gate)
+    assert [k.node for k in kept] == ["b"]
+    assert accuracy[0].sqnr_db == 26.0 and excluded[path.name] == ["b"]
+    # a gate nothing meets: every try reported, nothing that did not help kept
+    with pytest.raises(GateError, match=r"trying its 3 most sensitive layers in float \(b helped\)"):
+        qrun._quantize_gated(tmp_path, [], [], [], None, [], Gate.parse("sqnr=40"))
+
+
 def test_a_gate_no_mix_meets_writes_nothing_and_exits_1(tmp_path):
     model = sensitive_mlp(tmp_path / "mlp.onnx")
     data = mlp_samples(tmp_path / "x.npz")
@@ -204,11 +242,15 @@ def test_bad_calibration_folders_on_the_command_line(tmp_path):
     images.mkdir()
     write_png(images / "good.png", np.zeros((8, 8, 3)))
     (images / "bad.png").write_bytes(b"not an image")
+    four = tmp_path / "four.npz"
+    np.savez(four, x=RNG.standard_normal((4, 3, 8, 8)).astype(np.float32))
     cases = [
         ([str(empty)], "no .npz files or images"),
         ([str(images), "--preprocess", "size=8"], "bad.png: not a readable image"),
         ([str(images)], "images need --preprocess"),
         ([str(tmp_path / "missing.npz")], "no such file"),
+        ([str(images), "--preprocess", "size=8", "--samples", "0"], "--samples 0: a count"),
+        ([str(four), "--samples", "5"], "4 samples, --samples asks for 5"),
     ]
     for args, message in cases:
         run = subprocess.run(
@@ -231,6 +273,15 @@ def test_a_folder_of_images_calibrates(tmp_path):
         model, tmp_path / "out.onnx", images, preprocess=Preprocess.parse("size=8"), benchmark=False
     )
     assert result.calibration_samples == 6 and result.eval_samples == 2
+    fewer = quantize_file(
+        model,
+        tmp_path / "out4.onnx",
+        images,
+        samples_count=4,
+        preprocess=Preprocess.parse("size=8"),
+        benchmark=False,
+    )
+    assert fewer.calibration_samples == 3 and fewer.eval_samples == 1  # the first 4, split
 
 
 def test_the_speed_logic_on_a_fake_runtime(tmp_path):

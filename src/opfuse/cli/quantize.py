@@ -29,6 +29,11 @@ from opfuse.errors import EXIT_STATUSES
     help="Samples to measure accuracy on [default: every 4th calibration sample, held back].",
 )
 @click.option(
+    "--samples",
+    type=int,
+    help="Use the first N calibration samples (exit 2 when the data holds fewer).",
+)
+@click.option(
     "--preprocess",
     help="Images: size=224,layout=NCHW,order=RGB,scale=1/255,mean=0.485:0.456:0.406,std=...",
 )
@@ -76,6 +81,7 @@ def quantize(
     output: Path,
     calibration: str,
     eval_data: Path | None,
+    samples: int | None,
     preprocess: str | None,
     exclude: tuple[str, ...],
     max_drop: str,
@@ -101,6 +107,7 @@ def quantize(
         output,
         calibration=calibration,
         eval=eval_data,
+        samples=samples,
         preprocess=preprocess,
         exclude=list(exclude),
         max_drop=max_drop,

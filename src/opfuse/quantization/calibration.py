@@ -135,6 +135,18 @@ def _image_sample(
     return {inputs[0].name: _checked(preprocess.image(path), inputs[0], path)}
 
 
+def first(samples: list[Sample], count: int | None, where: str) -> list[Sample]:
+    """The first ``count`` samples (``--samples``; None: all); fewer in ``where`` than asked
+    for is bad input."""
+    if count is None:
+        return samples
+    if count < 1:
+        raise OpfuseError(f"--samples {count}: a count of at least 1")
+    if len(samples) < count:
+        raise OpfuseError(f"{where}: {len(samples)} samples, --samples asks for {count}")
+    return samples[:count]
+
+
 def split(samples: list[Sample], eval_share: float = 0.25) -> tuple[list[Sample], list[Sample]]:
     """(calibration, held back for evaluation): every k-th sample held back, so both
     parts span the data; at least one sample each."""

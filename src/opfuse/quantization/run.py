@@ -33,6 +33,7 @@ RANDOM = "random"
 RANDOM_SAMPLES = 16
 MAX_SENSITIVITY_LAYERS = 48  # layers whose sensitivity is measured (each: one quantization)
 MAX_FLOAT_LAYERS = 8  # layers the fallback may keep in float before giving up
+MAX_FALLBACK_TRIES = 16  # the most sensitive layers it tries keeping in float, one by one
 FLOAT_OPT, INT8 = "float-optimized", "int8"
 
 
@@ -131,6 +132,7 @@ def quantize_file(
     calibration_data: str | os.PathLike[str],
     *,
     eval_data: str | os.PathLike[str] | None = None,
+    samples_count: int | None = None,
     preprocess: Preprocess | None = None,
     exclude: Sequence[str] = (),
     max_drop: str | None = None,
@@ -161,14 +163,17 @@ def quantize_file(
     io.read_proto(model)
     inputs = calibration.model_inputs(model)
     warnings: list[str] = []
+    if samples_count is not None and samples_count < 1:
+        raise OpfuseError(f"--samples {samples_count}: a count of at least 1")
     if str(calibration_data) == RANDOM:
-        samples = calibration.random_samples(inputs, RANDOM_SAMPLES)
+        samples = calibration.random_samples(inputs, samples_count or RANDOM_SAMPLES)
         warnings.append(
             "calibrated on RANDOM data (--calibration random): the scales and the accuracy "
             "figures say nothing about real inputs; give real samples before shipping"
         )
     else:
         samples = calibration.read_samples(calibration_data, inputs, preprocess)
+        samples = calibration.first(samples, samples_count, str(calibration_data))
     if eval_data is not None:
         calib, held = samples, calibration.read_samples(eval_data, inputs, preprocess)
         source = f"samples from {eval_data}"
@@ -258,19 +263,36 @@ def _quantize_gated(
         _, alone = attempt(excluded + others, f"alone{i}")
         sensitivity.append(KeptFloat(layer, min(a.sqnr_db for a in alone)))
     sensitivity.sort(key=lambda k: k.sqnr_db)
+    # a layer stays in float only when that measurably helps: the error a layer adds alone
+    # does not always add up (on PP-OCR's recognizer, keeping the 8 worst "alone" layers in
+    # float took top-1 agreement from 98.1% down to 95.8%), so each is tried and kept or not
     kept: list[KeptFloat] = []
-    # never every layer: a model with no int8 layer left is not a quantized model
-    for k in sensitivity[: min(MAX_FLOAT_LAYERS, len(layers) - 1)]:
+    best = _standing(gate, accuracy)
+    for k in sensitivity[:MAX_FALLBACK_TRIES]:
+        if len(kept) >= min(MAX_FLOAT_LAYERS, len(layers) - 1):
+            break  # never every layer: a model with no int8 layer left is not quantized
+        tried = excluded + [x.node for x in kept] + [k.node]
+        candidate, figures = attempt(tried, f"fallback{len(kept) + 1}")
+        if _standing(gate, figures) <= best:
+            continue
         kept.append(k)
-        path, accuracy = attempt(excluded + [x.node for x in kept], f"fallback{len(kept)}")
+        path, accuracy, best = candidate, figures, _standing(gate, figures)
         if not gate.misses(accuracy):
             return path, accuracy, kept
     figures = "; ".join(a.line() for a in accuracy)
+    tried = min(MAX_FALLBACK_TRIES, len(sensitivity))
+    helped = f" ({', '.join(k.node for k in kept)} helped)" if kept else " (none helped)"
     raise GateError(
-        f"the int8 model misses --max-drop ({'; '.join(gate.misses(accuracy))}) even with "
-        f"{len(kept)} of the most sensitive layers in float ({', '.join(k.node for k in kept)}): "
-        f"{figures}; nothing written"
+        f"the int8 model misses --max-drop ({'; '.join(gate.misses(accuracy))}) even after "
+        f"trying its {tried} most sensitive layers in float{helped}: {figures}; nothing written"
     )
+
+
+def _standing(gate: Gate, accuracy: list[OutputAccuracy]) -> tuple[float, ...]:
+    """How close the figures are to passing, larger is closer: fewer misses, then the
+    lowest top-1 agreement, then the lowest SQNR."""
+    top1 = [a.top1 for a in accuracy if a.top1 is not None]
+    return (-len(gate.misses(accuracy)), min(top1, default=1.0), min(a.sqnr_db for a in accuracy))
 
 
 def _output_names(model: Path) -> list[str]:
