@@ -176,7 +176,9 @@ def test_the_fallback_keeps_only_layers_that_help(tmp_path, monkeypatch):
     assert [k.node for k in kept] == ["b"]
     assert accuracy[0].sqnr_db == 26.0 and excluded[path.name] == ["b"]
     # a gate nothing meets: every try reported, nothing that did not help kept
-    with pytest.raises(GateError, match=r"trying its 3 most sensitive layers in float \(b helped\)"):
+    with pytest.raises(
+        GateError, match=r"trying its 3 most sensitive layers in float \(b helped\)"
+    ):
         qrun._quantize_gated(tmp_path, [], [], [], None, [], Gate.parse("sqnr=40"))
 
 
