@@ -271,12 +271,12 @@ def _quantize_gated(
     for k in sensitivity[:MAX_FALLBACK_TRIES]:
         if len(kept) >= min(MAX_FLOAT_LAYERS, len(layers) - 1):
             break  # never every layer: a model with no int8 layer left is not quantized
-        tried = excluded + [x.node for x in kept] + [k.node]
-        candidate, figures = attempt(tried, f"fallback{len(kept) + 1}")
-        if _standing(gate, figures) <= best:
+        in_float = excluded + [x.node for x in kept] + [k.node]
+        candidate, measured_figures = attempt(in_float, f"fallback{len(kept) + 1}")
+        if _standing(gate, measured_figures) <= best:
             continue
         kept.append(k)
-        path, accuracy, best = candidate, figures, _standing(gate, figures)
+        path, accuracy, best = candidate, measured_figures, _standing(gate, measured_figures)
         if not gate.misses(accuracy):
             return path, accuracy, kept
     figures = "; ".join(a.line() for a in accuracy)
