@@ -171,6 +171,7 @@ def test_the_fallback_keeps_only_layers_that_help(tmp_path, monkeypatch):
     monkeypatch.setattr(qrun, "compare_outputs", fake_compare)
     monkeypatch.setattr(qrun, "_run", lambda out, held: out)
     monkeypatch.setattr(qrun, "_output_names", lambda fused: ["y"])
+    monkeypatch.setattr(qrun, "activation_candidates", lambda fused, qdq, calib: [])
     gate = Gate.parse("sqnr=25")
     path, accuracy, kept = qrun._quantize_gated(tmp_path, [], [], [], None, [], gate)
     assert [k.node for k in kept] == ["b"]

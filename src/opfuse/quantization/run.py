@@ -9,6 +9,7 @@ import os
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from opfuse.quantization.accuracy import OutputAccuracy, compare_outputs
 from opfuse.quantization.gate import Gate
 from opfuse.quantization.kernels import KernelCoverage, integer_coverage
 from opfuse.quantization.preprocess import Preprocess
+from opfuse.quantization.sensitivity import activation_candidates
 from opfuse.runtime import Runtime
 from opfuse.runtime.cpu import CpuFeatures, cpu_features
 from opfuse.runtime.settings import RuntimeSettings
@@ -39,8 +41,14 @@ FLOAT_OPT, INT8 = "float-optimized", "int8"
 
 @dataclass
 class KeptFloat:
-    node: str
-    sqnr_db: float  # the output SQNR with only this layer quantized (lower: more sensitive)
+    node: str  # a node name, or "tensor NAME" (its producer and readers)
+    sqnr_db: float  # the figure that ranked it (lower: more sensitive)
+    how: str = "alone"  # which figure: sensitivity.Candidate.how
+    nodes: tuple[str, ...] = ()  # the nodes kept in float (default: ``node``)
+
+    @property
+    def in_float(self) -> tuple[str, ...]:
+        return self.nodes or (self.node,)
 
 
 @dataclass
@@ -86,7 +94,10 @@ class QuantizeResult:
             "eval_source": self.eval_source,
             "gate": self.gate.describe(),
             "accuracy": [a.to_json() for a in self.accuracy],
-            "kept_float": [{"node": k.node, "sqnr_db_alone": k.sqnr_db} for k in self.kept_float],
+            "kept_float": [
+                {"kept": k.node, "nodes": list(k.in_float), "sqnr_db": k.sqnr_db, "measure": k.how}
+                for k in self.kept_float
+            ],
             "speed": speed,
             "cpu": None if self.cpu is None else self.cpu.describe(),
             "nodes": self.nodes,
@@ -108,7 +119,7 @@ class QuantizeResult:
             f"gate: {self.gate.describe()}" + ("" if self.gate.off else ": passed"),
         ]
         if self.kept_float:
-            kept = ", ".join(f"{k.node} ({k.sqnr_db:.1f} dB alone)" for k in self.kept_float)
+            kept = ", ".join(f"{k.node} ({k.sqnr_db:.1f} dB {k.how})" for k in self.kept_float)
             out.append(f"kept in float to pass the gate: {kept}")
         if self.coverage is not None:
             out.append(f"onnxruntime (CPU, after its QDQ fusion): {self.coverage.describe()}")
@@ -263,15 +274,29 @@ def _quantize_gated(
         _, alone = attempt(excluded + others, f"alone{i}")
         sensitivity.append(KeptFloat(layer, min(a.sqnr_db for a in alone)))
     sensitivity.sort(key=lambda k: k.sqnr_db)
+    tensors = [
+        KeptFloat(c.label, c.sqnr_db, c.how, c.nodes)
+        for c in activation_candidates(fused, work / "int8.qdq.onnx", calib)
+        if not set(c.nodes) & set(excluded)
+    ]
+    # the two figures do not compare (the whole output's SQNR against one tensor's own
+    # rounding): the worst of each, taken in turn, tensors first (their figure is the
+    # error of that place alone; a layer's "alone" run still quantizes every op without
+    # weights, whose error is the floor of its figure)
+    sensitivity = [k for pair in zip_longest(tensors, sensitivity) for k in pair if k is not None]
     # a layer stays in float only when that measurably helps: the error a layer adds alone
     # does not always add up (on PP-OCR's recognizer, keeping the 8 worst "alone" layers in
     # float took top-1 agreement from 98.1% down to 95.8%), so each is tried and kept or not
     kept: list[KeptFloat] = []
     best = _standing(gate, accuracy)
-    for k in sensitivity[:MAX_FALLBACK_TRIES]:
-        if len(kept) >= min(MAX_FLOAT_LAYERS, len(layers) - 1):
-            break  # never every layer: a model with no int8 layer left is not quantized
-        in_float = excluded + [x.node for x in kept] + [k.node]
+    tried = 0
+    for k in sensitivity:
+        if len(kept) >= MAX_FLOAT_LAYERS or tried >= MAX_FALLBACK_TRIES:
+            break
+        in_float = list(dict.fromkeys([*excluded, *(n for x in [*kept, k] for n in x.in_float)]))
+        if layers and set(layers) <= set(in_float):
+            continue  # never every layer: a model with no int8 layer left is not quantized
+        tried += 1
         candidate, measured_figures = attempt(in_float, f"fallback{len(kept) + 1}")
         if _standing(gate, measured_figures) <= best:
             continue
@@ -280,7 +305,6 @@ def _quantize_gated(
         if not gate.misses(accuracy):
             return path, accuracy, kept
     figures = "; ".join(a.line() for a in accuracy)
-    tried = min(MAX_FALLBACK_TRIES, len(sensitivity))
     helped = f" ({', '.join(k.node for k in kept)} helped)" if kept else " (none helped)"
     raise GateError(
         f"the int8 model misses --max-drop ({'; '.join(gate.misses(accuracy))}) even after "
