@@ -168,6 +168,7 @@ def test_the_fallback_keeps_only_layers_that_help(tmp_path, monkeypatch):
     monkeypatch.setattr(qrun.flow, "quantize", fake_quantize)
     monkeypatch.setattr(qrun.flow, "clean_up", lambda qdq, out: None)
     monkeypatch.setattr(qrun.flow, "weighted_nodes", lambda fused: layers)
+    monkeypatch.setattr(qrun.flow, "quantized_nodes", lambda qdq: layers)
     monkeypatch.setattr(qrun, "compare_outputs", fake_compare)
     monkeypatch.setattr(qrun, "_run", lambda out, held: out)
     monkeypatch.setattr(qrun, "_output_names", lambda fused: ["y"])

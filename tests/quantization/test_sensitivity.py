@@ -51,6 +51,7 @@ def test_the_tensor_with_an_outlier_ranks_first_with_its_producer_and_reader(tmp
     samples = [{"x": RNG.standard_normal((1, 8)).astype(np.float32)} for _ in range(6)]
     qdq = tmp_path / "m.qdq.onnx"
     flow.quantize(model, qdq, samples, flow.QuantOptions())
+    assert flow.quantized_nodes(qdq) == ["mm", "spiky", "out"]
     found = activation_candidates(model, qdq, samples)
     worst = found[0]
     assert worst.label == "tensor b" and worst.nodes == ("spiky", "out")

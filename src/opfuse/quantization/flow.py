@@ -140,6 +140,23 @@ def weighted_nodes(model: str | os.PathLike[str]) -> list[str]:
     return [n.name for n in graph.node if n.op_type in WEIGHTED and n.name]
 
 
+def quantized_nodes(qdq: str | os.PathLike[str]) -> list[str]:
+    """Names of the nodes a QDQ model runs between DequantizeLinear and QuantizeLinear
+    (every op the quantizer quantized, with or without weights), in graph order."""
+    import onnx
+
+    graph = onnx.load_model(str(qdq), load_external_data=False).graph
+    dequantized = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    quantized = {n.input[0] for n in graph.node if n.op_type == "QuantizeLinear"}
+    return [
+        n.name
+        for n in graph.node
+        if n.name
+        and n.op_type not in ("QuantizeLinear", "DequantizeLinear")
+        and (any(i in dequantized for i in n.input) or any(o in quantized for o in n.output))
+    ]
+
+
 def excluded_names(model: str | os.PathLike[str], exclude: Sequence[str]) -> list[str]:
     """``--exclude`` items (op types or node names) as node names of ``model``; an item
     matching nothing is a one-line OpfuseError."""

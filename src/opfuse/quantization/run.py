@@ -269,8 +269,11 @@ def _quantize_gated(
     layers = [n for n in flow.weighted_nodes(fused) if n not in excluded]
     measured = layers[:MAX_SENSITIVITY_LAYERS]
     sensitivity = []
+    # alone: every other quantized op in float too, those without weights included (else
+    # their error is the floor of every layer's figure)
+    everything = list(dict.fromkeys([*layers, *flow.quantized_nodes(work / "int8.qdq.onnx")]))
     for i, layer in enumerate(measured):
-        others = [n for n in layers if n != layer]
+        others = [n for n in everything if n != layer]
         _, alone = attempt(excluded + others, f"alone{i}")
         sensitivity.append(KeptFloat(layer, min(a.sqnr_db for a in alone)))
     sensitivity.sort(key=lambda k: k.sqnr_db)
@@ -280,9 +283,8 @@ def _quantize_gated(
         if not set(c.nodes) & set(excluded)
     ]
     # the two figures do not compare (the whole output's SQNR against one tensor's own
-    # rounding): the worst of each, taken in turn, tensors first (their figure is the
-    # error of that place alone; a layer's "alone" run still quantizes every op without
-    # weights, whose error is the floor of its figure)
+    # rounding): the worst of each, taken in turn, tensors first (one float run ranks them
+    # all; the layers' figure is measured on the first MAX_SENSITIVITY_LAYERS only)
     sensitivity = [k for pair in zip_longest(tensors, sensitivity) for k in pair if k is not None]
     # a layer stays in float only when that measurably helps: the error a layer adds alone
     # does not always add up (on PP-OCR's recognizer, keeping the 8 worst "alone" layers in
