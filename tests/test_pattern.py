@@ -4,7 +4,9 @@ match state, and the engine's dry run (Driver.explain)."""
 from __future__ import annotations
 
 import onnx_ir as ir
+from hypothesis import HealthCheck, given, settings
 
+from fuzz_graphs import graphs
 from helpers import model_from_text, op_types
 from opfuse.rewrite import Builder, Const, Match, Op, Options, Or, PassContext, Rule, Var
 from opfuse.rewrite.driver import Driver
@@ -159,3 +161,30 @@ def test_explain_covers_every_node_of_the_match():
     assert e.reason is None
     assert sorted(n.op_type for n in e.nodes) == ["Div", "Exp", "ReduceSum"]
     assert "Softmax" not in [n.op_type for n in model.graph]
+
+
+def test_could_match_refuses_nodes_without_the_child_ops():
+    model = graph("e = Exp(x)\n s = ReduceSum(e)\n d = Div(e, s)\n t = Relu(x)\n y = Add(d, t)")
+    nodes = {n.op_type: n for n in model.graph}
+    assert SOFTMAX_LIKE.could_match(nodes["Div"])
+    assert not Op("Div", Op("Sqrt", Var("a")), Var("b")).could_match(nodes["Div"])
+    assert Op("Add", Or(Op("Relu", Var("a")), Var("v")), Var("b")).could_match(nodes["Add"])
+    either = Or(Op("Sigmoid", Var("a")), Op("Tanh", Var("a")))
+    assert not Op("Add", either, Var("b")).could_match(nodes["Add"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(graphs())
+def test_could_match_never_refuses_a_match(case):
+    """Sound: every registered rule's declared pattern, at every node of random graphs
+    (tests/fuzz_graphs.py), matches only where could_match lets it try."""
+    from opfuse.model import io
+    from opfuse.rules import all_passes
+
+    proto, _ = case
+    model = io.from_proto(proto)
+    patterns = [r.pattern for info in all_passes() for r in info.rules if r.pattern is not None]
+    for node in model.graph:
+        for pattern in patterns:
+            if pattern.match_node(node, Match(node)):
+                assert pattern.could_match(node), (pattern, node.op_type)

@@ -220,6 +220,9 @@ class Or(Pattern):
             types += alternative.op_types
         return tuple(dict.fromkeys(types))
 
+    def could_match(self, node: ir.Node) -> bool:
+        return any(a.could_match(node) for a in self.alternatives if isinstance(a, (Op, Or)))
+
     def match_node(self, node: ir.Node, m: Match) -> bool:
         for alternative in self.alternatives:
             assert isinstance(alternative, (Op, Or)), "a root Or holds Op patterns"
@@ -238,6 +241,17 @@ class Optional(Pattern):
 
     def match(self, value: ir.Value | None, m: Match) -> bool:
         return value is None or self.inner.match(value, m)
+
+
+def _op_types(pattern: Pattern) -> tuple[str, ...]:
+    """The op types a value matching ``pattern`` must be made by; () when any value may
+    match (a variable, a constant, an optional input, an alternative that is not an op)."""
+    if isinstance(pattern, Op):
+        return pattern.op_types
+    if isinstance(pattern, Or) and all(isinstance(a, (Op, Or)) for a in pattern.alternatives):
+        types = [_op_types(a) for a in pattern.alternatives]
+        return () if any(not t for t in types) else tuple(t for ts in types for t in ts)
+    return ()
 
 
 class Op(Pattern):
@@ -262,6 +276,7 @@ class Op(Pattern):
         self.attrs = dict(attrs or {})
         self.commute = commute  # None: the ops in COMMUTATIVE
         self.where = where
+        self._made_by: list[frozenset[str]] | None = None  # could_match's input op types
 
     def match(self, value: ir.Value | None, m: Match) -> bool:
         if value is None:
@@ -272,6 +287,22 @@ class Op(Pattern):
         if self.name is not None and self.name in m.node_names:
             return m.node_names[self.name] is node  # a reference to a node bound earlier
         return self.match_node(node, m)
+
+    def could_match(self, node: ir.Node) -> bool:
+        """A cheap necessary condition for ``match_node``: the op type, and for each input
+        pattern that is an op, some input made by a node of its op types (most nodes a
+        rule is tried at fail here, before any binding is built)."""
+        if node.op_type not in self.op_types:
+            return False
+        if self._made_by is None:
+            self._made_by = [frozenset(_op_types(p)) for p in self.inputs if _op_types(p)]
+        for types in self._made_by:
+            for v in node.inputs:
+                if v is not None and (p := v.producer()) is not None and p.op_type in types:
+                    break
+            else:
+                return False
+        return True
 
     def match_node(self, node: ir.Node, m: Match) -> bool:
         if node.op_type not in self.op_types or node.domain not in DEFAULT_DOMAINS:

@@ -47,6 +47,8 @@ class Rule(Generic[M]):
 
     def match(self, node: ir.Node, ctx: PassContext) -> M | None:
         assert self.pattern is not None
+        if not self.pattern.could_match(node):
+            return None
         m = cast(M, self.match_type(node))
         return m if self.pattern.match_node(node, m) else None
 
