@@ -428,9 +428,16 @@ def _engine_lines(table: dict[str, Any]) -> list[str]:
     if ours.get("status") != "ok" or ort.get("status") != "ok":
         return []
     ratio = ours["optimize_s"] / ort["optimize_s"]
+    runs = ""
+    if "runs_s" in ours and "runs_s" in ort:
+        runs = (
+            f"; medians of {len(ours['runs_s'])} runs each, in turn: opfuse "
+            f"{', '.join(f'{x:.2f}' for x in ours['runs_s'])} s, onnxruntime "
+            f"{', '.join(f'{x:.2f}' for x in ort['runs_s'])} s"
+        )
     lines = [
         f"Engine on {name}: opfuse {ours['optimize_s']:.2f} s vs onnxruntime ORT_ENABLE_BASIC "
-        f"{ort['optimize_s']:.2f} s (its C++ optimizer, writing the model too): "
+        f"{ort['optimize_s']:.2f} s (its C++ optimizer, writing the model too{runs}): "
         f"**{ratio:.2f}x** (goal <= {ENGINE_GOAL:g}x){_mark(ratio <= ENGINE_GOAL)}.",
         "",
     ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -222,6 +223,9 @@ def openvino_latency(
         rows[key]["latency_ov_ratio"] = ratio
 
 
+SCALE_REPEATS = 3  # runs of each tool on the ~40k-node model, interleaved: the median
+
+
 def bench_scale(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     """Optimize time per 1,000 nodes on the transformer stacks, tool by tool."""
     table: dict[str, Any] = {}
@@ -238,13 +242,24 @@ def bench_scale(results: list[dict[str, Any]], args: argparse.Namespace) -> dict
         big = scale.build(args.zoo_dir, args.out / "scale")
         workdir = args.out / "work" / big.stem
         workdir.mkdir(parents=True, exist_ok=True)
-        tools = {}
-        for tool in [t for t in args.tools if TOOLS[t].scale]:
-            row = optimize(tool, big, workdir / f"{tool}.onnx", args.scale_timeout)
-            log(f"  {big.stem} {tool}: {report.short(row)}")
-            tools[tool] = row
-            if not args.keep:
-                (workdir / f"{tool}.onnx").unlink(missing_ok=True)
+        tools: dict[str, dict[str, Any]] = {}
+        runs: dict[str, list[float]] = {}
+        # the tools in turn, SCALE_REPEATS times: the machine's load drifts over minutes,
+        # and one run each once made onnxruntime-basic look twice as slow as it is
+        for _ in range(SCALE_REPEATS):
+            for tool in [t for t in args.tools if TOOLS[t].scale]:
+                if tool in tools and tools[tool].get("status") != "ok":
+                    continue  # failed once: not retried
+                row = optimize(tool, big, workdir / f"{tool}.onnx", args.scale_timeout)
+                log(f"  {big.stem} {tool}: {report.short(row)}")
+                tools[tool] = row
+                if row.get("status") == "ok":
+                    runs.setdefault(tool, []).append(row["optimize_s"])
+                if not args.keep:
+                    (workdir / f"{tool}.onnx").unlink(missing_ok=True)
+        for tool, seconds in runs.items():
+            tools[tool]["optimize_s"] = statistics.median(seconds)
+            tools[tool]["runs_s"] = [round(x, 3) for x in seconds]
         table[big.stem] = {"nodes": measure.node_count(big), "tools": tools}
         if "opfuse" in tools:
             table[big.stem]["engine"] = engine_breakdown(big, workdir, args.scale_timeout)
