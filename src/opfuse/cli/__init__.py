@@ -24,6 +24,7 @@ from opfuse.cli.quantize import quantize
 from opfuse.cli.tune import tune
 from opfuse.cli.verify import verify
 from opfuse.errors import EXIT_STATUSES, OpfuseError
+from opfuse.pipeline.gcpause import one_model_per_process
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_STATUSES)
@@ -38,8 +39,15 @@ for _command in (optimize, verify, passes, profile, advise, tune, quantize, batc
     app.add_command(_command)
 
 
+# commands that handle one model and exit: their process skips the collector's last walk
+ONE_MODEL_COMMANDS = frozenset({"optimize"})
+
+
 def main() -> None:
     """Console entry point: one-line errors and exit statuses instead of tracebacks."""
+    command = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+    if command in ONE_MODEL_COMMANDS:
+        one_model_per_process()
     try:
         app.main(standalone_mode=False)
     except OpfuseError as exc:
