@@ -234,3 +234,35 @@ def test_branch_output_never_becomes_a_value_of_the_enclosing_graph():
     stats = next(iter(log))
     assert stats.effected == 0
     assert any("enclosing graph" in reason for reason in stats.reasons)
+
+
+class ReluToIf(Rule):
+    """Relu(x) ==> If(c) {Abs(Neg(Neg(x)))} else {Abs(x)}: a rewrite that adds control flow."""
+
+    name = "relu_to_if"
+    pattern = Op("Relu", Var("x"))
+
+    def rewrite(self, m, b, ctx):
+        x = m.value("x")
+        first = ir.Node("", "Neg", [x])
+        second = ir.Node("", "Neg", [first.outputs[0]])
+        third = ir.Node("", "Abs", [second.outputs[0]])
+        then_branch = ir.Graph([], third.outputs, nodes=[first, second, third], name="then_g")
+        other = ir.Node("", "Abs", [x])
+        else_branch = ir.Graph([], [other.outputs[0]], nodes=[other], name="else_g")
+        cond = ctx.model.graph.inputs[1]
+        return [b.op("If", [cond], {"then_branch": then_branch, "else_branch": else_branch})]
+
+
+def test_a_flat_model_that_gains_control_flow_has_its_subgraphs_walked():
+    model = model_from_text(f"{HEAD}\ng (float[2] x, bool c) => (float[2] y) {{ y = Relu(x) }}")
+    ctx = PassContext(model, Options(), EffectLog())
+    assert ctx.graphs() == [model.graph]  # flat: the main graph alone
+    Driver(ctx, [PassInfo("MakeIfFusionPass", "test", rules=(ReluToIf(),))]).run()
+    assert len(ctx.graphs()) == 3
+    log = EffectLog()
+    ctx.log = log
+    Driver(ctx, [PassInfo("TestFusionPass", "test", rules=(NegNeg(),))]).run()
+    assert next(iter(log)).effected == 1  # Neg(Neg(x)) inside the new then branch
+    (node,) = model.graph
+    assert [n.op_type for n in node.attributes["then_branch"].value] == ["Abs"]

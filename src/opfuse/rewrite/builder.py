@@ -12,16 +12,15 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from opfuse.model.graphs import all_graphs
-
 
 class NameScope:
     """Fresh value and node names, unique across the whole model (subgraphs included)."""
 
-    def __init__(self, model: ir.Model) -> None:
+    def __init__(self, graphs: Iterable[ir.Graph]) -> None:
+        """``graphs``: every graph of the model (``PassContext.graphs()``)."""
         self.values: set[str] = set()
         self.nodes: set[str] = set()
-        for graph in all_graphs(model.graph):
+        for graph in graphs:
             self.values.update(v.name for v in graph.inputs if v.name)
             self.values.update(graph.initializers)
             for node in graph:

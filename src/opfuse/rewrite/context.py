@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import onnx_ir as ir
 
-from opfuse.model.graphs import all_graphs
+from opfuse.model.graphs import all_graphs, node_graphs, subgraphs
 from opfuse.rewrite.stats import EffectLog, PatternStats
 
 DEFAULT_FOLD_SIZE_LIMIT = 1 << 20
@@ -47,14 +47,26 @@ class PassContext:
         # what the rules tried at one node found out about it (the affine chain ending
         # there): shared by them, emptied by the driver before each node and each change
         self.visit_memo: dict[tuple[str, int], object] = {}
+        self._flat: bool | None = None  # no node holds a graph (known after one walk)
 
     @property
     def opset(self) -> int:
         return self.model.opset_imports.get("", self.model.opset_imports.get("ai.onnx", 1))
 
-    def graphs(self) -> Iterator[ir.Graph]:
-        """The main graph and every subgraph (If/Loop/Scan bodies), outermost first."""
-        yield from all_graphs(self.model.graph)
+    def graphs(self) -> list[ir.Graph]:
+        """The main graph and every subgraph (If/Loop/Scan bodies), outermost first.
+
+        A model without control flow is walked for them once: rewrites remove nodes
+        holding graphs but never add one to a flat model (``added`` checks what the
+        driver commits), so its list stays the main graph alone."""
+        if self._flat is None:
+            self._flat = next(subgraphs(self.model.graph), None) is None
+        return [self.model.graph] if self._flat else all_graphs(self.model.graph)
+
+    def added(self, nodes: Iterable[ir.Node]) -> None:
+        """Nodes a rewrite put into the model: one holding a graph ends the flat path."""
+        if self._flat and any(node_graphs(node) for node in nodes):
+            self._flat = False
 
     def entry(self, pattern: str, info: PassLabel | None = None) -> PatternStats:
         info = info or self.current

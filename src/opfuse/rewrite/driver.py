@@ -77,11 +77,11 @@ class Driver:
     def names(self) -> NameScope:
         """The model's names, collected at the first rewrite (a stage that rewrites
         nothing never walks the model for them)."""
-        return NameScope(self.ctx.model)
+        return NameScope(self.ctx.graphs())
 
     def run(self) -> int:
         """Apply rules everywhere; return the number of rewrites."""
-        return sum(self._run_graph(graph) for graph in list(self.ctx.graphs()))
+        return sum(self._run_graph(graph) for graph in self.ctx.graphs())
 
     def _run_graph(self, graph: ir.Graph) -> int:
         queue: deque[ir.Node] = deque(graph)
@@ -170,6 +170,7 @@ class Driver:
             graph.register_initializer(init)
         if b.nodes:
             graph.insert_before(m.root, b.nodes)
+            self.ctx.added(b.nodes)
         touched: list[ir.Node] = list(b.nodes)
         for old, new in pairs:
             if new is None:

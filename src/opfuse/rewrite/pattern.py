@@ -27,6 +27,7 @@ only the other operand order of a commuting op, not the alternatives inside that
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -58,16 +59,19 @@ def const_array(value: ir.Value | None) -> np.ndarray | None:
             tensor = ir.convenience.get_const_tensor(value)
     if tensor is None:
         return None
-    if type(tensor) is ir.serde.TensorProtoTensor and tensor.nbytes <= DECODED_CACHE_BYTES:
+    if type(tensor) is ir.serde.TensorProtoTensor:
         cached = _decoded.get(tensor)
-        if cached is None:
+        if cached is not None:
+            return cached
+        # counted on the protobuf: the tensor's own nbytes builds a Shape on every call
+        if math.prod(tensor.raw.dims) <= DECODED_CACHE_ELEMENTS:
             try:
                 cached = tensor.numpy()
             except Exception:  # an unsupported dtype
                 return None
             cached.flags.writeable = False  # shared by every caller
             _decoded[tensor] = cached
-        return cached
+            return cached
     try:
         return tensor.numpy()
     except Exception:  # an external tensor whose file vanished, an unsupported dtype
@@ -76,7 +80,7 @@ def const_array(value: ir.Value | None) -> np.ndarray | None:
 
 # A small constant read from the file is decoded from its protobuf on every .numpy();
 # rules ask for the same shape vectors and scalars many times, so those are decoded once.
-DECODED_CACHE_BYTES = 1 << 12
+DECODED_CACHE_ELEMENTS = 512
 _decoded: weakref.WeakKeyDictionary[ir.TensorProtocol, np.ndarray] = weakref.WeakKeyDictionary()
 
 

@@ -36,7 +36,7 @@ class LayoutEdit(GraphEditor):
     """One sweep's edits of one graph (fresh names across the model for the sweep)."""
 
     def __init__(self, ctx: PassContext, graph: ir.Graph) -> None:
-        super().__init__(graph, NameScope(ctx.model), stem="layout")
+        super().__init__(graph, NameScope(ctx.graphs()), stem="layout")
         self.ctx = ctx
         self.opset = ctx.opset
         self.layout_perm = LAYOUT_INPUT_PERM.get(ctx.options.layout)

@@ -67,7 +67,7 @@ def _detach(branch: ir.Graph) -> None:
 
 
 def inline_constant_ifs(ctx: PassContext) -> None:
-    names = NameScope(ctx.model)
+    names = NameScope(ctx.graphs())
     gone: set[int] = set()  # graphs of removed Ifs (by id): nothing left to do there
     for graph in ctx.graphs():
         if id(graph) in gone:

@@ -83,7 +83,7 @@ def concat_slot(convs: list[ir.Node], rank: int) -> tuple[ir.Node, int, list[ir.
 class Merger:
     def __init__(self, ctx: PassContext) -> None:
         self.ctx = ctx
-        self.names = NameScope(ctx.model)
+        self.names = NameScope(ctx.graphs())
 
     def const(self, graph: ir.Graph, array: np.ndarray, base: str) -> ir.Value:
         return add_initializer(graph, self.names, array, base)

@@ -7,13 +7,11 @@ import contextlib
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-from opfuse.model.graphs import all_graphs
 from opfuse.rewrite import PassContext
 from opfuse.rewrite.registry import PassInfo, register
 
 
-def _count(model: ir.Model) -> tuple[int, int]:
-    graphs = all_graphs(model.graph)
+def _count(graphs: list[ir.Graph]) -> tuple[int, int]:
     return sum(len(g) for g in graphs), sum(len(g.initializers) for g in graphs)
 
 
@@ -29,11 +27,11 @@ def _release_removed(values: list[ir.Value]) -> None:
 
 def remove_dead_code(ctx: PassContext) -> None:
     """Remove nodes whose outputs no graph output needs, and unused initializers."""
-    nodes, inits = _count(ctx.model)
-    graphs = all_graphs(ctx.model.graph)
+    graphs = ctx.graphs()
+    nodes, inits = _count(graphs)
     before = [v for g in graphs for v in g.initializers.values()]
     RemoveUnusedNodesPass()(ctx.model)
-    new_nodes, new_inits = _count(ctx.model)
+    new_nodes, new_inits = _count(ctx.graphs())
     if new_inits < inits:
         _release_removed(before)
     ctx.record("dead_nodes", nodes - new_nodes, nodes - new_nodes)
