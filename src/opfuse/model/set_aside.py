@@ -87,15 +87,18 @@ def _describe(type_proto: onnx.TypeProto) -> str:
 
 def needs_setting_aside(proto: onnx.ModelProto) -> bool:
     """Cheap check: does the model hold anything onnx-ir cannot (so a copy is needed)?"""
+    sparse = onnx.AttributeProto.SPARSE_TENSOR
     for graph in proto_graphs(proto.graph):
         if graph.sparse_initializer:
             return True
-        infos = (*graph.input, *graph.output, *graph.value_info)
-        if any(_type_problem(info.type) for info in infos):
-            return True
+        for infos in (graph.input, graph.output, graph.value_info):
+            for info in infos:  # plain loops: this runs on every value of every model
+                if not info.type.HasField("tensor_type") and _type_problem(info.type):
+                    return True
         for node in graph.node:
-            if any(a.type == onnx.AttributeProto.SPARSE_TENSOR for a in node.attribute):
-                return True
+            for attr in node.attribute:
+                if attr.type == sparse:
+                    return True
     return False
 
 
