@@ -136,6 +136,12 @@ def test_the_gate_keeps_the_sensitive_layer_in_float(tmp_path):
     result = quantize_file(model, tmp_path / "out.onnx", data, max_drop="sqnr=25", benchmark=False)
     assert [k.node for k in result.kept_float] == ["sensitive"]
     assert min(a.sqnr_db for a in result.accuracy) >= 25
+    # the first try missed the gate: where its error grew is traced and reported
+    growth = result.error_growth[0]
+    assert (growth.tensor, growth.op_type) == ("y", "Gemm") and growth.drop_db > 20
+    assert result.to_json()["error_growth"][0]["tensor"] == "y"
+    assert any(line.startswith("the first int8 try's error grew most at: y (Gemm, ")
+               for line in result.lines())  # fmt: skip
     graph = onnx.load(str(tmp_path / "out.onnx")).graph
     sensitive = next(n for n in graph.node if n.name == "sensitive")
     producers = {o: n.op_type for n in graph.node for o in n.output}
@@ -173,8 +179,9 @@ def test_the_fallback_keeps_only_layers_that_help(tmp_path, monkeypatch):
     monkeypatch.setattr(qrun, "_run", lambda out, held: out)
     monkeypatch.setattr(qrun, "_output_names", lambda fused: ["y"])
     monkeypatch.setattr(qrun, "activation_candidates", lambda fused, qdq, calib: [])
+    monkeypatch.setattr(qrun, "error_trace", lambda fused, qdq, held: [])
     gate = Gate.parse("sqnr=25")
-    path, accuracy, kept = qrun._quantize_gated(tmp_path, [], [], [], None, [], gate)
+    path, accuracy, kept, _ = qrun._quantize_gated(tmp_path, [], [], [], None, [], gate)
     assert [k.node for k in kept] == ["b"]
     assert accuracy[0].sqnr_db == 26.0 and excluded[path.name] == ["b"]
     # a gate nothing meets: every try reported, nothing that did not help kept
@@ -195,6 +202,7 @@ def test_a_gate_no_mix_meets_writes_nothing_and_exits_1(tmp_path):
     )  # fmt: skip
     assert run.returncode == 1, run.stderr
     assert "misses --max-drop" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    assert "the error grows most at y (Gemm, " in run.stderr
     assert not out.exists()
 
 

@@ -26,6 +26,7 @@ from opfuse.quantization.gate import Gate
 from opfuse.quantization.kernels import KernelCoverage, integer_coverage
 from opfuse.quantization.preprocess import Preprocess
 from opfuse.quantization.sensitivity import activation_candidates
+from opfuse.quantization.trace import TensorError, error_trace, largest_drops
 from opfuse.runtime import Runtime
 from opfuse.runtime.cpu import CpuFeatures, cpu_features
 from opfuse.runtime.settings import RuntimeSettings
@@ -66,6 +67,8 @@ class QuantizeResult:
     output: Path | None = None
     nodes: dict[str, int] = field(default_factory=dict)
     coverage: KernelCoverage | None = None  # integer kernels after onnxruntime's QDQ fusion
+    # where the first int8 model's error grew most (traced only when it missed the gate)
+    error_growth: list[TensorError] = field(default_factory=list)
 
     @property
     def speedup(self) -> float | None:
@@ -108,6 +111,7 @@ class QuantizeResult:
                 "integer_ops": self.coverage.integer_ops,
                 "float_between_qdq": self.coverage.float_between_qdq,
             },
+            "error_growth": [e.to_json() for e in self.error_growth],
             "warnings": self.warnings,
         }
 
@@ -118,6 +122,9 @@ class QuantizeResult:
             *(f"  {a.line()}" for a in self.accuracy),
             f"gate: {self.gate.describe()}" + ("" if self.gate.off else ": passed"),
         ]
+        if self.error_growth:
+            grows = "; ".join(e.describe() for e in self.error_growth)
+            out.append(f"the first int8 try's error grew most at: {grows}")
         if self.kept_float:
             kept = ", ".join(f"{k.node} ({k.sqnr_db:.1f} dB {k.how})" for k in self.kept_float)
             out.append(f"kept in float to pass the gate: {kept}")
@@ -204,12 +211,13 @@ def quantize_file(
         fused = flow.fuse(model, work / "fused.onnx", switch_table, enable, disable, target)
         excluded = flow.excluded_names(work / "fused.onnx", exclude)
         reference = _run(model, held)
-        int8, accuracy, kept = _quantize_gated(
+        int8, accuracy, kept, growth = _quantize_gated(
             work, calib, held, reference, options, excluded, gate
         )
         result = QuantizeResult(
             fused, accuracy, gate, len(calib), len(held), source, kept, warnings=warnings
         )
+        result.error_growth = growth
         result.nodes = {
             "original": _nodes(model),
             FLOAT_OPT: _nodes(work / "fused.onnx"),
@@ -251,9 +259,10 @@ def _quantize_gated(
     options: flow.QuantOptions,
     excluded: list[str],
     gate: Gate,
-) -> tuple[Path, list[OutputAccuracy], list[KeptFloat]]:
-    """Quantize; when the gate is missed, keep the most sensitive layers in float one by
-    one until it holds (GateError when MAX_FLOAT_LAYERS are not enough)."""
+) -> tuple[Path, list[OutputAccuracy], list[KeptFloat], list[TensorError]]:
+    """Quantize; when the gate is missed, trace where the error grows and keep the most
+    sensitive layers in float one by one until it holds (GateError, naming where the
+    error grows, when MAX_FLOAT_LAYERS are not enough)."""
     fused = work / "fused.onnx"
 
     def attempt(exclude: list[str], name: str) -> tuple[Path, list[OutputAccuracy]]:
@@ -265,7 +274,8 @@ def _quantize_gated(
     path, accuracy = attempt(excluded, "int8")
     misses = gate.misses(accuracy)
     if not misses:
-        return path, accuracy, []
+        return path, accuracy, [], []
+    growth = largest_drops(error_trace(fused, work / "int8.qdq.onnx", held))
     layers = [n for n in flow.weighted_nodes(fused) if n not in excluded]
     measured = layers[:MAX_SENSITIVITY_LAYERS]
     sensitivity = []
@@ -305,12 +315,15 @@ def _quantize_gated(
         kept.append(k)
         path, accuracy, best = candidate, measured_figures, _standing(gate, measured_figures)
         if not gate.misses(accuracy):
-            return path, accuracy, kept
+            return path, accuracy, kept, growth
     figures = "; ".join(a.line() for a in accuracy)
     helped = f" ({', '.join(k.node for k in kept)} helped)" if kept else " (none helped)"
+    grows = "; ".join(e.describe() for e in growth[:2])
     raise GateError(
         f"the int8 model misses --max-drop ({'; '.join(gate.misses(accuracy))}) even after "
-        f"trying its {tried} most sensitive layers in float{helped}: {figures}; nothing written"
+        f"trying its {tried} most sensitive layers in float{helped}: {figures}; "
+        + (f"the error grows most at {grows}; " if grows else "")
+        + "nothing written"
     )
 
 
