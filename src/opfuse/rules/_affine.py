@@ -384,7 +384,11 @@ class AffineChainRule(Rule[C]):
         for i, step in enumerate(chain.steps):
             m.consts[f"c{i}"] = step.const
         m.values["x"] = chain.x
-        m.linear = find_linear(chain.x)
+        key = ("affine_linear", id(node))  # the layer before the chain: the same for all
+        if key in ctx.visit_memo:
+            m.linear = cast(Linear | str | None, ctx.visit_memo[key])
+        else:
+            m.linear = ctx.visit_memo[key] = find_linear(chain.x)
         return m if self.accepts(m) else None
 
     def accepts(self, m: C) -> bool:
