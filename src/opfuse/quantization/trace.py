@@ -98,16 +98,13 @@ def error_trace(
         if out.name in int8_outputs:
             pairs[out.name] = out.name
     producer = {o: n for n in fm.graph.node for o in n.output}
-    graph_inputs = {i.name for i in fm.graph.input}
+    graph_inputs = [i.name for i in fm.graph.input]
     order = {name: i for i, name in enumerate(graph_inputs)}
     order.update({o: len(order) + i for i, n in enumerate(fm.graph.node) for o in n.output})
     traced = sorted((t for t in pairs if t in order), key=order.__getitem__)
     if not traced:
         return []
-    float_values = _run(fm, traced, samples)
-    int8_values = _run(qm, [pairs[t] for t in traced], samples)
-    sqnr = {t: _sqnr(float_values[i], int8_values[i]) for i, t in enumerate(traced)}
-    spread = {t: _channel_spread(float_values[i]) for i, t in enumerate(traced)}
+    sqnr, spread = _measure(fm, qm, traced, [pairs[t] for t in traced], samples)
     # the nearest traced tensors upstream of each tensor (through the ones the quantizer
     # left alone, e.g. a Conv's output its Relu reads): the worst of them, in node order
     upstream: dict[str, str | None] = {t: t for t in graph_inputs if t in sqnr}
@@ -140,10 +137,37 @@ def largest_drops(trace: Sequence[TensorError], count: int = 3) -> list[TensorEr
     return sorted((e for e in trace if e.added_noise > 0), key=lambda e: -e.added_noise)[:count]
 
 
-def _run(
-    model: onnx.ModelProto, names: list[str], samples: Sequence[dict[str, np.ndarray]]
-) -> list[list[np.ndarray]]:
-    """``names``' values per sample (lists indexed like ``names``)."""
+def _measure(
+    fm: onnx.ModelProto,
+    qm: onnx.ModelProto,
+    names: list[str],
+    int8_names: list[str],
+    samples: Sequence[dict[str, np.ndarray]],
+) -> tuple[dict[str, float], dict[str, float | None]]:
+    """Per tensor, the SQNR of the int8 copy against the float values, and the float
+    values' channel spread; one sample at a time (every activation of a large model on
+    eight samples would not fit in memory)."""
+    float_sess, int8_sess = _session(fm, names), _session(qm, int8_names)
+    signal = dict.fromkeys(names, 0.0)
+    noise = dict.fromkeys(names, 0.0)
+    peaks: dict[str, dict[int, np.ndarray]] = {n: {} for n in names}
+    for sample in samples[:MAX_SAMPLES]:
+        for name, x, y in zip(
+            names, float_sess.run(names, sample), int8_sess.run(int8_names, sample), strict=True
+        ):
+            x64, y64 = np.asarray(x, np.float64), np.asarray(y, np.float64)
+            signal[name] += float(np.sum(x64**2))
+            noise[name] += float(np.sum((x64 - y64) ** 2))
+            for axis, peak in _channel_peaks(np.asarray(x)).items():
+                seen = peaks[name].get(axis)
+                peaks[name][axis] = peak if seen is None else np.maximum(seen, peak)
+    sqnr = {n: _db(signal[n], noise[n]) for n in names}
+    spread = {n: _spread(peaks[n]) for n in names}
+    return sqnr, spread
+
+
+def _session(model: onnx.ModelProto, names: list[str]):  # type: ignore[no-untyped-def]
+    """An onnxruntime session without graph optimizations whose outputs include ``names``."""
     import onnxruntime as ort
 
     present = {o.name for o in model.graph.output}
@@ -151,32 +175,29 @@ def _run(
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(model.SerializeToString(), opts, ["CPUExecutionProvider"])
-    per_sample = [sess.run(names, s) for s in samples[:MAX_SAMPLES]]
-    return [[values[i] for values in per_sample] for i in range(len(names))]
+    return ort.InferenceSession(model.SerializeToString(), opts, ["CPUExecutionProvider"])
 
 
-def _sqnr(reference: list[np.ndarray], got: list[np.ndarray]) -> float:
-    signal = sum(float(np.sum(np.asarray(r, np.float64) ** 2)) for r in reference)
-    noise = sum(
-        float(np.sum((np.asarray(r, np.float64) - np.asarray(g, np.float64)) ** 2))
-        for r, g in zip(reference, got, strict=True)
-    )
+def _db(signal: float, noise: float) -> float:
     if noise == 0:
         return float("inf")
     return float(10 * np.log10(signal / noise)) if signal > 0 else float("-inf")
 
 
-def _channel_spread(values: list[np.ndarray]) -> float | None:
-    """The largest channel's |max| over the median channel's, on axis 1 or the last axis."""
-    first = np.asarray(values[0])
-    if first.ndim < 2 or first.dtype.kind != "f":
-        return None
-    spreads = []
-    for axis in {1, first.ndim - 1}:
-        per_sample = [np.abs(np.moveaxis(v, axis, 0)).reshape(v.shape[axis], -1) for v in values]
-        peak = np.max([p.max(axis=1) for p in per_sample], axis=0)
-        median = float(np.median(peak))
-        if peak.size > 1 and median > 0:
-            spreads.append(float(peak.max()) / median)
+def _channel_peaks(x: np.ndarray) -> dict[int, np.ndarray]:
+    """Each channel's largest |value|, for channels on axis 1 and on the last axis."""
+    if x.ndim < 2 or x.dtype.kind != "f":
+        return {}
+    return {
+        axis: np.abs(np.moveaxis(x, axis, 0)).reshape(x.shape[axis], -1).max(axis=1)
+        for axis in {1, x.ndim - 1}
+        if x.shape[axis] > 1 and x.size
+    }
+
+
+def _spread(peaks: dict[int, np.ndarray]) -> float | None:
+    """The largest channel's peak over the median channel's, on the axis that spreads more."""
+    spreads = [
+        float(p.max()) / median for p in peaks.values() if (median := float(np.median(p))) > 0
+    ]
     return max(spreads, default=None)
