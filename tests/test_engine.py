@@ -266,3 +266,51 @@ def test_a_flat_model_that_gains_control_flow_has_its_subgraphs_walked():
     assert next(iter(log)).effected == 1  # Neg(Neg(x)) inside the new then branch
     (node,) = model.graph
     assert [n.op_type for n in node.attributes["then_branch"].value] == ["Abs"]
+
+
+def test_a_value_a_rewrite_makes_takes_the_replaced_name():
+    """Lifted constants and fused outputs keep the tensor names of what they replace."""
+    model = model_from_text(
+        f"""{HEAD}
+        g (float[2] x) => (float[2] y) {{
+          c = Constant <value = float[2] {{1.0, 2.0}}> ()
+          n0 = Neg(x)
+          n1 = Neg(n0)
+          r = Relu(n1)
+          y = Add(r, c)
+        }}"""
+    )
+    from opfuse.rules.constant_folding import ConstantNodeRule
+
+    run(model, ConstantNodeRule(), NegNeg(), ReluToNeg())
+    assert list(model.graph.initializers) == ["c"]  # not "c_1"
+    (abs_node, add) = model.graph
+    assert abs_node.outputs[0].name == "r"  # Relu's output, made again by Abs
+    assert [v.name for v in add.inputs] == ["r", "c"]
+    # NegNeg's replacement is a value that was already there: it keeps its own name
+    assert abs_node.inputs[0].name == "x"
+
+
+def test_a_replaced_value_whose_node_stays_keeps_its_name():
+    class FirstOutputOnly(Rule):
+        """Split's first output ==> Identity(x): the Split stays for its second output."""
+
+        name = "first_output"
+        pattern = Op("Split", Var("x"), Var("sizes"))
+
+        def rewrite(self, m, b, ctx):
+            return {m.root.outputs[0]: b.op("Identity", [m.value("x")])}
+
+    model = model_from_text(
+        f"""{HEAD}
+        g (float[4] x) => (float[2] y, float[2] z) {{
+          sizes = Constant <value = int64[2] {{2, 2}}> ()
+          a, z = Split(x, sizes)
+          y = Abs(a)
+        }}"""
+    )
+    run(model, FirstOutputOnly())
+    identity = next(n for n in model.graph if n.op_type == "Identity")
+    assert identity.outputs[0].name != "a"  # "a" still names the Split's output
+    split = next(n for n in model.graph if n.op_type == "Split")
+    assert split.outputs[0].name == "a"

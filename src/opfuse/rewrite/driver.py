@@ -192,7 +192,23 @@ class Driver:
         for node in b.nodes:
             if node.name:
                 node.name = self.names.node(node.name)
+        _keep_value_names(pairs, b)
         return touched
+
+
+def _keep_value_names(pairs: list[tuple[ir.Value, ir.Value | None]], b: Builder) -> None:
+    """A value the rewrite made takes the name of the value it replaced once that one is
+    gone with its node (a lifted Constant "c" stays "c", not "c_1"), as a fused node takes
+    the replaced node's name."""
+    made = {id(v) for v in b.initializers} | {id(o) for n in b.nodes for o in n.outputs}
+    for old, new in pairs:
+        if new is None or id(new) not in made or not old.name or new.name == old.name:
+            continue
+        producer = old.producer()
+        if producer is not None and producer.graph is not None:
+            continue  # the replaced value's node is still there (another output is used)
+        new.name = old.name
+        made.discard(id(new))  # one name per value, when it replaced several
 
 
 def _pairs(root: ir.Node, replacement: object) -> list[tuple[ir.Value, ir.Value | None]]:
