@@ -172,7 +172,7 @@ def test_the_fallback_keeps_only_layers_that_help(tmp_path, monkeypatch):
         return [qrun.OutputAccuracy("y", sqnr, 1.0, 0.0)]
 
     monkeypatch.setattr(qrun.flow, "quantize", fake_quantize)
-    monkeypatch.setattr(qrun.flow, "clean_up", lambda qdq, out: None)
+    monkeypatch.setattr(qrun.flow, "clean_up", lambda qdq, out, sample=None: None)
     monkeypatch.setattr(qrun.flow, "weighted_nodes", lambda fused: layers)
     monkeypatch.setattr(qrun.flow, "quantized_nodes", lambda qdq: layers)
     monkeypatch.setattr(qrun, "compare_outputs", fake_compare)
@@ -355,3 +355,86 @@ def test_an_old_opset_is_converted_for_per_channel_weights(tmp_path):
     out = onnx.load(str(tmp_path / "out.onnx"))
     onnx.checker.check_model(out, full_check=True)
     assert out.opset_import[0].version >= 13
+
+
+def windowed_model(path: Path) -> Path:
+    """x (N x L) -> Reshape to (-1, 4, 16) -> MatMul: only windows of 64k samples run (the
+    inputs verification would generate for L do not)."""
+    w = RNG.uniform(-1, 1, (16, 8)).astype(np.float32)
+    graph = h.make_graph(
+        [
+            h.make_node("Reshape", ["x", "shape"], ["frames"], name="frame"),
+            h.make_node("MatMul", ["frames", "w"], ["y"], name="project"),
+        ],
+        "windowed",
+        [h.make_tensor_value_info("x", T.FLOAT, ["N", "L"])],
+        [h.make_tensor_value_info("y", T.FLOAT, ["B", 4, 8])],
+        initializer=[
+            numpy_helper.from_array(np.array([-1, 4, 16], np.int64), "shape"),
+            numpy_helper.from_array(w, "w"),
+        ],
+    )
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_the_fused_model_is_verified_on_a_calibration_sample(tmp_path):
+    """Generated inputs (L = 32) cannot run this model; the calibration samples (L = 64)
+    can, and quantize verifies its fusions and its clean-up on them."""
+    model = windowed_model(tmp_path / "w.onnx")
+    data = tmp_path / "x.npz"
+    np.savez(data, x=RNG.uniform(-1, 1, (8, 1, 64)).astype(np.float32))
+    result = quantize_file(model, tmp_path / "out.onnx", data, max_drop="off", benchmark=False)
+    assert (tmp_path / "out.onnx").exists() and result.accuracy[0].sqnr_db > 20
+    assert "project" in {n.name for n in onnx.load(str(tmp_path / "out.onnx")).graph.node}
+
+
+def rate_switch_model(path: Path) -> Path:
+    """y = If(sr == 16000) {x @ w16} else {x @ w8}: the compute is in the branches (a voice
+    detector's sample-rate switch); sr is a scalar input."""
+    x = h.make_tensor_value_info("x", T.FLOAT, [1, 8])
+    branches = {}
+    for rate in (16, 8):
+        w = numpy_helper.from_array(RNG.uniform(-1, 1, (8, 4)).astype(np.float32), f"w{rate}")
+        branches[rate] = h.make_graph(
+            [h.make_node("MatMul", ["x", f"w{rate}"], [f"y{rate}"], name=f"mm{rate}")],
+            f"rate{rate}",
+            [],
+            [h.make_tensor_value_info(f"y{rate}", T.FLOAT, [1, 4])],
+            initializer=[w],
+        )
+    graph = h.make_graph(
+        [
+            h.make_node("Equal", ["sr", "rate"], ["is16k"], name="is16k"),
+            h.make_node(
+                "If", ["is16k"], ["y"], name="by_rate",
+                then_branch=branches[16], else_branch=branches[8],
+            ),
+        ],
+        "vad",
+        [x, h.make_tensor_value_info("sr", T.INT64, [])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 4])],
+        initializer=[numpy_helper.from_array(np.array(16000, np.int64), "rate")],
+    )  # fmt: skip
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_scalar_inputs_and_a_model_the_quantizer_cannot_enter(tmp_path):
+    """sr is one number per sample (N values in the .npz); the MatMuls are inside If
+    branches, which onnxruntime's QDQ quantizer leaves alone: the summary says nothing
+    was quantized and why, instead of presenting the float model as int8."""
+    model = rate_switch_model(tmp_path / "vad.onnx")
+    data = tmp_path / "x.npz"
+    n = 8
+    np.savez(
+        data,
+        x=RNG.uniform(-1, 1, (n, 1, 8)).astype(np.float32),
+        sr=np.full((n,), 16000, np.int64),
+    )
+    assert (
+        calibration.read_samples(data, calibration.model_inputs(model), None)[0]["sr"].shape == ()
+    )
+    result = quantize_file(model, tmp_path / "out.onnx", data, benchmark=False)
+    assert any("nothing was quantized" in w and "If/Loop/Scan" in w for w in result.warnings)
+    assert result.accuracy[0].sqnr_db == float("inf")

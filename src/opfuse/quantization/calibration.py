@@ -102,7 +102,7 @@ def _npz_samples(path: Path, inputs: Sequence[ModelInput]) -> list[Sample]:
             array = arrays[spec.name]
             # N x (the input's shape): sample k is array[k]; N x ... of the input's rank:
             # samples along its batch axis, fed one at a time
-            one = array[k] if array.ndim == len(spec.shape) + 1 else array[k : k + 1]
+            one = np.asarray(array[k]) if array.ndim == len(spec.shape) + 1 else array[k : k + 1]
             sample[spec.name] = _checked(one, spec, path)
         samples.append(sample)
     return samples

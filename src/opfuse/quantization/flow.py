@@ -55,9 +55,11 @@ def fuse(
     enable: Sequence[str] = (),
     disable: Sequence[str] = (),
     target_opset: int | None = None,
+    verify_inputs: str | os.PathLike[str] | None = None,
 ) -> OptimizeResult:
-    """opfuse's default passes (or the switch file's), verified; ``target_opset``: convert
-    first (per-channel QDQ needs opset 13)."""
+    """opfuse's default passes (or the switch file's), verified (on ``verify_inputs``, an
+    .npz of one sample, when given); ``target_opset``: convert first (per-channel QDQ
+    needs opset 13)."""
     return optimize_file(
         model,
         out,
@@ -65,6 +67,7 @@ def fuse(
         enable=enable,
         disable=disable,
         options=Options(target_opset=target_opset),
+        inputs_npz=verify_inputs,
     )
 
 
@@ -104,6 +107,11 @@ def quantize(
             self.it = iter(samples)
 
     reader = Reader()
+    # the quantizer's own sessions log warnings from onnxruntime's C++ (initializers its
+    # graph resolution drops): opfuse's sessions all run at severity 3 (errors) too
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(3)
     quiet = logging.getLogger()  # the quantizer logs "consider pre-processing" on the root
     level = quiet.level
     quiet.setLevel(logging.ERROR)
@@ -127,9 +135,14 @@ def quantize(
         quiet.setLevel(level)
 
 
-def clean_up(qdq: str | os.PathLike[str], out: str | os.PathLike[str]) -> OptimizeResult:
-    """The exact QDQ rules on the quantized model, verified against it."""
-    return optimize_file(qdq, out, switch_table=CLEAN_UP)
+def clean_up(
+    qdq: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    verify_inputs: str | os.PathLike[str] | None = None,
+) -> OptimizeResult:
+    """The exact QDQ rules on the quantized model, verified against it (on
+    ``verify_inputs`` when given)."""
+    return optimize_file(qdq, out, switch_table=CLEAN_UP, inputs_npz=verify_inputs)
 
 
 def weighted_nodes(model: str | os.PathLike[str]) -> list[str]:
@@ -155,6 +168,26 @@ def quantized_nodes(qdq: str | os.PathLike[str]) -> list[str]:
         and n.op_type not in ("QuantizeLinear", "DequantizeLinear")
         and (any(i in dequantized for i in n.input) or any(o in quantized for o in n.output))
     ]
+
+
+def nothing_quantized(qdq: str | os.PathLike[str]) -> str | None:
+    """Why a quantized model holds no QuantizeLinear at all (said in the summary), or None.
+    onnxruntime's QDQ quantizer does not enter If/Loop/Scan bodies."""
+    import onnx
+
+    from opfuse.model.graphs import proto_graphs
+
+    graph = onnx.load_model(str(qdq), load_external_data=False).graph
+    if any(n.op_type == "QuantizeLinear" for g in proto_graphs(graph) for n in g.node):
+        return None
+    inside = sum(1 for g in list(proto_graphs(graph))[1:] for n in g.node if n.op_type in WEIGHTED)
+    if inside:
+        return (
+            f"nothing was quantized: the model's {inside} Conv/MatMul/Gemm are inside "
+            "If/Loop/Scan bodies, which onnxruntime's QDQ quantizer does not enter; the "
+            "int8 model is the float one"
+        )
+    return "nothing was quantized (no op onnxruntime's quantizer handles): the int8 model is the float one"
 
 
 def excluded_names(model: str | os.PathLike[str], exclude: Sequence[str]) -> list[str]:

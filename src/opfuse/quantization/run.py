@@ -208,16 +208,25 @@ def quantize_file(
                 f"converted from opset {opset} to {target}: per-channel QuantizeLinear/"
                 "DequantizeLinear (their axis) need it"
             )
-        fused = flow.fuse(model, work / "fused.onnx", switch_table, enable, disable, target)
+        # verified on a real sample: generated inputs can be ones the model refuses (a
+        # voice detector's window shorter than its STFT's padding, a rate it has no branch for)
+        sample = work / "sample.npz"
+        np.savez(sample, **calib[0])  # type: ignore[arg-type]  # numpy stubs: allow_pickle
+        fused = flow.fuse(
+            model, work / "fused.onnx", switch_table, enable, disable, target, verify_inputs=sample
+        )
         excluded = flow.excluded_names(work / "fused.onnx", exclude)
         reference = _run(model, held)
         int8, accuracy, kept, growth = _quantize_gated(
-            work, calib, held, reference, options, excluded, gate
+            work, calib, held, reference, options, excluded, gate, sample
         )
         result = QuantizeResult(
             fused, accuracy, gate, len(calib), len(held), source, kept, warnings=warnings
         )
         result.error_growth = growth
+        empty = flow.nothing_quantized(int8)
+        if empty:
+            warnings.append(empty)
         result.nodes = {
             "original": _nodes(model),
             FLOAT_OPT: _nodes(work / "fused.onnx"),
@@ -259,6 +268,7 @@ def _quantize_gated(
     options: flow.QuantOptions,
     excluded: list[str],
     gate: Gate,
+    sample: Path | None = None,
 ) -> tuple[Path, list[OutputAccuracy], list[KeptFloat], list[TensorError]]:
     """Quantize; when the gate is missed, trace where the error grows and keep the most
     sensitive layers in float one by one until it holds (GateError, naming where the
@@ -268,7 +278,7 @@ def _quantize_gated(
     def attempt(exclude: list[str], name: str) -> tuple[Path, list[OutputAccuracy]]:
         qdq, out = work / f"{name}.qdq.onnx", work / f"{name}.onnx"
         flow.quantize(fused, qdq, calib, options, exclude)
-        flow.clean_up(qdq, out)
+        flow.clean_up(qdq, out, sample)
         return out, compare_outputs(_output_names(fused), reference, _run(out, held))
 
     path, accuracy = attempt(excluded, "int8")
