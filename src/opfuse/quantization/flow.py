@@ -107,11 +107,9 @@ def quantize(
             self.it = iter(samples)
 
     reader = Reader()
-    # the quantizer's own sessions log warnings from onnxruntime's C++ (initializers its
-    # graph resolution drops): opfuse's sessions all run at severity 3 (errors) too
-    import onnxruntime as ort
+    from opfuse.runtime.ort import quiet as quiet_onnxruntime
 
-    ort.set_default_logger_severity(3)
+    quiet_onnxruntime()  # the quantizer's own sessions log through its default logger
     quiet = logging.getLogger()  # the quantizer logs "consider pre-processing" on the root
     level = quiet.level
     quiet.setLevel(logging.ERROR)

@@ -22,6 +22,16 @@ LEVELS = {
 MODES = {"sequential": ort.ExecutionMode.ORT_SEQUENTIAL, "parallel": ort.ExecutionMode.ORT_PARALLEL}
 
 
+def quiet() -> None:
+    """onnxruntime's default logger at errors only: the sessions opfuse makes set their
+    own severity, but subgraph resolution and the sessions of onnxruntime's quantizer log
+    through the default one (warnings about initializers they drop)."""
+    ort.set_default_logger_severity(3)
+
+
+quiet()
+
+
 def session_options(
     graph_opt: str = "all",
     threads: int = 1,
