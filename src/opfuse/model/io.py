@@ -22,6 +22,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from opfuse.errors import OpfuseError, first_line
+from opfuse.model.constants import LIFTED_KEY, lift_constants
 from opfuse.model.graphs import DEFAULT_DOMAINS, all_graphs
 from opfuse.model.set_aside import META_KEY, SetAside, from_proto, restore
 from opfuse.model.set_aside import (
@@ -139,15 +140,22 @@ def default_opset(proto: onnx.ModelProto) -> int | None:
     return None
 
 
-def load_model(path: str | os.PathLike[str], *, infer: bool = False) -> ir.Model:
+def load_model(
+    path: str | os.PathLike[str], *, infer: bool = False, lift: bool = False
+) -> ir.Model:
     """Load a checked model into onnx-ir; external tensors stay lazy (memory-mapped).
 
     ``infer``: run shape inference on the parsed protobuf first, so the values arrive
-    typed and shaped without serializing the model back for it."""
+    typed and shaped without serializing the model back for it. ``lift``: the main
+    graph's Constant nodes become initializers on the protobuf (``model.constants``; how
+    many in ``model.meta[LIFTED_KEY]``)."""
     proto, _ = read_proto(path)
     if infer:
         proto = infer_proto(proto)
+    lifted = lift_constants(proto) if lift else 0
     model = from_proto(proto)
+    if lifted:
+        model.meta[LIFTED_KEY] = lifted
     ir.external_data.set_base_dir(model.graph, os.path.dirname(os.path.abspath(path)))
     return model
 

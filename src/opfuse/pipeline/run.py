@@ -24,6 +24,7 @@ import onnx_ir as ir
 
 from opfuse.errors import OpfuseError, VerificationError, first_line
 from opfuse.model import io
+from opfuse.model.constants import LIFTED_KEY
 from opfuse.model.graphs import all_graphs
 from opfuse.model.shapes import declare_static_inputs, infer_shapes
 from opfuse.pipeline.gcpause import paused_gc
@@ -34,11 +35,13 @@ from opfuse.rewrite.driver import Driver
 from opfuse.rewrite.registry import PassInfo
 from opfuse.rewrite.stats import EffectLog
 from opfuse.rules import all_passes, get_pass
+from opfuse.rules.constant_folding import ConstantNodeRule
 from opfuse.verification.bisect import first_bad_pass
 from opfuse.verification.compare import VerifyReport, check_feeds, compare_files, session
 from opfuse.verification.messages import failure_message, inputs_text, worst_share
 
 MAX_ROUNDS = 6
+CONSTANT_FOLDING = "ConstantFoldingFusionPass"  # its constant_node rule's lifts run at load
 logger = logging.getLogger("opfuse")
 ModelT = TypeVar("ModelT")
 
@@ -290,6 +293,9 @@ def optimize_model(
     )
     result.left_alone = io.set_aside_notes(model)
     result.before = op_counts(model)
+    lifted = int(model.meta.pop(LIFTED_KEY, 0))  # the loader lifted them for the rule
+    if lifted:
+        result.before["Constant"] += lifted
     unchanged = io.must_pass_unchanged(model)
     if unchanged is not None:
         result.passes = []
@@ -322,9 +328,21 @@ def optimize_model(
             result.pass_seconds.get("(shape inference)", 0.0) + took
         )
     ctx.current = None
+    if lifted:
+        _record_lifted(ctx, passes, lifted)
     result.after = op_counts(model)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _record_lifted(ctx: PassContext, passes: list[PassInfo], lifted: int) -> None:
+    """The Constants the loader lifted (``io.load_model(lift=True)``), in the effect log
+    as the rule that would have lifted them (its line exists once its stage has run)."""
+    info = next((p for p in passes if p.name == CONSTANT_FOLDING), None)
+    if info is not None:
+        stats = ctx.entry(ConstantNodeRule.name, info)
+        stats.matched += lifted
+        stats.effected += lifted
 
 
 def optimize_file(
@@ -365,15 +383,19 @@ def optimize_file(
     if fusion_switch_file is not None:
         switch_table = parse_switch_file(fusion_switch_file)
     # validate the switches and the user's verification inputs before the (possibly long) work
-    select_passes(switch_table, enable, disable, where=str(fusion_switch_file or "switch file"))
+    chosen, _ = select_passes(
+        switch_table, enable, disable, where=str(fusion_switch_file or "switch file")
+    )
     if verify and (input_shapes or inputs_npz is not None):
         check_feeds(input_path, input_shapes, inputs_npz)
     if static_shapes and not input_shapes:
         raise OpfuseError("--static-shapes needs --input-shape NAME:D0,D1,... for the inputs")
 
+    lift = any(p.name == CONSTANT_FOLDING for p in chosen)  # the rule's lifts, done at load
+
     def load() -> ir.Model:
         """The input model, its inputs re-declared static with ``static_shapes``."""
-        loaded = io.load_model(input_path, infer=not static_shapes)
+        loaded = io.load_model(input_path, infer=not static_shapes, lift=lift)
         if static_shapes:
             declare_static_inputs(loaded, dict(input_shapes or {}))
         return loaded

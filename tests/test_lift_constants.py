@@ -1,0 +1,134 @@
+"""Constant nodes lifted into initializers at load (model/constants.py), for the
+constant_node rule of ConstantFoldingFusionPass: the same model, log and counts as the
+rule's own lifts, and nothing lifted when the pass is off."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+
+from opfuse.model.constants import lift_constants
+from opfuse.pipeline.run import OptimizeResult, optimize_file, optimize_model
+
+
+def constants_model(ir_version: int = 8) -> onnx.ModelProto:
+    """Three plain Constants (one a graph output), a value_float Constant, a Constant
+    inside an If branch; Reshape/Add/Mul read them."""
+    then_branch = h.make_graph(
+        [
+            h.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.float32(2.0))),
+            h.make_node("Mul", ["y", "k"], ["z_then"]),
+        ],
+        "then",
+        [],
+        [h.make_tensor_value_info("z_then", T.FLOAT, [2, 3])],
+    )
+    else_branch = h.make_graph(
+        [h.make_node("Identity", ["y"], ["z_else"])],
+        "else",
+        [],
+        [h.make_tensor_value_info("z_else", T.FLOAT, [2, 3])],
+    )
+    shape = numpy_helper.from_array(np.array([2, 3], np.int64))
+    bias = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3))
+    other = numpy_helper.from_array(np.ones((2, 3), np.float32))
+    nodes = [
+        h.make_node("Constant", [], ["shape"], name="c_shape", value=shape),
+        h.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
+        h.make_node("Constant", [], ["bias"], name="c_bias", value=bias),
+        h.make_node("Add", ["r", "bias"], ["y"], name="add"),
+        h.make_node("Constant", [], ["half"], name="c_half", value_float=0.5),
+        h.make_node("Mul", ["y", "half"], ["w"], name="mul"),
+        h.make_node("Constant", [], ["out_c"], name="c_out", value=other),
+        h.make_node("If", ["flag"], ["z"], name="branch", then_branch=then_branch,
+                    else_branch=else_branch),
+    ]  # fmt: skip
+    graph = h.make_graph(
+        nodes,
+        "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [6]), h.make_tensor_value_info("flag", T.BOOL, [])],
+        [
+            h.make_tensor_value_info("w", T.FLOAT, [2, 3]),
+            h.make_tensor_value_info("out_c", T.FLOAT, [2, 3]),
+            h.make_tensor_value_info("z", T.FLOAT, [2, 3]),
+        ],
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = ir_version
+    return model
+
+
+def outputs(model: onnx.ModelProto) -> list[np.ndarray]:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {"x": np.arange(6, dtype=np.float32), "flag": np.array(True)}
+    return sess.run(None, feeds)
+
+
+def test_plain_constants_become_initializers_and_nothing_else_moves():
+    model = constants_model()
+    before = outputs(model)
+    assert lift_constants(model) == 2  # shape and bias
+    onnx.checker.check_model(model)
+    assert [t.name for t in model.graph.initializer] == ["shape", "bias"]
+    assert [n.name for n in model.graph.node] == [
+        "reshape",
+        "add",
+        "c_half",
+        "mul",
+        "c_out",
+        "branch",
+    ]
+    branch = next(a.g for a in model.graph.node[-1].attribute if a.name == "then_branch")
+    assert [n.op_type for n in branch.node] == ["Constant", "Mul"]  # the branch keeps its own
+    for got, want in zip(outputs(model), before, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert lift_constants(model) == 0  # idempotent
+
+
+def test_ir_version_3_keeps_its_constants():
+    model = constants_model(ir_version=3)
+    assert lift_constants(model) == 0
+    assert sum(n.op_type == "Constant" for n in model.graph.node) == 4
+
+
+def test_optimize_file_reads_as_if_the_rule_had_lifted(tmp_path: Path):
+    """The file path lifts at load, the in-memory path lets the rule do it: the same
+    graph, the same log line and the same node counts."""
+    model = constants_model()
+    src = tmp_path / "m.onnx"
+    onnx.save(model, src)
+    on_file = optimize_file(src, tmp_path / "out.onnx", verify=False)
+    in_memory = optimize_model(ir.from_proto(model))
+    written = onnx.load(str(tmp_path / "out.onnx"))
+    kept = ir.to_proto(in_memory.model)
+    assert [n.op_type for n in written.graph.node] == [n.op_type for n in kept.graph.node]
+    assert sorted(t.name for t in written.graph.initializer) == sorted(
+        t.name for t in kept.graph.initializer
+    )
+
+    def lifts(result: OptimizeResult) -> tuple[int, int]:
+        stats = next(s for s in result.log if s.pattern == "constant_node")
+        return stats.matched, stats.effected
+
+    # shape and bias at load; half (value_float) and the branch's k by the rule
+    assert lifts(on_file) == lifts(in_memory) == (4, 4)
+    assert on_file.before == in_memory.before and on_file.before["Constant"] == 5
+    assert on_file.after == in_memory.after
+
+
+def test_no_lift_when_the_pass_is_off(tmp_path: Path):
+    src = tmp_path / "m.onnx"
+    onnx.save(constants_model(), src)
+    result = optimize_file(
+        src, tmp_path / "out.onnx", verify=False, disable=["ConstantFoldingFusionPass"]
+    )
+    written = onnx.load(str(tmp_path / "out.onnx"))
+    assert sum(n.op_type == "Constant" for n in written.graph.node) == 4
+    assert not [s for s in result.log if s.pattern == "constant_node"]
