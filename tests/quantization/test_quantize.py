@@ -20,7 +20,7 @@ from onnx import numpy_helper
 
 from opfuse.errors import GateError, OpfuseError
 from opfuse.quantization import calibration
-from opfuse.quantization.accuracy import compare_output
+from opfuse.quantization.accuracy import compare_output, scoring_outputs
 from opfuse.quantization.gate import Gate
 from opfuse.quantization.preprocess import Preprocess
 from opfuse.quantization.run import quantize_file
@@ -161,7 +161,7 @@ def test_the_fallback_keeps_only_layers_that_help(tmp_path, monkeypatch):
     def fake_quantize(fused, qdq, calib, options, exclude):
         excluded[Path(qdq).name.replace(".qdq", "")] = list(exclude)
 
-    def fake_compare(names, reference, got):
+    def fake_compare(names, reference, got, scoring=None):
         names_out = got  # _run returns the file name
         floats = excluded[Path(names_out).name]
         if len(floats) == len(layers) - 1:  # one layer quantized alone
@@ -178,6 +178,7 @@ def test_the_fallback_keeps_only_layers_that_help(tmp_path, monkeypatch):
     monkeypatch.setattr(qrun, "compare_outputs", fake_compare)
     monkeypatch.setattr(qrun, "_run", lambda out, held: out)
     monkeypatch.setattr(qrun, "_output_names", lambda fused: ["y"])
+    monkeypatch.setattr(qrun, "_scoring", lambda fused: set())
     monkeypatch.setattr(qrun, "activation_candidates", lambda fused, qdq, calib: [])
     monkeypatch.setattr(qrun, "error_trace", lambda fused, qdq, held: [])
     gate = Gate.parse("sqnr=25")
@@ -330,6 +331,37 @@ def test_accuracy_figures():
     assert swapped.top1 == 0.5 and swapped.top5 == 1.0 and swapped.max_abs == 2.0
 
 
+def test_which_outputs_score_classes():
+    """Top-1 agreement is judged where a classifier head makes the output (through
+    data-moving ops), not on any 2-D or 3-D float output: a state or a pooled feature
+    of the same shape is judged by its SQNR."""
+    w = numpy_helper.from_array(np.ones((8, 4), np.float32), "w")
+    b = numpy_helper.from_array(np.ones(4, np.float32), "b")
+    shape = numpy_helper.from_array(np.array([1, 4], np.int64), "shape")
+    nodes = [
+        h.make_node("MatMul", ["x", "w"], ["mm"]),
+        h.make_node("Softmax", ["mm"], ["sm"]),
+        h.make_node("Reshape", ["sm", "shape"], ["probs"]),
+        h.make_node("MatMul", ["x", "w"], ["mm2"]),
+        h.make_node("Add", ["mm2", "b"], ["logits"]),
+        h.make_node("Tanh", ["mm"], ["state"]),
+        h.make_node("Add", ["state", "b"], ["state_plus"]),
+        h.make_node("ReduceMean", ["x"], ["pooled"], axes=[0], keepdims=1),
+    ]
+    out = [
+        h.make_tensor_value_info(n, T.FLOAT, None)
+        for n in ("probs", "logits", "state", "state_plus", "pooled")
+    ]
+    graph = h.make_graph(
+        nodes, "heads", [h.make_tensor_value_info("x", T.FLOAT, [1, 8])], out, [w, b, shape]
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    assert scoring_outputs(model) == {"probs", "logits"}
+    ref = np.array([[1.0, 3.0, 2.0]], np.float32)
+    assert compare_output("state", ref, ref, scores=False).top1 is None
+    assert compare_output("probs", ref, ref, scores=True).top1 == 1.0
+
+
 def test_gate_parsing():
     assert Gate.parse("top1=1%").top1_drop == pytest.approx(0.01)
     assert Gate.parse("sqnr=25").sqnr_db == 25
@@ -438,3 +470,4 @@ def test_scalar_inputs_and_a_model_the_quantizer_cannot_enter(tmp_path):
     result = quantize_file(model, tmp_path / "out.onnx", data, benchmark=False)
     assert any("nothing was quantized" in w and "If/Loop/Scan" in w for w in result.warnings)
     assert result.accuracy[0].sqnr_db == float("inf")
+    assert result.accuracy[0].top1 is None  # an If's output: no classifier head in sight

@@ -1,15 +1,17 @@
 """How far the int8 model is from the float one on held-back samples, per output: SQNR
 (signal to quantization-noise ratio, dB), cosine similarity, max abs error, and where an
-output scores classes (N x C, or N x T x C per step) top-1 and top-5 agreement (the float
-model's top class is the int8 model's top one / among its top five)."""
+output scores classes (a classifier head makes it, N x C or N x T x C per step) top-1 and
+top-5 agreement (the float model's top class is the int8 model's top one / among its top
+five)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,40 @@ def scores_classes(array: np.ndarray) -> bool:
     return array.dtype.kind == "f" and array.ndim in (2, 3) and array.shape[-1] >= 2
 
 
-def compare_output(name: str, ref: np.ndarray, got: np.ndarray) -> OutputAccuracy:
+# what makes class scores: probabilities, or the logits of a linear head (its bias Add)
+SCORING_OPS = frozenset({"Softmax", "LogSoftmax", "Gemm", "MatMul", "Add"})
+# ops that move or relabel data between the head and the output
+_PASSING_OPS = frozenset(
+    {"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Cast"}
+)
+
+
+def scoring_outputs(model: onnx.ModelProto) -> set[str]:
+    """The main graph's outputs a classifier head makes (SCORING_OPS, through data-moving
+    ops; an Add only as the bias of a MatMul or Gemm): the ones whose top-1 agreement
+    means something. A recurrent state (LSTM, GRU, an If's output) or a pooled embedding
+    is not one, whatever its shape."""
+    graph = model.graph
+    producer = {o: n for n in graph.node for o in n.output}
+    found = set()
+    for out in graph.output:
+        node = producer.get(out.name)
+        while node is not None and node.op_type in _PASSING_OPS and node.input:
+            node = producer.get(node.input[0])
+        if node is None or node.op_type not in SCORING_OPS:
+            continue
+        if node.op_type == "Add" and not any(
+            (p := producer.get(i)) is not None and p.op_type in ("MatMul", "Gemm")
+            for i in node.input
+        ):
+            continue
+        found.add(out.name)
+    return found
+
+
+def compare_output(
+    name: str, ref: np.ndarray, got: np.ndarray, scores: bool = True
+) -> OutputAccuracy:
     r = ref.astype(np.float64).ravel()
     g = got.astype(np.float64).ravel()
     noise = float(np.sum((r - g) ** 2))
@@ -54,7 +89,7 @@ def compare_output(name: str, ref: np.ndarray, got: np.ndarray) -> OutputAccurac
     cosine = float(r @ g / norms) if norms else (1.0 if noise == 0 else 0.0)
     max_abs = float(np.max(np.abs(r - g))) if r.size else 0.0
     top1 = top5 = None
-    if scores_classes(ref):
+    if scores and scores_classes(ref):
         rows_ref = ref.reshape(-1, ref.shape[-1])
         rows_got = got.reshape(-1, got.shape[-1])
         want = rows_ref.argmax(axis=1)
@@ -66,9 +101,13 @@ def compare_output(name: str, ref: np.ndarray, got: np.ndarray) -> OutputAccurac
 
 
 def compare_outputs(
-    names: Sequence[str], ref: Sequence[Sequence[np.ndarray]], got: Sequence[Sequence[np.ndarray]]
+    names: Sequence[str],
+    ref: Sequence[Sequence[np.ndarray]],
+    got: Sequence[Sequence[np.ndarray]],
+    scoring: Collection[str] | None = None,
 ) -> list[OutputAccuracy]:
-    """``ref``/``got``: per sample, the outputs in ``names`` order; joined along axis 0."""
+    """``ref``/``got``: per sample, the outputs in ``names`` order; joined along axis 0.
+    ``scoring``: the outputs that may score classes (``scoring_outputs``; None: any)."""
     out = []
     for i, name in enumerate(names):
         r = np.concatenate(
@@ -87,5 +126,5 @@ def compare_outputs(
                 for s in got
             ]
         )
-        out.append(compare_output(name, r, g))
+        out.append(compare_output(name, r, g, scoring is None or name in scoring))
     return out

@@ -21,7 +21,7 @@ from opfuse.model import io
 from opfuse.pipeline.run import OptimizeResult
 from opfuse.pipeline.switch import SwitchTable
 from opfuse.quantization import calibration, flow
-from opfuse.quantization.accuracy import OutputAccuracy, compare_outputs
+from opfuse.quantization.accuracy import OutputAccuracy, compare_outputs, scoring_outputs
 from opfuse.quantization.gate import Gate
 from opfuse.quantization.kernels import KernelCoverage, integer_coverage
 from opfuse.quantization.preprocess import Preprocess
@@ -274,12 +274,13 @@ def _quantize_gated(
     sensitive layers in float one by one until it holds (GateError, naming where the
     error grows, when MAX_FLOAT_LAYERS are not enough)."""
     fused = work / "fused.onnx"
+    scoring = _scoring(fused)
 
     def attempt(exclude: list[str], name: str) -> tuple[Path, list[OutputAccuracy]]:
         qdq, out = work / f"{name}.qdq.onnx", work / f"{name}.onnx"
         flow.quantize(fused, qdq, calib, options, exclude)
         flow.clean_up(qdq, out, sample)
-        return out, compare_outputs(_output_names(fused), reference, _run(out, held))
+        return out, compare_outputs(_output_names(fused), reference, _run(out, held), scoring)
 
     path, accuracy = attempt(excluded, "int8")
     misses = gate.misses(accuracy)
@@ -342,6 +343,11 @@ def _standing(gate: Gate, accuracy: list[OutputAccuracy]) -> tuple[float, ...]:
     lowest top-1 agreement, then the lowest SQNR."""
     top1 = [a.top1 for a in accuracy if a.top1 is not None]
     return (-len(gate.misses(accuracy)), min(top1, default=1.0), min(a.sqnr_db for a in accuracy))
+
+
+def _scoring(model: Path) -> set[str]:
+    """The outputs of ``model`` a classifier head makes (top-1 agreement applies)."""
+    return scoring_outputs(onnx.load_model(str(model), load_external_data=False))
 
 
 def _output_names(model: Path) -> list[str]:
