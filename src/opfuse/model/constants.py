@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import onnx
 
-LIFTED_KEY = "opfuse.lifted_constants"  # model.meta: how many Constants the loader lifted
+from opfuse.model.graphs import DEFAULT_DOMAINS
 
-_DEFAULT_DOMAINS = ("", "ai.onnx")
+LIFTED_KEY = "opfuse.lifted_constants"  # model.meta: how many Constants the loader lifted
 
 
 def lift_constants(proto: onnx.ModelProto) -> int:
@@ -44,7 +44,7 @@ def lift_constants(proto: onnx.ModelProto) -> int:
 
 
 def _plain_constant(node: onnx.NodeProto) -> bool:
-    if node.op_type != "Constant" or node.domain not in _DEFAULT_DOMAINS:
+    if node.op_type != "Constant" or node.domain not in DEFAULT_DOMAINS:
         return False
     if len(node.attribute) != 1 or len(node.output) != 1 or not node.output[0]:
         return False

@@ -136,12 +136,10 @@ def _image_sample(
 
 
 def first(samples: list[Sample], count: int | None, where: str) -> list[Sample]:
-    """The first ``count`` samples (``--samples``; None: all); fewer in ``where`` than asked
-    for is bad input."""
+    """The first ``count`` samples (``--samples``, at least 1, checked before the data is
+    read; None: all); fewer in ``where`` than asked for is bad input."""
     if count is None:
         return samples
-    if count < 1:
-        raise OpfuseError(f"--samples {count}: a count of at least 1")
     if len(samples) < count:
         raise OpfuseError(f"{where}: {len(samples)} samples, --samples asks for {count}")
     return samples[:count]

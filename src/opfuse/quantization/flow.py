@@ -17,6 +17,7 @@ import logging
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +25,9 @@ from opfuse.errors import OpfuseError, first_line
 from opfuse.pipeline.run import OptimizeResult, optimize_file
 from opfuse.pipeline.switch import SwitchTable
 from opfuse.rewrite.context import Options
+
+if TYPE_CHECKING:
+    import onnx
 
 # the ops whose weights quantize_static quantizes and whose sensitivity is measured
 WEIGHTED = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
@@ -168,14 +172,12 @@ def quantized_nodes(qdq: str | os.PathLike[str]) -> list[str]:
     ]
 
 
-def nothing_quantized(qdq: str | os.PathLike[str]) -> str | None:
+def nothing_quantized(qdq: onnx.ModelProto) -> str | None:
     """Why a quantized model holds no QuantizeLinear at all (said in the summary), or None.
     onnxruntime's QDQ quantizer does not enter If/Loop/Scan bodies."""
-    import onnx
-
     from opfuse.model.graphs import proto_graphs
 
-    graph = onnx.load_model(str(qdq), load_external_data=False).graph
+    graph = qdq.graph
     if any(n.op_type == "QuantizeLinear" for g in proto_graphs(graph) for n in g.node):
         return None
     inside = sum(1 for g in list(proto_graphs(graph))[1:] for n in g.node if n.op_type in WEIGHTED)

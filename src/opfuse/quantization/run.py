@@ -221,18 +221,26 @@ def quantize_file(
             work, calib, held, reference, options, excluded, gate, sample
         )
         result = QuantizeResult(
-            fused, accuracy, gate, len(calib), len(held), source, kept, warnings=warnings
+            fused,
+            accuracy,
+            gate,
+            len(calib),
+            len(held),
+            source,
+            kept,
+            warnings=warnings,
+            error_growth=growth,
         )
-        result.error_growth = growth
-        empty = flow.nothing_quantized(int8)
+        int8_model = onnx.load_model(str(int8))
+        empty = flow.nothing_quantized(int8_model)
         if empty:
             warnings.append(empty)
         result.nodes = {
             "original": _nodes(model),
             FLOAT_OPT: _nodes(work / "fused.onnx"),
-            INT8: _nodes(int8),
+            INT8: len(int8_model.graph.node),
         }
-        result.coverage = integer_coverage(onnx.load_model(str(int8)))
+        result.coverage = integer_coverage(int8_model)
         if benchmark:
             settings = runtime if isinstance(runtime, RuntimeSettings) else RuntimeSettings()
             rt = settings.make() if runtime is None or runtime is settings else runtime

@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-MAX_SAMPLES = 8  # float runs for the activation measure
+from opfuse.quantization.trace import MAX_SAMPLES, sqnr_db, tensor_session
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,6 @@ def activation_candidates(
 ) -> list[Candidate]:
     """Every activation tensor ``qdq`` quantizes, with the SQNR of its own rounding on the
     float model ``fused`` run on ``samples``, worst first."""
-    import onnxruntime as ort
-
     quantized = _quantized_activations(onnx.load_model(str(qdq)))
     float_model = onnx.load_model(str(fused))
     graph = float_model.graph
@@ -61,12 +59,7 @@ def activation_candidates(
     names = [t for t in quantized if t in producer or t in inputs]
     if not names:
         return []
-    present = {o.name for o in graph.output}
-    graph.output.extend(onnx.ValueInfoProto(name=t) for t in names if t not in present)
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(float_model.SerializeToString(), opts, ["CPUExecutionProvider"])
+    sess = tensor_session(float_model, names)
     wanted = [o.name for o in sess.get_outputs()]
     signal = dict.fromkeys(names, 0.0)
     noise = dict.fromkeys(names, 0.0)
@@ -85,8 +78,7 @@ def activation_candidates(
         )
         if not nodes or noise[t] == 0:
             continue
-        db = 10 * np.log10(signal[t] / noise[t]) if signal[t] > 0 else float("-inf")
-        out.append(Candidate(f"tensor {t}", nodes, float(db), "own rounding"))
+        out.append(Candidate(f"tensor {t}", nodes, sqnr_db(signal[t], noise[t]), "own rounding"))
     return sorted(out, key=lambda c: c.sqnr_db)
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-MAX_SAMPLES = 8
+MAX_SAMPLES = 8  # model runs per measure (here and in sensitivity)
 OUTLIER_SPREAD = 8.0  # a channel spread from which the summary names outlier channels
 
 
@@ -147,7 +147,7 @@ def _measure(
     """Per tensor, the SQNR of the int8 copy against the float values, and the float
     values' channel spread; one sample at a time (every activation of a large model on
     eight samples would not fit in memory)."""
-    float_sess, int8_sess = _session(fm, names), _session(qm, int8_names)
+    float_sess, int8_sess = tensor_session(fm, names), tensor_session(qm, int8_names)
     signal = dict.fromkeys(names, 0.0)
     noise = dict.fromkeys(names, 0.0)
     peaks: dict[str, dict[int, np.ndarray]] = {n: {} for n in names}
@@ -161,12 +161,12 @@ def _measure(
             for axis, peak in _channel_peaks(np.asarray(x)).items():
                 seen = peaks[name].get(axis)
                 peaks[name][axis] = peak if seen is None else np.maximum(seen, peak)
-    sqnr = {n: _db(signal[n], noise[n]) for n in names}
+    sqnr = {n: sqnr_db(signal[n], noise[n]) for n in names}
     spread = {n: _spread(peaks[n]) for n in names}
     return sqnr, spread
 
 
-def _session(model: onnx.ModelProto, names: list[str]):  # type: ignore[no-untyped-def]
+def tensor_session(model: onnx.ModelProto, names: list[str]):  # type: ignore[no-untyped-def]
     """An onnxruntime session without graph optimizations whose outputs include ``names``."""
     import onnxruntime as ort
 
@@ -178,7 +178,8 @@ def _session(model: onnx.ModelProto, names: list[str]):  # type: ignore[no-untyp
     return ort.InferenceSession(model.SerializeToString(), opts, ["CPUExecutionProvider"])
 
 
-def _db(signal: float, noise: float) -> float:
+def sqnr_db(signal: float, noise: float) -> float:
+    """10 log10(signal / noise): inf without noise, -inf without signal."""
     if noise == 0:
         return float("inf")
     return float(10 * np.log10(signal / noise)) if signal > 0 else float("-inf")

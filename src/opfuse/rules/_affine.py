@@ -10,6 +10,7 @@ the weight's dtype as onnxruntime's own Conv+Mul/Add fusions compute it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
@@ -362,6 +363,16 @@ class ChainMatch(Match):
 C = TypeVar("C", bound=ChainMatch)
 
 
+def _visit_once(
+    ctx: PassContext, kind: str, node: ir.Node, compute: Callable[[ir.Node], object]
+) -> object:
+    """``compute(node)``, once per visit of ``node`` (``PassContext.visit_memo``)."""
+    key = (kind, id(node))
+    if key not in ctx.visit_memo:
+        ctx.visit_memo[key] = compute(node)
+    return ctx.visit_memo[key]
+
+
 class AffineChainRule(Rule[C]):
     """A rule rooted at the last op of a per-channel affine chain; ``accepts`` says
     which chains it takes. Subclasses set ``match_type`` (ChainMatch or a subclass)."""
@@ -371,11 +382,8 @@ class AffineChainRule(Rule[C]):
     # imperative: a chain of any length (chain_ending_at), with the linear layer before
     # it found through a Transpose or bias Add (find_linear): no fixed-size pattern
     def match(self, node: ir.Node, ctx: PassContext) -> C | None:
-        key = ("affine_chain", id(node))  # the same for every chain rule tried here
-        if key in ctx.visit_memo:
-            chain = cast(Chain | None, ctx.visit_memo[key])
-        else:
-            chain = ctx.visit_memo[key] = chain_ending_at(node)
+        # the chain and the layer before it are the same for every chain rule tried here
+        chain = cast(Chain | None, _visit_once(ctx, "affine_chain", node, chain_ending_at))
         if chain is None:
             return None
         m = cast(C, self.match_type(node))
@@ -384,11 +392,8 @@ class AffineChainRule(Rule[C]):
         for i, step in enumerate(chain.steps):
             m.consts[f"c{i}"] = step.const
         m.values["x"] = chain.x
-        key = ("affine_linear", id(node))  # the layer before the chain: the same for all
-        if key in ctx.visit_memo:
-            m.linear = cast(Linear | str | None, ctx.visit_memo[key])
-        else:
-            m.linear = ctx.visit_memo[key] = find_linear(chain.x)
+        linear = _visit_once(ctx, "affine_linear", node, lambda _: find_linear(chain.x))
+        m.linear = cast(Linear | str | None, linear)
         return m if self.accepts(m) else None
 
     def accepts(self, m: C) -> bool:
