@@ -314,3 +314,22 @@ def test_a_replaced_value_whose_node_stays_keeps_its_name():
     assert identity.outputs[0].name != "a"  # "a" still names the Split's output
     split = next(n for n in model.graph if n.op_type == "Split")
     assert split.outputs[0].name == "a"
+
+
+def test_fresh_names_walk_the_model_only_when_a_name_is_made():
+    from opfuse.rewrite.builder import NameScope
+
+    m = model_from_text(f"{HEAD}\ng (float[2] x) => (float[2] y) {{\n a = Neg(x)\n y = Neg(a)\n}}")
+    m.graph.node(0).name = "n0"
+    walked = []
+
+    def graphs():
+        walked.append(1)
+        yield m.graph
+
+    names = NameScope(graphs())
+    names.forget_node("nothing yet")
+    assert walked == []  # a pass that makes nothing never collects the names
+    assert names.value("a") == "a_1" and names.value("x") == "x_1" and names.value("b") == "b"
+    assert names.node("n0") == "n0_1" and names.node("n1") == "n1"
+    assert walked == [1]

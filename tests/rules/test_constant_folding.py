@@ -500,6 +500,7 @@ def test_onnxruntime_evaluates_when_the_reference_evaluator_fails(monkeypatch):
 
     monkeypatch.setattr(_evaluate, "_reference", broken)
     monkeypatch.setattr(_evaluate, "_cache", {})
+    monkeypatch.setattr(_evaluate, "_memo", {})
     m = model("c = Constant<value=float[3] {1,4,9}>()\n r = Sqrt(c)\n y = Add(x, r)")
     optimized, result = check_rule(m, PASS)
     assert effected(result, PASS, "fold") == 1
@@ -566,3 +567,52 @@ def test_folding_keeps_int4_and_uint4_apart():
         if n.op_type == "Add"
     }
     assert folded == {"ya": [-1.0, -7.0], "yb": [15.0, 9.0]}
+
+
+def test_a_fold_repeated_on_the_same_small_inputs_is_evaluated_once(monkeypatch):
+    """A stack of identical blocks folds the same shape arithmetic in every block: the
+    result is remembered by the op and the inputs' bytes, and each copy is its own."""
+    from opfuse.rules import _evaluate
+
+    runs = []
+    real = _evaluate._reference
+
+    def counted(proto):
+        runner = real(proto)
+        return lambda feeds: runs.append(proto.graph.node[0].op_type) or runner(feeds)
+
+    monkeypatch.setattr(_evaluate, "_reference", counted)
+    monkeypatch.setattr(_evaluate, "_cache", {})
+    monkeypatch.setattr(_evaluate, "_memo", {})
+    blocks = "\n".join(
+        f" c{i} = Constant<value=float[3] {{1,4,9}}>()\n r{i} = Sqrt(c{i})\n"
+        f" d{i} = Constant<value=float[3] {{1,4,{9 + i % 2}}}>()\n q{i} = Sqrt(d{i})\n"
+        f" s{i} = Add(r{i}, q{i})\n y{i} = Add({'x' if i == 0 else f'y{i - 1}'}, s{i})"
+        for i in range(4)
+    )
+    m = model(blocks.replace("y3 =", "y ="))
+    optimized, result = check_rule(m, PASS)
+    assert effected(result, PASS, "fold") == 4 * 3
+    # Sqrt of {1,4,9} once, of {1,4,10} once, Add of each distinct pair once
+    assert runs.count("Sqrt") == 2
+    assert runs.count("Add") == 2
+
+
+def test_a_remembered_result_still_meets_the_declared_shape(monkeypatch):
+    from opfuse.rules import _evaluate
+    from opfuse.rules._evaluate import EvaluationError, evaluate
+
+    monkeypatch.setattr(_evaluate, "_memo", {})
+    m = ir.from_onnx_text(
+        f"{HEAD}\ng (float[3] x) => (float[3] y, float[4] z) {{\n"
+        " y = Sqrt(x)\n z = Sqrt(x)\n}"
+    )
+    good, bad = m.graph.node(0), m.graph.node(1)
+    arrays = [np.array([1, 4, 9], np.float32)]
+    assert evaluate(good, arrays, m)[0].tolist() == [1, 2, 3]
+    assert len(_evaluate._memo) == 1
+    with pytest.raises(EvaluationError, match="declared"):
+        evaluate(bad, arrays, m)
+    again = evaluate(good, arrays, m)[0]
+    again[0] = 7  # a copy: the remembered result stays as it was
+    assert evaluate(good, arrays, m)[0].tolist() == [1, 2, 3]

@@ -150,9 +150,10 @@ def load_model(
     graph's Constant nodes become initializers on the protobuf (``model.constants``; how
     many in ``model.meta[LIFTED_KEY]``)."""
     proto, _ = read_proto(path)
+    # lifted first: inference then writes no value_info for them (the tensor says it)
+    lifted = lift_constants(proto) if lift else 0
     if infer:
         proto = infer_proto(proto)
-    lifted = lift_constants(proto) if lift else 0
     model = from_proto(proto)
     if lifted:
         model.meta[LIFTED_KEY] = lifted

@@ -14,19 +14,47 @@ import onnx_ir as ir
 
 
 class NameScope:
-    """Fresh value and node names, unique across the whole model (subgraphs included)."""
+    """Fresh value and node names, unique across the whole model (subgraphs included).
+
+    The model's names are collected at the first use: a pass that makes nothing never
+    walks the model for them."""
 
     def __init__(self, graphs: Iterable[ir.Graph]) -> None:
         """``graphs``: every graph of the model (``PassContext.graphs()``)."""
-        self.values: set[str] = set()
-        self.nodes: set[str] = set()
-        for graph in graphs:
-            self.values.update(v.name for v in graph.inputs if v.name)
-            self.values.update(graph.initializers)
+        self._graphs = graphs
+        self._values: set[str] | None = None
+        self._nodes: set[str] | None = None
+
+    def _collect(self) -> None:
+        values: set[str] = set()
+        nodes: set[str] = set()
+        for graph in self._graphs:
+            values.update(v.name for v in graph.inputs if v.name)
+            values.update(graph.initializers)
             for node in graph:
                 if node.name:
-                    self.nodes.add(node.name)
-                self.values.update(v.name for v in node.outputs if v.name)
+                    nodes.add(node.name)
+                values.update(v.name for v in node.outputs if v.name)
+        self._values, self._nodes = values, nodes
+
+    @property
+    def values(self) -> set[str]:
+        if self._values is None:
+            self._collect()
+        assert self._values is not None
+        return self._values
+
+    @property
+    def nodes(self) -> set[str]:
+        if self._nodes is None:
+            self._collect()
+        assert self._nodes is not None
+        return self._nodes
+
+    def forget_node(self, name: str | None) -> None:
+        """A removed node's name is free again (nothing to do before the first use)."""
+        if self._nodes is not None:
+            self._nodes.discard(name or "")
 
     @staticmethod
     def _fresh(base: str, used: set[str]) -> str:

@@ -185,7 +185,7 @@ class Driver:
             replace_value(old, new)
         removed = _remove_dead(graph, m.nodes)
         for node in removed:
-            self.names.nodes.discard(node.name or "")
+            self.names.forget_node(node.name)
             for inp in node.inputs:
                 if inp is not None and (producer := inp.producer()) is not None:
                     touched.append(producer)

@@ -237,12 +237,20 @@ def evaluate(
         feed_names = [f"i{i}" for i, a in enumerate(arrays) if a is not None] + list(outer)
         values = [a for a in arrays if a is not None] + list(outer.values())
         feeds = dict(zip(feed_names, values, strict=True))
-        return _run(
+        results = _remembered(
             key,
-            lambda: _one_node_model(node, arrays, model, outer)[0],
             feeds,
-            lambda raw: _results(node.outputs, raw),
+            lambda: _run(
+                key,
+                lambda: _one_node_model(node, arrays, model, outer)[0],
+                feeds,
+                lambda raw: _results(node.outputs, raw),
+            ),
         )
+        # a remembered result is checked against this node's declared types and shapes too
+        if _results(node.outputs, list(results)) is None:
+            raise EvaluationError("result type or shape differs from the declared one")
+        return results
     except EvaluationError:
         raise
     except Exception as exc:  # any failure outside the runners too: the node stays as it is
@@ -250,8 +258,8 @@ def evaluate(
 
 
 COMBINE_MIN_OPSET = 14  # numpy-style broadcasting, input-form Slice, bfloat16 arithmetic
-MEMO_BYTES = 256  # evaluate_op results on inputs this small are remembered (shape vectors)
-_memo: dict[tuple, np.ndarray] = {}
+MEMO_BYTES = 256  # results on inputs this small are remembered (shape vectors, scalars)
+_memo: dict[tuple, list[np.ndarray]] = {}
 
 
 def evaluate_op(
@@ -302,17 +310,26 @@ def evaluate_op(
         return [array] if array.dtype == dtype else None
 
     feeds = {n: a for n, a in zip(names, arrays, strict=True) if a is not None}
+    return _remembered(key, feeds, lambda: _run(key, build, feeds, check))[0]
+
+
+def _remembered(
+    key: tuple | None, feeds: Mapping[str, np.ndarray], compute: Callable[[], list[np.ndarray]]
+) -> list[np.ndarray]:
+    """``compute()``, remembered by ``key`` and the feeds' bytes when they are small
+    (shape vectors and scalars: a stack of identical blocks folds the same ones again)."""
     memo = None
-    if sum(a.nbytes for a in feeds.values()) <= MEMO_BYTES:
-        memo = (key, *((a.shape, a.tobytes()) for a in feeds.values()))
+    small = sum(a.nbytes for a in feeds.values()) <= MEMO_BYTES
+    if key is not None and small and all(a.dtype != object for a in feeds.values()):
+        memo = (key, *((name, a.shape, a.tobytes()) for name, a in feeds.items()))
         if memo in _memo:
-            return _memo[memo].copy()
-    result = _run(key, build, feeds, check)[0]
+            return [r.copy() for r in _memo[memo]]
+    results = compute()
     if memo is not None:
         if len(_memo) >= CACHE_LIMIT:
             _memo.clear()
-        _memo[memo] = result.copy()
-    return result
+        _memo[memo] = [r.copy() for r in results]
+    return results
 
 
 def output_bytes(node: ir.Node, arrays: Sequence[np.ndarray | None], model: ir.Model) -> int | None:

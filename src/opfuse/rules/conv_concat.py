@@ -147,7 +147,7 @@ class Merger:
                 replace_value(conv.outputs[0], out)
         for conv in convs:
             graph.remove(conv, safe=True)
-            self.names.nodes.discard(conv.name or "")
+            self.names.forget_node(conv.name)
 
 
 def fuse_sibling_convs(ctx: PassContext) -> None:
