@@ -604,8 +604,7 @@ def test_a_remembered_result_still_meets_the_declared_shape(monkeypatch):
 
     monkeypatch.setattr(_evaluate, "_memo", {})
     m = ir.from_onnx_text(
-        f"{HEAD}\ng (float[3] x) => (float[3] y, float[4] z) {{\n"
-        " y = Sqrt(x)\n z = Sqrt(x)\n}"
+        f"{HEAD}\ng (float[3] x) => (float[3] y, float[4] z) {{\n y = Sqrt(x)\n z = Sqrt(x)\n}}"
     )
     good, bad = m.graph.node(0), m.graph.node(1)
     arrays = [np.array([1, 4, 9], np.float32)]

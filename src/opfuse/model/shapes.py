@@ -92,9 +92,9 @@ def _copy_field(target, field, value) -> None:  # type: ignore[no-untyped-def]
         setattr(target, field.name, value)
 
 
-def infer_shapes(model: ir.Model) -> None:
+def infer_shapes(model: ir.Model) -> int:
     """Fill missing or partial shapes and dtypes of the graph's values (subgraphs too)
-    in place.
+    in place; return how many values it told more of.
 
     Inference failures (custom ops, invalid partial graphs) leave the model as it was.
     """
@@ -111,24 +111,30 @@ def infer_shapes(model: ir.Model) -> None:
             inferred = infer(ir.to_proto(model))
     except Exception as exc:  # onnx raises InferenceError, RuntimeError, ValueError
         logger.info("shape inference failed, shapes left as they are: %s", exc)
-        return
+        return 0
     values: dict[str, ir.Value] = {}
     for graph in all_graphs(model.graph):
         for node in graph:
             for out in node.outputs:
                 if out.name:
                     values[out.name] = out
+    told = 0
     for info in _value_infos(inferred.graph):
         value = values.get(info.name)
         if value is None or not info.type.HasField("tensor_type"):
             continue
         tensor_type = info.type.tensor_type
+        more = False
         if tensor_type.elem_type and value.dtype is None:
             value.dtype = ir.DataType(tensor_type.elem_type)
+            more = True
         if tensor_type.HasField("shape") and _may_know_more(tensor_type.shape, value.shape):
             shape = ir.serde.deserialize_type_proto_for_shape(info.type)
             if shape is not None:
                 value.shape = shape
+                more = True
+        told += more
+    return told
 
 
 def _value_infos(graph: onnx.GraphProto):

@@ -29,6 +29,7 @@ from opfuse.model.graphs import all_graphs
 from opfuse.model.shapes import declare_static_inputs, infer_shapes
 from opfuse.pipeline.gcpause import paused_gc
 from opfuse.pipeline.phases import Phases
+from opfuse.pipeline.rounds import ChangeClock
 from opfuse.pipeline.switch import SwitchTable, parse_switch_file, resolve
 from opfuse.rewrite.context import Options, PassContext
 from opfuse.rewrite.driver import Driver
@@ -304,25 +305,30 @@ def optimize_model(
         return result
     if not shapes_inferred:
         infer_shapes(model)
+    clock = ChangeClock()
     for round_no in range(1, MAX_ROUNDS + 1):
         result.rounds = round_no
         phases.tell(f"optimize: round {round_no}")
         before = log.effected()
         for stage in _stages(runnable):
+            label = "+".join(p.name for p in stage)
+            if not clock.must_run(label, stage):
+                continue
             stage_start = time.perf_counter()
+            stage_before = log.effected()
             if stage[0].rules:
                 Driver(ctx, stage).run()
             else:
                 ctx.current = stage[0]
                 assert stage[0].run is not None
                 stage[0].run(ctx)
-            label = "+".join(p.name for p in stage)
+            clock.ran(label, stage, log.effected() - stage_before)
             took = time.perf_counter() - stage_start
             result.pass_seconds[label] = result.pass_seconds.get(label, 0.0) + took
         if log.effected() == before:
             break
         shapes_start = time.perf_counter()
-        infer_shapes(model)
+        clock.record("shapes", infer_shapes(model))
         took = time.perf_counter() - shapes_start
         result.pass_seconds["(shape inference)"] = (
             result.pass_seconds.get("(shape inference)", 0.0) + took

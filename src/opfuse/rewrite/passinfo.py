@@ -12,6 +12,10 @@ from opfuse.rewrite.rule import Rule
 
 Section = Literal["GraphFusion", "UBFusion"]
 GraphFunction = Callable[[PassContext], None]
+Change = Literal["rewrites", "removals", "shapes"]
+# rewrites: nodes added, replaced or rewired; removals: nodes or initializers nothing
+# reads taken out; shapes: shape inference told more of a value's type or shape
+CHANGES: frozenset[Change] = frozenset(("rewrites", "removals", "shapes"))
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,13 @@ class PassInfo:
     rules: Sequence[Rule] = field(default_factory=tuple)
     run: GraphFunction | None = None
     note: str = ""  # documented caveat (why it is off by default, thresholds)
+    # what a later round must have seen change for this pass to find anything again
+    # (pipeline.rounds skips it otherwise); "removes" only: its own effects are removals
+    reads: frozenset[Change] = CHANGES
+    removes_only: bool = False
+    # a graph pass whose one run leaves nothing for a second run of it (rule passes are
+    # never taken as complete: a rewrite can enable a match the worklist does not revisit)
+    complete: bool = False
 
     def __post_init__(self) -> None:
         if not (self.name[:1].isupper() and self.name.endswith("FusionPass")):

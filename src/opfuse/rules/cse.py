@@ -252,5 +252,8 @@ register(
         "Merge nodes with the same op, attributes and inputs; deduplicate identical "
         "initializers (hash first, bytes compared after)",
         run=eliminate_common_subexpressions,
+        # removing unread nodes cannot make two nodes alike, and the keys hold no shapes
+        reads=frozenset({"rewrites"}),
+        complete=True,  # in node order: a merge's readers are keyed after it, in the same walk
     )
 )

@@ -44,5 +44,9 @@ register(
         "Remove nodes no output needs and unused initializers",
         mandatory=True,
         run=remove_dead_code,
+        # removals can leave nothing new to remove, and shapes do not decide what is dead
+        reads=frozenset({"rewrites"}),
+        removes_only=True,
+        complete=True,  # in reverse order, subgraphs included: one walk removes every dead node
     )
 )
