@@ -16,7 +16,7 @@ from opfuse.rewrite.builder import Builder, NameScope
 from opfuse.rewrite.context import PassContext
 from opfuse.rewrite.edit import replace_value
 from opfuse.rewrite.passinfo import PassInfo
-from opfuse.rewrite.pattern import DEFAULT_DOMAINS, Match, const_array
+from opfuse.rewrite.pattern import DEFAULT_DOMAINS, FLOATING, Match, const_array
 from opfuse.rewrite.rule import Rule
 
 REWRITE_BUDGET_PER_NODE = 8
@@ -42,7 +42,7 @@ def common_check(rule: Rule, m: Match) -> str | None:
                 if any(id(user) not in inside for user, _ in out.uses()):
                     return f"{node.op_type} {node.name!r} output has another consumer"
     root_dtype = m.root.outputs[0].dtype if m.root.outputs else None
-    if root_dtype is not None and root_dtype.is_floating_point():
+    if root_dtype in FLOATING:
         for name, array in m.consts.items():
             if np.issubdtype(array.dtype, np.floating) and array.dtype != root_dtype.numpy():
                 return f"constant {name!r} is {array.dtype}, the output is {root_dtype}"

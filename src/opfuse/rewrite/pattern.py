@@ -38,6 +38,8 @@ import onnx_ir as ir
 from opfuse.model.graphs import DEFAULT_DOMAINS
 
 COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "And", "Or", "Xor", "Equal"})
+# DataType.is_floating_point() as a set: the driver asks it of every match's root
+FLOATING = frozenset(t for t in ir.DataType if t.is_floating_point())
 
 
 def const_array(value: ir.Value | None) -> np.ndarray | None:

@@ -18,7 +18,7 @@ import numpy as np
 import onnx_ir as ir
 
 from opfuse.rewrite import Builder, Match, PassContext, Rule
-from opfuse.rewrite.pattern import const_array
+from opfuse.rewrite.pattern import FLOATING, const_array
 from opfuse.rules._util import DEFAULT_DOMAINS, attr, producer, rank
 
 LINEAR_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
@@ -247,7 +247,7 @@ def affine_step(node: ir.Node) -> Step | None:
     if len(node.inputs) != 2 or any(v is None for v in node.inputs):
         return None
     dtype = node.outputs[0].dtype
-    if dtype is not None and not dtype.is_floating_point():
+    if dtype is not None and dtype not in FLOATING:
         return None
     a, b = node.inputs
     ca, cb = const_array(a), const_array(b)
@@ -255,13 +255,14 @@ def affine_step(node: ir.Node) -> Step | None:
         return None
     const = cb if cb is not None else ca
     assert const is not None
-    if not np.issubdtype(const.dtype, np.floating) or not np.all(np.isfinite(const)):
+    # numpy's own floats (kind "f"; bfloat16 and the float8s are not numpy floating)
+    if const.dtype.kind != "f" or not np.isfinite(const).all():
         return None
     x = a if cb is not None else b
     assert x is not None
     op = node.op_type
     if op == "Div":
-        if cb is None or np.any(const == 0):
+        if cb is None or (const == 0).any():
             return None
         return Step(node, x, const, "div")
     if op == "Sub":

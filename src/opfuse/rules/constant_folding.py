@@ -18,6 +18,7 @@ subgraphs that read non-constant values from the enclosing graph.
 
 from __future__ import annotations
 
+import math
 from functools import cache
 
 import numpy as np
@@ -109,10 +110,10 @@ def _freed_bytes(node: ir.Node, arrays: list[np.ndarray | None]) -> int:
 def _static_bytes(value: ir.Value) -> int | None:
     if value.shape is None or value.dtype is None:
         return None
-    if not all(isinstance(d, int) for d in value.shape):
+    dims = value.shape.dims
+    if not all(isinstance(d, int) for d in dims):
         return None
-    count = int(np.prod([int(d) for d in value.shape], dtype=np.int64))  # type: ignore[arg-type]
-    return int(np.ceil(count * value.dtype.itemsize))
+    return math.ceil(math.prod(dims) * value.dtype.itemsize)  # type: ignore[arg-type]
 
 
 def _kept_bytes(node: ir.Node, arrays: list[np.ndarray | None]) -> int | None:

@@ -42,9 +42,14 @@ def _chunks(value: ir.Value):
     return (flat[i : i + step].tobytes() for i in range(0, max(1, flat.size), step))
 
 
+_IN_MEMORY = (ir.Tensor, ir.serde.TensorProtoTensor)  # nothing to unmap (the common case)
+
+
 def _release(value: ir.Value) -> None:
     """Unmap an external weight once read, so its pages leave the process's memory."""
     tensor = value.const_value
+    if type(tensor) in _IN_MEMORY:
+        return  # answered without isinstance's protocol machinery
     if isinstance(tensor, ir.ExternalTensor):
         with contextlib.suppress(BufferError):
             tensor.release()
@@ -108,7 +113,7 @@ def dedupe_initializers(graph: ir.Graph) -> int:
         tensor = value.const_value
         if tensor is None or value.is_graph_input() or value.is_graph_output():
             continue
-        groups[(tensor.dtype, tuple(tensor.shape))].append(value)
+        groups[(tensor.dtype, _dims(tensor))].append(value)
     small = [v for v in groups.values() if len(v) > 1 and _nbytes(v[0]) <= SMALL_BYTES]
     large = [v for v in groups.values() if len(v) > 1 and _nbytes(v[0]) > SMALL_BYTES]
     duplicates = [
@@ -120,6 +125,12 @@ def dedupe_initializers(graph: ir.Graph) -> int:
         assert value.name is not None
         graph.initializers.pop(value.name)
     return len(duplicates)
+
+
+def _dims(tensor: ir.TensorProtocol) -> tuple[object, ...]:
+    if type(tensor) is ir.serde.TensorProtoTensor:
+        return tuple(tensor.raw.dims)  # read on the protobuf: .shape builds a Shape a call
+    return tuple(tensor.shape)
 
 
 def _nbytes(value: ir.Value) -> int:
