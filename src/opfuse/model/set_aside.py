@@ -29,6 +29,7 @@ import onnx
 import onnx_ir as ir
 from onnx import numpy_helper
 
+from opfuse.model import value_info
 from opfuse.model.graphs import proto_graphs
 
 META_KEY = "opfuse.set_aside"
@@ -143,7 +144,7 @@ def set_aside(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, SetAside]:
 def from_proto(proto: onnx.ModelProto) -> ir.Model:
     """``ir.from_proto``, with what onnx-ir cannot hold set aside in ``model.meta``."""
     proto, aside = set_aside(proto)
-    model = ir.serde.deserialize_model(proto)
+    model = value_info.deserialize_model(proto)
     if aside:
         model.meta[META_KEY] = aside
     return model
