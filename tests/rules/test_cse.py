@@ -278,3 +278,55 @@ def test_constants_of_onnx_types_sharing_a_numpy_dtype_stay_apart(first, second)
     run_passes(model, PASS)
     casts = [n for n in model.graph if n.op_type == "Cast"]
     assert len({id(n.inputs[0]) for n in casts}) == 2
+
+
+# --- equal constants shared as rewrites make them (rewrite.builder.SharedConstants) --------
+
+FOLDING = "ConstantFoldingFusionPass"
+SIXES = (
+    "a = Constant<value=float[1] {10}>()\n b = Constant<value=float[1] {4}>()\n"
+    " c = Constant<value=float[1] {9}>()\n d = Constant<value=float[1] {3}>()\n"
+    " s = Sub(a, b)\n t = Sub(c, d)\n u = Add(x, s)\n y = Mul(u, t)"
+)
+
+
+def _readers_of_the_sixes(m: ir.Model) -> set[int]:
+    return {id(n.inputs[1]) for n in m.graph if n.op_type in ("Add", "Mul")}
+
+
+def test_folds_to_equal_constants_share_one_initializer_when_merging_is_on():
+    m = model(SIXES)
+    optimized, result = check_rule(m, FOLDING, PASS)
+    assert effected(result, FOLDING, "fold") == 2
+    # the second fold read the first one's initializer: nothing left for CSE to merge
+    assert effected(result, PASS, "duplicate_initializers") == 0
+    assert len(_readers_of_the_sixes(optimized)) == 1
+    assert list(optimized.graph.initializers) == ["s"]
+
+
+def test_without_merging_equal_constants_stay_apart():
+    m = model(SIXES)
+    optimized, result = check_rule(m, FOLDING)
+    assert effected(result, FOLDING, "fold") == 2
+    assert len(_readers_of_the_sixes(optimized)) == 2
+
+
+def test_shared_constants_are_exact_and_live_in_their_graph():
+    from opfuse.rewrite.builder import SharedConstants
+
+    g = ir.Graph([], [], nodes=[])
+    zero, minus_zero = np.array([0.0], np.float32), np.array([-0.0], np.float32)
+    assert SharedConstants.key(g, zero) != SharedConstants.key(g, minus_zero)
+    assert SharedConstants.key(g, zero) != SharedConstants.key(g, zero.astype(np.float64))
+    assert SharedConstants.key(g, np.zeros(1000, np.float32)) is None  # large: not shared
+    assert SharedConstants.key(g, np.array(["a"])) is None  # not numeric
+    shared = SharedConstants()
+    key = SharedConstants.key(g, zero)
+    assert key is not None
+    value = ir.Value(name="z", const_value=ir.Tensor(zero))
+    g.register_initializer(value)
+    shared.remember(key, value)
+    assert shared.get(key, g) is value
+    assert shared.get(key, ir.Graph([], [], nodes=[])) is None  # another graph's
+    g.initializers.pop("z")  # dropped (dead code): never handed out again
+    assert shared.get(key, g) is None

@@ -31,6 +31,7 @@ from opfuse.pipeline.gcpause import paused_gc
 from opfuse.pipeline.phases import Phases
 from opfuse.pipeline.rounds import ChangeClock
 from opfuse.pipeline.switch import SwitchTable, parse_switch_file, resolve
+from opfuse.rewrite.builder import SharedConstants
 from opfuse.rewrite.context import Options, PassContext
 from opfuse.rewrite.driver import Driver
 from opfuse.rewrite.registry import PassInfo
@@ -43,6 +44,7 @@ from opfuse.verification.messages import failure_message, inputs_text, worst_sha
 
 MAX_ROUNDS = 6
 CONSTANT_FOLDING = "ConstantFoldingFusionPass"  # its constant_node rule's lifts run at load
+COMMON_SUBEXPRESSIONS = "CommonSubexpressionFusionPass"  # on: rewrites share equal constants
 logger = logging.getLogger("opfuse")
 ModelT = TypeVar("ModelT")
 
@@ -289,6 +291,8 @@ def optimize_model(
             (warnings if info.name in asked else skipped).append(why)
             continue
         runnable.append(info)
+    if any(p.name == COMMON_SUBEXPRESSIONS for p in runnable):
+        ctx.shared_constants = SharedConstants()  # the copies it would merge are never made
     result = OptimizeResult(
         model, log, [p.name for p in runnable], warnings=warnings, skipped=skipped, notes=ctx.notes
     )

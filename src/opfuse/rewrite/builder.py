@@ -72,12 +72,49 @@ class NameScope:
         return self._fresh(base, self.nodes)
 
 
+SHARED_CONSTANT_BYTES = 256  # constants up to this size are shared (shape vectors, scalars)
+ConstantKey = tuple[int, np.dtype, tuple[int, ...], bytes]
+
+
+class SharedConstants:
+    """One initializer per graph for the equal small constants rewrites make.
+
+    A stack of identical blocks folds the same shape vectors and scalars in every block;
+    common-subexpression elimination would merge the copies at the end of the round, so
+    the pipeline shares them from the start when that pass is on (never otherwise: equal
+    constants then stay apart). Numeric numpy dtypes only; equal means the same dtype,
+    shape and bytes (0.0 and -0.0 stay apart)."""
+
+    def __init__(self) -> None:
+        self._values: dict[ConstantKey, ir.Value] = {}
+
+    @staticmethod
+    def key(graph: ir.Graph | None, array: np.ndarray) -> ConstantKey | None:
+        if graph is None or array.nbytes > SHARED_CONSTANT_BYTES or array.dtype.kind not in "biuf":
+            return None
+        return (id(graph), array.dtype, array.shape, array.tobytes())
+
+    def get(self, key: ConstantKey, graph: ir.Graph) -> ir.Value | None:
+        """The initializer made for ``key`` while it is still one of ``graph``'s."""
+        value = self._values.get(key)
+        return value if value is not None and value.graph is graph else None
+
+    def remember(self, key: ConstantKey, value: ir.Value) -> None:
+        """``value`` (an initializer just registered) holds the constant of ``key``."""
+        self._values[key] = value
+
+
 class Builder:
-    def __init__(self, root: ir.Node, names: NameScope) -> None:
+    def __init__(
+        self, root: ir.Node, names: NameScope, shared: SharedConstants | None = None
+    ) -> None:
         self.root = root
         self.names = names
         self.nodes: list[ir.Node] = []
         self.initializers: list[ir.Value] = []
+        self.shared = shared
+        # the shareable constants this rewrite made: remembered once it is committed
+        self.shareable: list[tuple[ConstantKey, ir.Value]] = []
 
     def op(
         self,
@@ -150,11 +187,21 @@ class Builder:
         return value
 
     def const(self, array: np.ndarray | Iterable[Any], name: str, dtype: Any = None) -> ir.Value:
-        """A new initializer holding ``array``."""
+        """An initializer holding ``array``: a new one, or with ``shared`` the graph's
+        initializer of an equal small constant a committed rewrite made."""
         arr = np.asarray(array, dtype=dtype)
+        key = None
+        if self.shared is not None and (key := self.shared.key(self.root.graph, arr)):
+            assert self.root.graph is not None
+            existing = self.shared.get(key, self.root.graph)
+            if existing is not None:
+                return existing
         # ir.Tensor directly: ir.tensor's Protocol isinstance checks cost 0.1 ms a call
         tensor = ir.tensor(arr) if arr.dtype.kind in "OSU" else ir.Tensor(arr)
-        return self.const_tensor(tensor, name)
+        value = self.const_tensor(tensor, name)
+        if key is not None:
+            self.shareable.append((key, value))
+        return value
 
 
 def constant_value(array: np.ndarray, b: Builder, old: ir.Value, like: ir.Node) -> ir.Value:

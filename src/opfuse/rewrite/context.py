@@ -9,6 +9,7 @@ from typing import Protocol
 import onnx_ir as ir
 
 from opfuse.model.graphs import all_graphs, node_graphs, subgraphs
+from opfuse.rewrite.builder import SharedConstants
 from opfuse.rewrite.stats import EffectLog, PatternStats
 
 DEFAULT_FOLD_SIZE_LIMIT = 1 << 20
@@ -48,6 +49,9 @@ class PassContext:
         # there): shared by them, emptied by the driver before each node and each change
         self.visit_memo: dict[tuple[str, int], object] = {}
         self._flat: bool | None = None  # no node holds a graph (known after one walk)
+        # equal small constants the rewrites make, one initializer each (the pipeline
+        # sets it when common-subexpression elimination is on: Builder.const)
+        self.shared_constants: SharedConstants | None = None
 
     @property
     def opset(self) -> int:

@@ -151,7 +151,7 @@ class Driver:
         if reason:
             stats.add_reason(reason, node.name)
             return None
-        b = Builder(node, self.names)
+        b = Builder(node, self.names, self.ctx.shared_constants)
         replacement = rule.rewrite(m, b, self.ctx)
         pairs = _pairs(node, replacement)
         reason = _commit_check(pairs, graph)
@@ -168,6 +168,9 @@ class Driver:
     ) -> list[ir.Node]:
         for init in b.initializers:
             graph.register_initializer(init)
+        if b.shared is not None:
+            for key, value in b.shareable:
+                b.shared.remember(key, value)
         if b.nodes:
             graph.insert_before(m.root, b.nodes)
             self.ctx.added(b.nodes)
