@@ -110,10 +110,10 @@ def _freed_bytes(node: ir.Node, arrays: list[np.ndarray | None]) -> int:
 def _static_bytes(value: ir.Value) -> int | None:
     if value.shape is None or value.dtype is None:
         return None
-    dims = value.shape.dims
-    if not all(isinstance(d, int) for d in dims):
+    dims = [d for d in value.shape.dims if isinstance(d, int)]
+    if len(dims) != len(value.shape):
         return None
-    return math.ceil(math.prod(dims) * value.dtype.itemsize)  # type: ignore[arg-type]
+    return math.ceil(math.prod(dims) * value.dtype.itemsize)
 
 
 def _kept_bytes(node: ir.Node, arrays: list[np.ndarray | None]) -> int | None:
