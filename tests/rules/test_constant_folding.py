@@ -615,3 +615,35 @@ def test_a_remembered_result_still_meets_the_declared_shape(monkeypatch):
     again = evaluate(good, arrays, m)[0]
     again[0] = 7  # a copy: the remembered result stays as it was
     assert evaluate(good, arrays, m)[0].tolist() == [1, 2, 3]
+
+
+def test_a_constant_read_by_many_folds_is_not_listed_at_each(monkeypatch):
+    """One axes initializer read by N Unsqueezes of constants (a model whose constants
+    onnxsim or onnxslim already merged): each fold asks whether it frees its inputs.
+    Listing the shared constant's readers at every fold would be quadratic in N; the
+    readers listed in the whole run must stay linear."""
+    n = 300
+    listed = [0]
+    real = ir.Value.uses
+
+    def counted(self):
+        uses = real(self)
+        if self.name == "axes":
+            listed[0] += len(uses)
+        return uses
+
+    monkeypatch.setattr(ir.Value, "uses", counted)
+    body = "\n".join(
+        f" c{i} = Constant<value=float {{{i}}}>()\n u{i} = Unsqueeze(c{i}, axes)\n"
+        f" y{i} = Add({'x' if i == 0 else f'y{i - 1}'}, u{i})"
+        for i in range(n)
+    )
+    m = model(
+        body.replace(f"y{n - 1} =", "y ="),
+        inputs="float[1] x",
+        outputs="float[1] y",
+        inits={"axes": np.array([0], np.int64)},
+    )
+    result = run_passes(m, PASS)
+    assert effected(result, PASS, "fold") == n
+    assert listed[0] < 10 * n, listed[0]

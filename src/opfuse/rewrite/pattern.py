@@ -42,6 +42,13 @@ COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "And", "Or", "Xor", 
 FLOATING = frozenset(t for t in ir.DataType if t.is_floating_point())
 
 
+def use_count(value: ir.Value) -> int:
+    """How many node inputs read ``value``, without building ``uses()``'s tuple (a
+    constant shared by thousands of nodes would make asking it at each of them quadratic)."""
+    uses = getattr(value, "_uses", None)  # onnx-ir's own record of them
+    return len(uses) if isinstance(uses, dict) else len(value.uses())
+
+
 def const_array(value: ir.Value | None) -> np.ndarray | None:
     """The constant behind a value (initializer or Constant node), as numpy, else None.
 

@@ -28,7 +28,7 @@ import onnx_ir as ir
 from opfuse.model.graphs import all_graphs, node_graphs
 from opfuse.rewrite import Builder, Match, Op, PassContext, Rule
 from opfuse.rewrite.builder import constant_value
-from opfuse.rewrite.pattern import const_array
+from opfuse.rewrite.pattern import const_array, use_count
 from opfuse.rewrite.registry import PassInfo, register
 from opfuse.rules._evaluate import (
     FOLD_GROWTH_ALLOWANCE,
@@ -101,8 +101,9 @@ def _freed_bytes(node: ir.Node, arrays: list[np.ndarray | None]) -> int:
         if v is None or array is None or id(v) in seen:
             continue
         seen.add(id(v))
-        users = {id(u) for u, _ in v.uses()}
-        if users == {id(node)} and not v.is_graph_output():
+        # only this node reads it: its reads are all the value's uses (counted, not listed)
+        reads = sum(1 for x in node.inputs if x is v)
+        if use_count(v) == reads and not v.is_graph_output():
             total += array.nbytes
     return total
 
