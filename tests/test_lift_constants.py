@@ -14,7 +14,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
-from opfuse.model.constants import lift_constants
+from opfuse.model.constants import Lifted, lift_constants
 from opfuse.pipeline.run import OptimizeResult, optimize_file, optimize_model
 
 
@@ -74,7 +74,7 @@ def outputs(model: onnx.ModelProto) -> list[np.ndarray]:
 def test_plain_constants_become_initializers_and_nothing_else_moves():
     model = constants_model()
     before = outputs(model)
-    assert lift_constants(model) == 2  # shape and bias
+    assert lift_constants(model) == Lifted(2)  # shape and bias
     onnx.checker.check_model(model)
     assert [t.name for t in model.graph.initializer] == ["shape", "bias"]
     assert [n.name for n in model.graph.node] == [
@@ -89,12 +89,12 @@ def test_plain_constants_become_initializers_and_nothing_else_moves():
     assert [n.op_type for n in branch.node] == ["Constant", "Mul"]  # the branch keeps its own
     for got, want in zip(outputs(model), before, strict=True):
         np.testing.assert_array_equal(got, want)
-    assert lift_constants(model) == 0  # idempotent
+    assert lift_constants(model) == Lifted(0)  # idempotent
 
 
 def test_ir_version_3_keeps_its_constants():
     model = constants_model(ir_version=3)
-    assert lift_constants(model) == 0
+    assert lift_constants(model) == Lifted(0)
     assert sum(n.op_type == "Constant" for n in model.graph.node) == 4
 
 
@@ -132,3 +132,115 @@ def test_no_lift_when_the_pass_is_off(tmp_path: Path):
     written = onnx.load(str(tmp_path / "out.onnx"))
     assert sum(n.op_type == "Constant" for n in written.graph.node) == 4
     assert not [s for s in result.log if s.pattern == "constant_node"]
+
+
+def duplicates_model() -> onnx.ModelProto:
+    """Constants a (2.0, raw bytes), b (2.0, raw bytes: equal to a), c (2.0 as float_data:
+    left to CSE), d (3.0) that Max/Min read (nothing folds them); an If branch reads b by
+    name; b has an exporter value_info."""
+
+    def const(name: str, tensor: onnx.TensorProto) -> onnx.NodeProto:
+        return h.make_node("Constant", [], [name], name=f"c_{name}", value=tensor)
+
+    two = numpy_helper.from_array(np.array([2.0], np.float32))
+    two_floats = h.make_tensor("t", T.FLOAT, [1], [2.0])  # float_data, not raw_data
+    then_branch = h.make_graph(
+        [h.make_node("Mul", ["w", "b"], ["z_then"])],
+        "then",
+        [],
+        [h.make_tensor_value_info("z_then", T.FLOAT, [1])],
+    )
+    else_branch = h.make_graph(
+        [h.make_node("Identity", ["w"], ["z_else"])],
+        "else",
+        [],
+        [h.make_tensor_value_info("z_else", T.FLOAT, [1])],
+    )
+    nodes = [
+        const("a", two),
+        const("b", two),
+        const("c", two_floats),
+        const("d", numpy_helper.from_array(np.array([3.0], np.float32))),
+        h.make_node("Max", ["x", "a"], ["u"], name="max"),
+        h.make_node("Min", ["u", "b"], ["v"], name="min"),
+        h.make_node("Max", ["v", "c"], ["s"], name="max_c"),
+        h.make_node("Min", ["s", "d"], ["w"], name="min_d"),
+        h.make_node("If", ["flag"], ["z"], name="branch", then_branch=then_branch,
+                    else_branch=else_branch),
+    ]  # fmt: skip
+    graph = h.make_graph(
+        nodes,
+        "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [1]), h.make_tensor_value_info("flag", T.BOOL, [])],
+        [h.make_tensor_value_info("z", T.FLOAT, [1])],
+        value_info=[h.make_tensor_value_info("b", T.FLOAT, [1])],
+    )
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+def run_duplicates(model: onnx.ModelProto) -> np.ndarray:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": np.array([1.0], np.float32), "flag": np.array(True)})[0]
+
+
+def test_equal_raw_constants_merge_as_they_are_lifted():
+    model = duplicates_model()
+    before = run_duplicates(model)
+    assert lift_constants(model, merge=True) == Lifted(4, merged=1)
+    onnx.checker.check_model(model, full_check=True)
+    assert [t.name for t in model.graph.initializer] == ["a", "c", "d"]
+    low = next(n for n in model.graph.node if n.name == "min")
+    assert list(low.input) == ["u", "a"]
+    branch = next(a.g for a in model.graph.node[-1].attribute if a.name == "then_branch")
+    assert list(branch.node[0].input) == ["w", "a"]  # the branch reads the outer name
+    assert not [i for i in model.graph.value_info if i.name == "b"]
+    np.testing.assert_array_equal(run_duplicates(model), before)
+
+
+def test_without_merge_equal_constants_stay_apart():
+    model = duplicates_model()
+    assert lift_constants(model) == Lifted(4)
+    assert [t.name for t in model.graph.initializer] == ["a", "b", "c", "d"]
+
+
+def test_an_annotated_constant_is_not_merged():
+    model = duplicates_model()
+    model.graph.quantization_annotation.add(tensor_name="b")
+    assert lift_constants(model, merge=True) == Lifted(4, merged=0)
+
+
+def _log(result: OptimizeResult, pattern: str) -> tuple[int, int]:
+    stats = next(s for s in result.log if s.pattern == pattern)
+    return stats.matched, stats.effected
+
+
+def test_optimize_file_merges_as_common_subexpressions_would(tmp_path: Path):
+    """The file path merges equal Constants as it lifts them, the in-memory path lets
+    CSE merge them after the first stage: the same graph and the same log."""
+    model = duplicates_model()
+    src = tmp_path / "m.onnx"
+    onnx.save(model, src)
+    on_file = optimize_file(src, tmp_path / "out.onnx", verify=False)
+    in_memory = optimize_model(ir.from_proto(model))
+    written = onnx.load(str(tmp_path / "out.onnx"))
+    kept = ir.to_proto(in_memory.model)
+    assert [n.op_type for n in written.graph.node] == [n.op_type for n in kept.graph.node]
+    assert sorted(t.name for t in written.graph.initializer) == sorted(
+        t.name for t in kept.graph.initializer
+    )
+    # b merged at load on the file path, by CSE in memory; c (float_data) by CSE on both
+    assert _log(on_file, "duplicate_initializers") == _log(in_memory, "duplicate_initializers")
+    assert _log(on_file, "duplicate_initializers") == (2, 2)
+    assert on_file.before == in_memory.before and on_file.after == in_memory.after
+    np.testing.assert_array_equal(run_duplicates(written), run_duplicates(model))
+
+
+def test_no_merge_when_common_subexpressions_are_off(tmp_path: Path):
+    src = tmp_path / "m.onnx"
+    onnx.save(duplicates_model(), src)
+    result = optimize_file(
+        src, tmp_path / "out.onnx", verify=False, disable=["CommonSubexpressionFusionPass"]
+    )
+    written = onnx.load(str(tmp_path / "out.onnx"))
+    assert {"a", "b"} <= {t.name for t in written.graph.initializer}
+    assert not [s for s in result.log if s.pattern == "duplicate_initializers"]

@@ -22,7 +22,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from opfuse.errors import OpfuseError, first_line
-from opfuse.model.constants import LIFTED_KEY, lift_constants
+from opfuse.model.constants import LIFTED_KEY, MERGED_KEY, Lifted, lift_constants
 from opfuse.model.graphs import DEFAULT_DOMAINS, all_graphs
 from opfuse.model.set_aside import META_KEY, SetAside, from_proto, restore
 from opfuse.model.set_aside import (
@@ -141,22 +141,25 @@ def default_opset(proto: onnx.ModelProto) -> int | None:
 
 
 def load_model(
-    path: str | os.PathLike[str], *, infer: bool = False, lift: bool = False
+    path: str | os.PathLike[str], *, infer: bool = False, lift: bool = False, merge: bool = False
 ) -> ir.Model:
     """Load a checked model into onnx-ir; external tensors stay lazy (memory-mapped).
 
     ``infer``: run shape inference on the parsed protobuf first, so the values arrive
     typed and shaped without serializing the model back for it. ``lift``: the main
     graph's Constant nodes become initializers on the protobuf (``model.constants``; how
-    many in ``model.meta[LIFTED_KEY]``)."""
+    many in ``model.meta[LIFTED_KEY]``), equal ones merged with ``merge`` (how many in
+    ``model.meta[MERGED_KEY]``)."""
     proto, _ = read_proto(path)
     # lifted first: inference then writes no value_info for them (the tensor says it)
-    lifted = lift_constants(proto) if lift else 0
+    lifted = lift_constants(proto, merge=merge) if lift else Lifted(0)
     if infer:
         proto = infer_proto(proto)
     model = from_proto(proto)
-    if lifted:
-        model.meta[LIFTED_KEY] = lifted
+    if lifted.constants:
+        model.meta[LIFTED_KEY] = lifted.constants
+    if lifted.merged:
+        model.meta[MERGED_KEY] = lifted.merged
     ir.external_data.set_base_dir(model.graph, os.path.dirname(os.path.abspath(path)))
     return model
 

@@ -24,7 +24,7 @@ import onnx_ir as ir
 
 from opfuse.errors import OpfuseError, VerificationError, first_line
 from opfuse.model import io
-from opfuse.model.constants import LIFTED_KEY
+from opfuse.model.constants import LIFTED_KEY, MERGED_KEY
 from opfuse.model.graphs import all_graphs
 from opfuse.model.shapes import declare_static_inputs, infer_shapes
 from opfuse.pipeline.gcpause import paused_gc
@@ -38,6 +38,7 @@ from opfuse.rewrite.registry import PassInfo
 from opfuse.rewrite.stats import EffectLog
 from opfuse.rules import all_passes, get_pass
 from opfuse.rules.constant_folding import ConstantNodeRule
+from opfuse.rules.cse import DUPLICATE_INITIALIZERS
 from opfuse.verification.bisect import first_bad_pass
 from opfuse.verification.compare import VerifyReport, check_feeds, compare_files, session
 from opfuse.verification.messages import failure_message, inputs_text, worst_share
@@ -299,6 +300,7 @@ def optimize_model(
     result.left_alone = io.set_aside_notes(model)
     result.before = op_counts(model)
     lifted = int(model.meta.pop(LIFTED_KEY, 0))  # the loader lifted them for the rule
+    merged = int(model.meta.pop(MERGED_KEY, 0))  # and merged the equal ones for CSE
     if lifted:
         result.before["Constant"] += lifted
     unchanged = io.must_pass_unchanged(model)
@@ -338,21 +340,24 @@ def optimize_model(
             result.pass_seconds.get("(shape inference)", 0.0) + took
         )
     ctx.current = None
-    if lifted:
-        _record_lifted(ctx, passes, lifted)
+    _record_load_work(ctx, passes, CONSTANT_FOLDING, ConstantNodeRule.name, lifted)
+    _record_load_work(ctx, passes, COMMON_SUBEXPRESSIONS, DUPLICATE_INITIALIZERS, merged)
     result.after = op_counts(model)
     result.seconds = time.perf_counter() - start
     return result
 
 
-def _record_lifted(ctx: PassContext, passes: list[PassInfo], lifted: int) -> None:
-    """The Constants the loader lifted (``io.load_model(lift=True)``), in the effect log
-    as the rule that would have lifted them (its line exists once its stage has run)."""
-    info = next((p for p in passes if p.name == CONSTANT_FOLDING), None)
-    if info is not None:
-        stats = ctx.entry(ConstantNodeRule.name, info)
-        stats.matched += lifted
-        stats.effected += lifted
+def _record_load_work(
+    ctx: PassContext, passes: list[PassInfo], pass_name: str, pattern: str, count: int
+) -> None:
+    """What the loader did for a pass (``io.load_model(lift=True, merge=True)``: the
+    Constants lifted, the equal ones merged), in the effect log as the pattern that would
+    have done it (its line exists once its pass has run)."""
+    info = next((p for p in passes if p.name == pass_name), None)
+    if count and info is not None:
+        stats = ctx.entry(pattern, info)
+        stats.matched += count
+        stats.effected += count
 
 
 def optimize_file(
@@ -402,10 +407,11 @@ def optimize_file(
         raise OpfuseError("--static-shapes needs --input-shape NAME:D0,D1,... for the inputs")
 
     lift = any(p.name == CONSTANT_FOLDING for p in chosen)  # the rule's lifts, done at load
+    merge = lift and any(p.name == COMMON_SUBEXPRESSIONS for p in chosen)  # and CSE's merges
 
     def load() -> ir.Model:
         """The input model, its inputs re-declared static with ``static_shapes``."""
-        loaded = io.load_model(input_path, infer=not static_shapes, lift=lift)
+        loaded = io.load_model(input_path, infer=not static_shapes, lift=lift, merge=merge)
         if static_shapes:
             declare_static_inputs(loaded, dict(input_shapes or {}))
         return loaded

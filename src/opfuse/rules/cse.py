@@ -30,6 +30,7 @@ CSE_CONSTANT_NODE_LIMIT = 64  # elements: Constant nodes up to this size are mer
 CHUNK = 1 << 24  # bytes hashed or compared at a time: large weights are never copied whole
 SMALL_BYTES = 1 << 16  # weights up to this size are compared by their bytes as dict keys
 SAMPLE = 16  # elements compared at the start, middle and end before hashing a whole weight
+DUPLICATE_INITIALIZERS = "duplicate_initializers"  # the pattern name (the loader's merges too)
 
 
 def _chunks(value: ir.Value):
@@ -250,11 +251,9 @@ def merge_common_subexpressions(graph: ir.Graph, opset: int) -> int:
 
 def eliminate_common_subexpressions(ctx: PassContext) -> None:
     dropped = sum(dedupe_initializers(g) for g in ctx.graphs())
-    if dropped:
-        ctx.record("duplicate_initializers", dropped, dropped)
+    ctx.record(DUPLICATE_INITIALIZERS, dropped, dropped)  # a log line, zero or not
     merged = sum(merge_common_subexpressions(g, ctx.opset) for g in list(ctx.graphs()))
-    if merged:
-        ctx.record("common_subexpression", merged, merged)
+    ctx.record("common_subexpression", merged, merged)
 
 
 register(
