@@ -4,8 +4,8 @@ Rounds repeat every stage until nothing changes, so the last round mostly confir
 fixpoint. A stage that left nothing to do for itself (it changed nothing, or it is a
 graph pass declared ``complete``) and has seen no change of a kind it ``reads`` since
 then would find nothing again, and is skipped: on a 40,000-node transformer stack the
-confirming round skips common-subexpression and dead-code removal, whose last runs were
-followed only by removals and shape refinements they do not read.
+confirming round skips dead-code removal, whose last run was followed only by shape
+refinements (which it does not read) and a common-subexpression run that changed nothing.
 """
 
 from __future__ import annotations

@@ -262,8 +262,9 @@ register(
         "Merge nodes with the same op, attributes and inputs; deduplicate identical "
         "initializers (hash first, bytes compared after)",
         run=eliminate_common_subexpressions,
-        # removing unread nodes cannot make two nodes alike, and the keys hold no shapes
-        reads=frozenset({"rewrites"}),
+        # the keys hold no shapes; dead-code removal can make two nodes alike (it trims a
+        # node's unused optional outputs and trailing empty inputs), so removals count
+        reads=frozenset({"rewrites", "removals"}),
         complete=True,  # in node order: a merge's readers are keyed after it, in the same walk
     )
 )
