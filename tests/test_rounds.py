@@ -92,3 +92,18 @@ def test_after_a_merge_every_rule_stage_runs_again(monkeypatch):
     assert op_types(m) == {"Neg": 1, "Sub": 1}
     again = optimize_model(m)  # a fixpoint: nothing left for a second run
     assert again.log.effected() == 0
+
+
+def test_nodes_made_alike_by_dead_code_removal_merge_in_the_next_round():
+    # MaxPool a has an unused Indices output, b none: not alike for CSE in round 1; dead
+    # code removal trims a's Indices (and removes the unused Neg), so round 2 merges them
+    m = model_from_text(
+        f"{HEAD}\ng (float[1,1,4,4] x) => (float[1,1,2,2] y) {{\n"
+        " p, i = MaxPool<kernel_shape=[2,2], strides=[2,2]>(x)\n"
+        " q = MaxPool<kernel_shape=[2,2], strides=[2,2]>(x)\n"
+        " unused = Neg(x)\n y = Add(p, q)\n}"
+    )
+    optimize_model(
+        m, switch_table={"GraphFusion": {"ALL": False, "CommonSubexpressionFusionPass": True}}
+    )
+    assert op_types(m) == {"MaxPool": 1, "Add": 1}
