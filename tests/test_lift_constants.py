@@ -244,3 +244,64 @@ def test_no_merge_when_common_subexpressions_are_off(tmp_path: Path):
     written = onnx.load(str(tmp_path / "out.onnx"))
     assert {"a", "b"} <= {t.name for t in written.graph.initializer}
     assert not [s for s in result.log if s.pattern == "duplicate_initializers"]
+
+
+def test_a_name_a_subgraph_declares_is_never_merged():
+    """c1 and c2 are equal, but a Loop body's own input is named c2: renaming the body's
+    readers of c2 would make them read the outer c1."""
+    v = numpy_helper.from_array(np.array([1.0, 2.0], np.float32))
+    body = h.make_graph(
+        [h.make_node("Identity", ["cond_in"], ["cond_out"]), h.make_node("Add", ["c2", "c2"], ["acc_out"])],
+        "body",
+        [h.make_tensor_value_info("it", T.INT64, []), h.make_tensor_value_info("cond_in", T.BOOL, []),
+         h.make_tensor_value_info("c2", T.FLOAT, [2])],
+        [h.make_tensor_value_info("cond_out", T.BOOL, []), h.make_tensor_value_info("acc_out", T.FLOAT, [2])],
+    )  # fmt: skip
+    nodes = [
+        h.make_node("Constant", [], ["c1"], value=v),
+        h.make_node("Constant", [], ["c2"], value=v),
+        h.make_node("Constant", [], ["n"], value=numpy_helper.from_array(np.array(3, np.int64))),
+        h.make_node("Constant", [], ["t"], value=numpy_helper.from_array(np.array(True))),
+        h.make_node("Loop", ["n", "t", "x"], ["acc"], body=body),
+        h.make_node("Mul", ["acc", "c1"], ["m"]),
+        h.make_node("Mul", ["m", "c2"], ["y"]),
+    ]
+    graph = h.make_graph(
+        nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [2])], [h.make_tensor_value_info("y", T.FLOAT, [2])]
+    )  # fmt: skip
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+
+    def run(m: onnx.ModelProto) -> np.ndarray:
+        sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        return sess.run(None, {"x": np.array([1.0, 1.0], np.float32)})[0]
+
+    before = run(model)
+    assert lift_constants(model, merge=True) == Lifted(4, merged=0)
+    np.testing.assert_array_equal(run(model), before)
+
+
+def test_equal_constants_over_the_shared_size_stay_apart(tmp_path: Path):
+    """Two equal 6,000-byte Constants, one folded by a Neg, one by a Relu: each fold
+    frees its own copy and both fold, as before the loader merged anything."""
+    arr = numpy_helper.from_array(np.linspace(-1, 1, 1500).astype(np.float32))
+    nodes = [
+        h.make_node("Constant", [], ["c1"], value=arr),
+        h.make_node("Constant", [], ["c2"], value=arr),
+        h.make_node("Neg", ["c1"], ["n"]),
+        h.make_node("Relu", ["c2"], ["r"]),
+        h.make_node("Add", ["x", "n"], ["a"]),
+        h.make_node("Add", ["a", "r"], ["y"]),
+    ]
+    graph = h.make_graph(
+        nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [1500])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1500])],
+    )  # fmt: skip
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    assert lift_constants(
+        onnx.ModelProto.FromString(model.SerializeToString()), merge=True
+    ) == Lifted(2)
+    src = tmp_path / "m.onnx"
+    onnx.save(model, src)
+    optimize_file(src, tmp_path / "out.onnx", verify=False)
+    assert [n.op_type for n in onnx.load(str(tmp_path / "out.onnx")).graph.node] == ["Add"]

@@ -47,12 +47,15 @@ def edge_model() -> onnx.ModelProto:
         helper.make_node("Add", ["x", "w"], ["a"]),
         helper.make_node("Relu", ["a"], ["b"]),
         helper.make_node("Relu", ["b"], ["c"]),
+        helper.make_node("Dropout", ["b"], ["b2", ""]),
         helper.make_node("SequenceConstruct", ["c", "c"], ["s"]),
         helper.make_node("SequenceAt", ["s", "zero"], ["d"]),
         helper.make_node("Neg", ["d"], ["y"]),
     ]
     documented = vi("b", ["N", 4])
     documented.doc_string = "from the exporter"
+    documented_first = vi("b2", ["N", 4])
+    documented_first.doc_string = "overridden by the next entry"
     with_metadata = vi("c", ["N", 4])
     with_metadata.metadata_props.add(key="origin", value="torch")
     denoted = vi("d", ["N", 4])
@@ -60,6 +63,9 @@ def edge_model() -> onnx.ModelProto:
     infos = [
         vi("a", ["N", 4]),
         vi("a", [2, 4]),  # a second entry for one name: the last one counts
+        documented_first,  # ... and only the last one's doc string (none here)
+        vi("b2", [2, 4]),
+        vi("", [7], TensorProto.INT64),  # the empty name (an absent optional output's)
         documented,
         with_metadata,
         helper.make_value_info(
@@ -95,6 +101,8 @@ def test_edge_cases_read_as_onnx_ir_reads_them():
     assert tuple(a.shape) == (2, 4)
     b = next(o for n in model.graph for o in n.outputs if o.name == "b")
     assert b.doc_string == "from the exporter"
+    b2 = next(o for n in model.graph for o in n.outputs if o.name == "b2")
+    assert b2.doc_string is None
 
 
 def test_values_of_one_type_share_a_frozen_shape_but_not_a_type():

@@ -11,9 +11,11 @@ had made them. Only the rule's own case is taken here: a main-graph Constant hol
 (before, an initializer must also be a graph input); the rule takes every other Constant.
 
 With ``merge`` (CommonSubexpressionFusionPass on too), a lifted tensor equal to one lifted
-before it (the same dtype, dims and raw bytes, up to MERGE_BYTES) is not added: its readers
-read the first one, as that pass's duplicate_initializers would make them at the end of the
-first round. A stack of identical blocks holds thousands of them (0.35 s of 4.6 s there).
+before it (the same dtype, dims and raw bytes, up to SHARED_CONSTANT_BYTES) is not added:
+its readers read the first one, as that pass's duplicate_initializers would make them at
+the end of the first round. A stack of identical blocks holds thousands of them (0.35 s of
+4.6 s there). A name some subgraph declares too (a Loop body's input may reuse an outer
+name) is never merged: a reader there may mean its own value.
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ from opfuse.model.graphs import DEFAULT_DOMAINS, proto_graphs
 
 LIFTED_KEY = "opfuse.lifted_constants"  # model.meta: how many Constants the loader lifted
 MERGED_KEY = "opfuse.merged_constants"  # model.meta: how many of them it merged
-MERGE_BYTES = 1 << 16  # lifted tensors up to this size are merged by their bytes
+# equal constants up to this size are shared: merged at load, shared by the rewrites
+# that make them (rewrite.builder.SharedConstants); folding counts one as freed by each
+# reader, as it would its own copy
+SHARED_CONSTANT_BYTES = 256
 
 
 @dataclass(frozen=True)
@@ -47,14 +52,16 @@ def lift_constants(proto: onnx.ModelProto, *, merge: bool = False) -> Lifted:
     lifted = 0
     first: dict[tuple[int, tuple[int, ...], bytes], str] = {}
     renamed: dict[str, str] = {}
-    annotated = {a.tensor_name for a in graph.quantization_annotation}  # kept apart
+    apart = {a.tensor_name for a in graph.quantization_annotation}  # never merged
+    if merge:
+        apart |= _declared_in_subgraphs(graph)
     for node in graph.node:
         if not _plain_constant(node) or node.output[0] in outputs:
             kept.append(node)
             continue
         lifted += 1
         name, tensor = node.output[0], node.attribute[0].t
-        key = _merge_key(tensor) if merge and name not in annotated else None
+        key = _merge_key(tensor) if merge and name not in apart else None
         if key is not None and first.setdefault(key, name) != name:
             renamed[name] = first[key]
             continue
@@ -75,7 +82,23 @@ def _merge_key(tensor: onnx.TensorProto) -> tuple[int, tuple[int, ...], bytes] |
     if tensor.data_location != onnx.TensorProto.DEFAULT or not tensor.HasField("raw_data"):
         return None
     raw = tensor.raw_data
-    return (tensor.data_type, tuple(tensor.dims), raw) if len(raw) <= MERGE_BYTES else None
+    return (
+        (tensor.data_type, tuple(tensor.dims), raw) if len(raw) <= SHARED_CONSTANT_BYTES else None
+    )
+
+
+def _declared_in_subgraphs(graph: onnx.GraphProto) -> set[str]:
+    """The names the subgraphs of ``graph`` declare: their inputs, initializers, outputs
+    of their nodes."""
+    names: set[str] = set()
+    for sub in proto_graphs(graph):
+        if sub is graph:
+            continue
+        names.update(i.name for i in sub.input)
+        names.update(t.name for t in sub.initializer)
+        for node in sub.node:
+            names.update(node.output)
+    return names
 
 
 def _rename_readers(proto: onnx.ModelProto, renamed: dict[str, str]) -> None:

@@ -9,11 +9,14 @@ by onnx-ir's own functions. Its shapes are frozen, so one shape object serves ev
 that type; each value gets a type object of its own (``Value.dtype`` assigns into it).
 
 What onnx-ir reads in another order stays in the protobuf for it: the value_info of
-initializers and graph outputs (the graph output's own type is applied after it), and the
-dynamo exporter's value_info of function values (named ``domain::function/value``).
+initializers and graph outputs (the graph output's own type is applied after it), the
+dynamo exporter's value_info of function values (named ``domain::function/value``), a name
+given twice (onnx-ir reads the last entry only) and the empty name.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import onnx
 import onnx_ir as ir
@@ -28,6 +31,9 @@ def deserialize_model(proto: onnx.ModelProto) -> ir.Model:
         return ir.serde.deserialize_model(proto)
     for_onnx_ir = {t.name for t in graph.initializer} | {o.name for o in graph.output}
     infos = list(graph.value_info)
+    names = Counter(info.name for info in infos)
+    # a name given twice (onnx-ir reads the last entry only) or no name (an absent output)
+    for_onnx_ir |= {name for name, n in names.items() if n > 1 or not name}
     kept: list[onnx.ValueInfoProto] = []
     taken: list[onnx.ValueInfoProto] = []
     for info in infos:

@@ -341,7 +341,8 @@ def optimize_model(
         )
     ctx.current = None
     _record_load_work(ctx, passes, CONSTANT_FOLDING, ConstantNodeRule.name, lifted)
-    _record_load_work(ctx, passes, COMMON_SUBEXPRESSIONS, DUPLICATE_INITIALIZERS, merged)
+    shared = ctx.shared_constants.hits if ctx.shared_constants is not None else 0
+    _record_load_work(ctx, passes, COMMON_SUBEXPRESSIONS, DUPLICATE_INITIALIZERS, merged + shared)
     result.after = op_counts(model)
     result.seconds = time.perf_counter() - start
     return result
@@ -350,9 +351,10 @@ def optimize_model(
 def _record_load_work(
     ctx: PassContext, passes: list[PassInfo], pass_name: str, pattern: str, count: int
 ) -> None:
-    """What the loader did for a pass (``io.load_model(lift=True, merge=True)``: the
-    Constants lifted, the equal ones merged), in the effect log as the pattern that would
-    have done it (its line exists once its pass has run)."""
+    """What the loader or the rewrites did for a pass (``io.load_model(lift=True,
+    merge=True)``: the Constants lifted, the equal ones merged; the copies of a constant
+    the rewrites did not make), in the effect log as the pattern that would have done it
+    (its line exists once its pass has run)."""
     info = next((p for p in passes if p.name == pass_name), None)
     if count and info is not None:
         stats = ctx.entry(pattern, info)

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from opfuse.model.constants import SHARED_CONSTANT_BYTES
+
 
 class NameScope:
     """Fresh value and node names, unique across the whole model (subgraphs included).
@@ -72,7 +74,6 @@ class NameScope:
         return self._fresh(base, self.nodes)
 
 
-SHARED_CONSTANT_BYTES = 256  # constants up to this size are shared (shape vectors, scalars)
 ConstantKey = tuple[int, np.dtype, tuple[int, ...], bytes]
 
 
@@ -87,6 +88,7 @@ class SharedConstants:
 
     def __init__(self) -> None:
         self._values: dict[ConstantKey, ir.Value] = {}
+        self.hits = 0  # copies not made: logged as CSE's duplicate_initializers
 
     @staticmethod
     def key(graph: ir.Graph | None, array: np.ndarray) -> ConstantKey | None:
@@ -113,8 +115,10 @@ class Builder:
         self.nodes: list[ir.Node] = []
         self.initializers: list[ir.Value] = []
         self.shared = shared
-        # the shareable constants this rewrite made: remembered once it is committed
+        # the shareable constants this rewrite made, remembered once it is committed, and
+        # how many it took from ``shared`` instead of making them
         self.shareable: list[tuple[ConstantKey, ir.Value]] = []
+        self.shared_hits = 0
 
     def op(
         self,
@@ -195,6 +199,7 @@ class Builder:
             assert self.root.graph is not None
             existing = self.shared.get(key, self.root.graph)
             if existing is not None:
+                self.shared_hits += 1
                 return existing
         # ir.Tensor directly: ir.tensor's Protocol isinstance checks cost 0.1 ms a call
         tensor = ir.tensor(arr) if arr.dtype.kind in "OSU" else ir.Tensor(arr)

@@ -171,6 +171,7 @@ class Driver:
         if b.shared is not None:
             for key, value in b.shareable:
                 b.shared.remember(key, value)
+            b.shared.hits += b.shared_hits
         if b.nodes:
             graph.insert_before(m.root, b.nodes)
             self.ctx.added(b.nodes)

@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from opfuse.model.constants import SHARED_CONSTANT_BYTES
 from opfuse.model.graphs import all_graphs, node_graphs
 from opfuse.rewrite import Builder, Match, Op, PassContext, Rule
 from opfuse.rewrite.builder import constant_value
@@ -94,16 +95,23 @@ def _outer_values(node: ir.Node) -> list[ir.Value]:
 
 
 def _freed_bytes(node: ir.Node, arrays: list[np.ndarray | None]) -> int:
-    """Bytes of the constant inputs that only this node reads (folding drops them)."""
+    """Bytes of the constant inputs that only this node reads (folding drops them). A
+    constant of at most SHARED_CONSTANT_BYTES counts for each reader: the loader and the
+    rewrites share equal ones, so how many read it says nothing of the copies it stands
+    for."""
     total = 0
     seen: set[int] = set()
     for v, array in zip(node.inputs, arrays, strict=True):
         if v is None or array is None or id(v) in seen:
             continue
         seen.add(id(v))
+        if v.is_graph_output():
+            continue
+        if array.nbytes <= SHARED_CONSTANT_BYTES:
+            total += array.nbytes
+            continue
         # only this node reads it: its reads are all the value's uses (counted, not listed)
-        reads = sum(1 for x in node.inputs if x is v)
-        if use_count(v) == reads and not v.is_graph_output():
+        if use_count(v) == sum(1 for x in node.inputs if x is v):
             total += array.nbytes
     return total
 

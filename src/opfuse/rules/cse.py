@@ -265,6 +265,6 @@ register(
         # the keys hold no shapes; dead-code removal can make two nodes alike (it trims a
         # node's unused optional outputs and trailing empty inputs), so removals count
         reads=frozenset({"rewrites", "removals"}),
-        complete=True,  # in node order: a merge's readers are keyed after it, in the same walk
+        # not complete: a merge of two graph outputs inserts an Identity a second run merges
     )
 )

@@ -25,17 +25,27 @@ def _release_removed(values: list[ir.Value]) -> None:
                 tensor.release()
 
 
+def _slots(graphs: list[ir.Graph]) -> dict[int, tuple[int, int]]:
+    return {id(n): (len(n.inputs), len(n.outputs)) for g in graphs for n in g}
+
+
 def remove_dead_code(ctx: PassContext) -> None:
-    """Remove nodes whose outputs no graph output needs, and unused initializers."""
+    """Remove nodes whose outputs no graph output needs, and unused initializers; onnx-ir's
+    pass also drops the unused optional outputs and trailing absent inputs of the nodes it
+    keeps (counted: two nodes can become alike for CSE)."""
     graphs = ctx.graphs()
     nodes, inits = _count(graphs)
     before = [v for g in graphs for v in g.initializers.values()]
+    slots = _slots(graphs)
     RemoveUnusedNodesPass()(ctx.model)
-    new_nodes, new_inits = _count(ctx.graphs())
+    graphs = ctx.graphs()
+    new_nodes, new_inits = _count(graphs)
     if new_inits < inits:
         _release_removed(before)
+    trimmed = sum(1 for key, kept in _slots(graphs).items() if slots.get(key, kept) != kept)
     ctx.record("dead_nodes", nodes - new_nodes, nodes - new_nodes)
     ctx.record("unused_initializers", inits - new_inits, inits - new_inits)
+    ctx.record("unused_optional_slots", trimmed, trimmed)
 
 
 register(
