@@ -98,10 +98,16 @@ def test_ir_version_3_keeps_its_constants():
     assert sum(n.op_type == "Constant" for n in model.graph.node) == 4
 
 
-def test_optimize_file_reads_as_if_the_rule_had_lifted(tmp_path: Path):
-    """The file path lifts at load, the in-memory path lets the rule do it: the same
-    graph, the same log line and the same node counts."""
-    model = constants_model()
+def _log(result: OptimizeResult, pattern: str) -> tuple[int, int]:
+    stats = next(s for s in result.log if s.pattern == pattern)
+    return stats.matched, stats.effected
+
+
+def on_file_and_in_memory(
+    model: onnx.ModelProto, tmp_path: Path
+) -> tuple[OptimizeResult, OptimizeResult, onnx.ModelProto]:
+    """``model`` optimized file to file (lifted at load) and in memory (by the rules):
+    the same graph; both results and the file written."""
     src = tmp_path / "m.onnx"
     onnx.save(model, src)
     on_file = optimize_file(src, tmp_path / "out.onnx", verify=False)
@@ -112,13 +118,15 @@ def test_optimize_file_reads_as_if_the_rule_had_lifted(tmp_path: Path):
     assert sorted(t.name for t in written.graph.initializer) == sorted(
         t.name for t in kept.graph.initializer
     )
+    return on_file, in_memory, written
 
-    def lifts(result: OptimizeResult) -> tuple[int, int]:
-        stats = next(s for s in result.log if s.pattern == "constant_node")
-        return stats.matched, stats.effected
 
+def test_optimize_file_reads_as_if_the_rule_had_lifted(tmp_path: Path):
+    """The file path lifts at load, the in-memory path lets the rule do it: the same
+    graph, the same log line and the same node counts."""
+    on_file, in_memory, _ = on_file_and_in_memory(constants_model(), tmp_path)
     # shape and bias at load; half (value_float) and the branch's k by the rule
-    assert lifts(on_file) == lifts(in_memory) == (4, 4)
+    assert _log(on_file, "constant_node") == _log(in_memory, "constant_node") == (4, 4)
     assert on_file.before == in_memory.before and on_file.before["Constant"] == 5
     assert on_file.after == in_memory.after
 
@@ -209,25 +217,11 @@ def test_an_annotated_constant_is_not_merged():
     assert lift_constants(model, merge=True) == Lifted(4, merged=0)
 
 
-def _log(result: OptimizeResult, pattern: str) -> tuple[int, int]:
-    stats = next(s for s in result.log if s.pattern == pattern)
-    return stats.matched, stats.effected
-
-
 def test_optimize_file_merges_as_common_subexpressions_would(tmp_path: Path):
     """The file path merges equal Constants as it lifts them, the in-memory path lets
     CSE merge them after the first stage: the same graph and the same log."""
     model = duplicates_model()
-    src = tmp_path / "m.onnx"
-    onnx.save(model, src)
-    on_file = optimize_file(src, tmp_path / "out.onnx", verify=False)
-    in_memory = optimize_model(ir.from_proto(model))
-    written = onnx.load(str(tmp_path / "out.onnx"))
-    kept = ir.to_proto(in_memory.model)
-    assert [n.op_type for n in written.graph.node] == [n.op_type for n in kept.graph.node]
-    assert sorted(t.name for t in written.graph.initializer) == sorted(
-        t.name for t in kept.graph.initializer
-    )
+    on_file, in_memory, written = on_file_and_in_memory(model, tmp_path)
     # b merged at load on the file path, by CSE in memory; c (float_data) by CSE on both
     assert _log(on_file, "duplicate_initializers") == _log(in_memory, "duplicate_initializers")
     assert _log(on_file, "duplicate_initializers") == (2, 2)
