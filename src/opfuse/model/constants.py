@@ -53,8 +53,8 @@ def lift_constants(proto: onnx.ModelProto, *, merge: bool = False) -> Lifted:
     first: dict[tuple[int, tuple[int, ...], bytes], str] = {}
     renamed: dict[str, str] = {}
     apart = {a.tensor_name for a in graph.quantization_annotation}  # never merged
-    if merge:
-        apart |= _declared_in_subgraphs(graph)
+    nested = list(proto_graphs(graph))[1:] if merge else []  # subgraphs (none: flat)
+    apart |= _declared_in(nested)
     for node in graph.node:
         if not _plain_constant(node) or node.output[0] in outputs:
             kept.append(node)
@@ -72,7 +72,8 @@ def lift_constants(proto: onnx.ModelProto, *, merge: bool = False) -> Lifted:
         del graph.node[:]
         graph.node.extend(kept)
     if renamed:
-        _rename_readers(proto, renamed)
+        # the node list was rebuilt: its subgraphs are found again, when there are any
+        _rename_readers(graph, list(proto_graphs(graph))[1:] if nested else [], renamed)
     return Lifted(lifted, len(renamed))
 
 
@@ -87,13 +88,11 @@ def _merge_key(tensor: onnx.TensorProto) -> tuple[int, tuple[int, ...], bytes] |
     )
 
 
-def _declared_in_subgraphs(graph: onnx.GraphProto) -> set[str]:
-    """The names the subgraphs of ``graph`` declare: their inputs, initializers, outputs
-    of their nodes."""
+def _declared_in(subgraphs: list[onnx.GraphProto]) -> set[str]:
+    """The names ``subgraphs`` declare: their inputs, initializers, outputs of their
+    nodes."""
     names: set[str] = set()
-    for sub in proto_graphs(graph):
-        if sub is graph:
-            continue
+    for sub in subgraphs:
         names.update(i.name for i in sub.input)
         names.update(t.name for t in sub.initializer)
         for node in sub.node:
@@ -101,15 +100,16 @@ def _declared_in_subgraphs(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
-def _rename_readers(proto: onnx.ModelProto, renamed: dict[str, str]) -> None:
-    """Readers of the merged tensors read the kept ones (subgraphs read outer names too);
-    their value_info goes."""
-    for graph in proto_graphs(proto.graph):
-        for node in graph.node:
+def _rename_readers(
+    graph: onnx.GraphProto, nested: list[onnx.GraphProto], renamed: dict[str, str]
+) -> None:
+    """Readers of the merged tensors read the kept ones (``nested``, the subgraphs, read
+    outer names too); their value_info goes."""
+    for g in (graph, *nested):
+        for node in g.node:
             for i, name in enumerate(node.input):
                 if name in renamed:
                     node.input[i] = renamed[name]
-    graph = proto.graph
     infos = [info for info in graph.value_info if info.name not in renamed]
     if len(infos) != len(graph.value_info):
         del graph.value_info[:]

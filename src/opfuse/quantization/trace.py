@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import onnx
@@ -66,16 +66,7 @@ class TensorError:
         return where
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "tensor": self.tensor,
-            "op_type": self.op_type,
-            "sqnr_db": self.sqnr_db,
-            "inputs_db": self.inputs_db,
-            "drop_db": self.drop_db,
-            "channel_spread": self.channel_spread,
-            "worst_input": self.worst_input,
-            "input_spread": self.input_spread,
-        }
+        return {**asdict(self), "drop_db": self.drop_db}
 
 
 def error_trace(

@@ -6,6 +6,7 @@ up halfway leaves the graph as it was.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -24,10 +25,10 @@ class NameScope:
     def __init__(self, graphs: Iterable[ir.Graph]) -> None:
         """``graphs``: every graph of the model (``PassContext.graphs()``)."""
         self._graphs = graphs
-        self._values: set[str] | None = None
-        self._nodes: set[str] | None = None
 
-    def _collect(self) -> None:
+    @functools.cached_property
+    def _names(self) -> tuple[set[str], set[str]]:
+        """The model's value names and node names, in one walk."""
         values: set[str] = set()
         nodes: set[str] = set()
         for graph in self._graphs:
@@ -37,26 +38,20 @@ class NameScope:
                 if node.name:
                     nodes.add(node.name)
                 values.update(v.name for v in node.outputs if v.name)
-        self._values, self._nodes = values, nodes
+        return values, nodes
 
     @property
     def values(self) -> set[str]:
-        if self._values is None:
-            self._collect()
-        assert self._values is not None
-        return self._values
+        return self._names[0]
 
     @property
     def nodes(self) -> set[str]:
-        if self._nodes is None:
-            self._collect()
-        assert self._nodes is not None
-        return self._nodes
+        return self._names[1]
 
     def forget_node(self, name: str | None) -> None:
         """A removed node's name is free again (nothing to do before the first use)."""
-        if self._nodes is not None:
-            self._nodes.discard(name or "")
+        if "_names" in self.__dict__:
+            self.nodes.discard(name or "")
 
     @staticmethod
     def _fresh(base: str, used: set[str]) -> str:
@@ -207,6 +202,14 @@ class Builder:
         if key is not None:
             self.shareable.append((key, value))
         return value
+
+    def committed(self) -> None:
+        """The driver has put this rewrite into the graph: the shareable constants it
+        made are the graph's now, and the ones it took count as copies not made."""
+        if self.shared is not None:
+            for key, value in self.shareable:
+                self.shared.remember(key, value)
+            self.shared.hits += self.shared_hits
 
 
 def constant_value(array: np.ndarray, b: Builder, old: ir.Value, like: ir.Node) -> ir.Value:

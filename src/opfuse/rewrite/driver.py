@@ -168,10 +168,7 @@ class Driver:
     ) -> list[ir.Node]:
         for init in b.initializers:
             graph.register_initializer(init)
-        if b.shared is not None:
-            for key, value in b.shareable:
-                b.shared.remember(key, value)
-            b.shared.hits += b.shared_hits
+        b.committed()
         if b.nodes:
             graph.insert_before(m.root, b.nodes)
             self.ctx.added(b.nodes)

@@ -237,20 +237,17 @@ def evaluate(
         feed_names = [f"i{i}" for i, a in enumerate(arrays) if a is not None] + list(outer)
         values = [a for a in arrays if a is not None] + list(outer.values())
         feeds = dict(zip(feed_names, values, strict=True))
-        results = _remembered(
+
+        def check(raw: list[object]) -> list[np.ndarray] | None:
+            return _results(node.outputs, raw)
+
+        return _remembered(
             key,
             feeds,
-            lambda: _run(
-                key,
-                lambda: _one_node_model(node, arrays, model, outer)[0],
-                feeds,
-                lambda raw: _results(node.outputs, raw),
-            ),
+            lambda: _run(key, lambda: _one_node_model(node, arrays, model, outer)[0], feeds, check),
+            # a remembered result meets this node's declared types and shapes too
+            recheck=check,
         )
-        # a remembered result is checked against this node's declared types and shapes too
-        if _results(node.outputs, list(results)) is None:
-            raise EvaluationError("result type or shape differs from the declared one")
-        return results
     except EvaluationError:
         raise
     except Exception as exc:  # any failure outside the runners too: the node stays as it is
@@ -314,16 +311,23 @@ def evaluate_op(
 
 
 def _remembered(
-    key: tuple | None, feeds: Mapping[str, np.ndarray], compute: Callable[[], list[np.ndarray]]
+    key: tuple | None,
+    feeds: Mapping[str, np.ndarray],
+    compute: Callable[[], list[np.ndarray]],
+    recheck: Callable[[list[object]], list[np.ndarray] | None] | None = None,
 ) -> list[np.ndarray]:
     """``compute()``, remembered by ``key`` and the feeds' bytes when they are small
-    (shape vectors and scalars: a stack of identical blocks folds the same ones again)."""
+    (shape vectors and scalars: a stack of identical blocks folds the same ones again);
+    a remembered result must pass ``recheck`` (EvaluationError otherwise)."""
     memo = None
     small = sum(a.nbytes for a in feeds.values()) <= MEMO_BYTES
     if key is not None and small and all(a.dtype != object for a in feeds.values()):
         memo = (key, *((name, a.shape, a.tobytes()) for name, a in feeds.items()))
         if memo in _memo:
-            return [r.copy() for r in _memo[memo]]
+            results = [r.copy() for r in _memo[memo]]
+            if recheck is not None and recheck(list(results)) is None:
+                raise EvaluationError("result type or shape differs from the declared one")
+            return results
     results = compute()
     if memo is not None:
         if len(_memo) >= CACHE_LIMIT:

@@ -11,8 +11,8 @@ from opfuse.rewrite import PassContext
 from opfuse.rewrite.registry import PassInfo, register
 
 
-def _count(graphs: list[ir.Graph]) -> tuple[int, int]:
-    return sum(len(g) for g in graphs), sum(len(g.initializers) for g in graphs)
+def _initializers(graphs: list[ir.Graph]) -> int:
+    return sum(len(g.initializers) for g in graphs)
 
 
 def _release_removed(values: list[ir.Value]) -> None:
@@ -34,16 +34,18 @@ def remove_dead_code(ctx: PassContext) -> None:
     pass also drops the unused optional outputs and trailing absent inputs of the nodes it
     keeps (counted: two nodes can become alike for CSE)."""
     graphs = ctx.graphs()
-    nodes, inits = _count(graphs)
+    inits = _initializers(graphs)
     before = [v for g in graphs for v in g.initializers.values()]
-    slots = _slots(graphs)
+    slots = _slots(graphs)  # its size is the node count
     RemoveUnusedNodesPass()(ctx.model)
     graphs = ctx.graphs()
-    new_nodes, new_inits = _count(graphs)
+    new_inits = _initializers(graphs)
     if new_inits < inits:
         _release_removed(before)
-    trimmed = sum(1 for key, kept in _slots(graphs).items() if slots.get(key, kept) != kept)
-    ctx.record("dead_nodes", nodes - new_nodes, nodes - new_nodes)
+    after = _slots(graphs)
+    trimmed = sum(1 for key, kept in after.items() if slots.get(key, kept) != kept)
+    removed = len(slots) - len(after)
+    ctx.record("dead_nodes", removed, removed)
     ctx.record("unused_initializers", inits - new_inits, inits - new_inits)
     ctx.record("unused_optional_slots", trimmed, trimmed)
 
