@@ -19,7 +19,10 @@ from opfuse.advisor.calibrate import Peaks, machine_peaks
 from opfuse.advisor.executed_graph import RanGraph, ran_graph
 from opfuse.advisor.graph import OpGraph, from_chain, from_model
 from opfuse.advisor.profile_readers import (
+    InputShape,
+    OpRecord,
     Profile,
+    declared_dim,
     read_op_summary,
     read_ort_profile,
     run_onnxruntime,
@@ -79,6 +82,19 @@ def _ort_graph(path: str | os.PathLike[str], level: str, provider: str, tmp: str
     return from_model(io.read_model(out))
 
 
+QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+
+
+def graph_opt_for(o: AdviseOptions, quantized: bool) -> str:
+    """The level to profile at: the one asked for, else ``disable`` (a time per node of
+    the model), or for a QDQ model ``all``: the graph onnxruntime deploys, its Q/DQ pairs
+    fused into integer kernels (at ``disable`` every Q/DQ runs and every Conv runs in
+    float on dequantized weights: times of a graph nobody deploys)."""
+    if o.graph_opt is not None:
+        return o.graph_opt
+    return "all" if quantized else "disable"
+
+
 @dataclass(frozen=True)
 class Loaded:
     """The model, and opfuse's trial optimization of it (the graph the advisor profiles)."""
@@ -89,6 +105,10 @@ class Loaded:
     trial: Trial
     analysed: OpGraph  # the model after opfuse's default passes
     analysed_path: str  # ... saved for onnxruntime
+
+    @property
+    def quantized(self) -> bool:
+        return any(n.op_type in QDQ_OPS for n in self.original_graph.nodes)
 
 
 def _check_sources(
@@ -156,7 +176,10 @@ def profile_of(
     if op_summary is not None:
         return read_op_summary(op_summary)
     if profile_path is not None:
-        return replace(read_ort_profile(profile_path, o.warmup), provider=o.provider)
+        read = replace(read_ort_profile(profile_path, o.warmup), provider=o.provider)
+        if loaded is not None:
+            read.inputs = inputs_from_records(loaded.original, read.records)
+        return read
     assert loaded is not None
     return run_onnxruntime(
         loaded.analysed_path,
@@ -164,11 +187,32 @@ def profile_of(
         warmup=o.warmup,
         threads=o.threads,
         provider=o.provider,
-        graph_opt=o.graph_opt,
+        graph_opt=o.graph_opt or "disable",
         input_shapes=o.input_shapes,
         optimized_out=os.path.join(tmp, "profiled_ort.onnx"),
         progress=lambda done, total: step("profiling with onnxruntime", done, total),
     )
+
+
+def inputs_from_records(model: ir.Model, records: list[OpRecord]) -> list[InputShape]:
+    """The model inputs' shapes in a profile that was given: the input shapes onnxruntime
+    recorded for the first profiled node that reads each input."""
+    by_name = {r.name: r for r in records}
+    out = []
+    for value in model.graph.inputs:
+        if value.name in model.graph.initializers or value.shape is None:
+            continue
+        declared = [
+            declared_dim(d if isinstance(d, int) else getattr(d, "value", None))
+            for d in value.shape
+        ]
+        for node in model.graph:
+            rec = by_name.get(node.name or "")
+            k = next((k for k, v in enumerate(node.inputs) if v is value), None)
+            if rec is not None and k is not None and len(rec.input_shapes) > k:
+                out.append(InputShape(str(value.name), list(rec.input_shapes[k]), declared))
+                break
+    return out
 
 
 @dataclass(frozen=True)
@@ -208,6 +252,9 @@ def place(
             resolver = Resolver(graph, loaded.original_graph)
         if op_summary is not None:  # the operators that ran, by their names
             ran = ran_graph(loaded.original_graph, records)
+        elif profile.ort_optimized_model and loaded.quantized and profile_path is None:
+            ran, profile = _deployed(loaded.analysed, profile)
+            fused = True
         elif profile_path is not None:  # the kernels that ran
             assert model_path is not None
             ran, fused, profile = _ran_kernels(
@@ -219,6 +266,32 @@ def place(
     else:
         times = attribute(records, resolver)
     return Placement(graph, times, resolver, ran, fused, profile)
+
+
+def _deployed(analysed: OpGraph, profile: Profile) -> tuple[RanGraph, Profile]:
+    """A QDQ model profiled as deployed: the graph onnxruntime saved while profiling (its
+    QDQ fusion done: QLinearConv, QGemm, QLinearAdd ...), one node per kernel, each mapped
+    back to the analysed model's nodes it runs (a QLinearConv runs its DequantizeLinears,
+    the Conv and the QuantizeLinear after it), with the profile's times on the kernels."""
+    assert profile.ort_optimized_model is not None
+    runtime = from_model(io.read_model(profile.ort_optimized_model))
+    mapper = Resolver(analysed, runtime=runtime)
+    runs = {n.index: mapper.kernel_nodes(n.name) or [n.name] for n in runtime.nodes}
+    fused = sorted(
+        {n.op_type for n in runtime.nodes if n.op_type.startswith("Q") and n.op_type not in QDQ_OPS}
+        | {n.op_type for n in runtime.nodes if n.op_type.endswith("Integer")}
+    )
+    profile = replace(
+        profile,
+        notes=[
+            f"a quantized (QDQ) model: profiled as onnxruntime deploys it, at "
+            f"ORT_ENABLE_{profile.graph_opt.upper()} with its QDQ fusion "
+            f"({', '.join(fused[:6]) or 'no integer kernels'}); groups are grown on that graph, "
+            "each kernel mapped to the model's nodes it runs",
+            *profile.notes,
+        ],
+    )
+    return RanGraph(runtime, runs, attribute(profile.records, Resolver(runtime))), profile
 
 
 def _ran_kernels(
@@ -240,7 +313,7 @@ def _ran_kernels(
     unknown = [r.name for r in records if r.name not in g.by_name]
     if not unknown:
         return as_model, False, profile
-    level = o.graph_opt if o.graph_opt != "disable" else "all"
+    level = o.graph_opt if o.graph_opt not in (None, "disable") else "all"
     step("onnxruntime graph of the profiled model", 0, 1)
     runtime = _ort_graph(model_path, level, o.provider, tmp)
     step("onnxruntime graph of the profiled model", 1, 1)
@@ -275,7 +348,21 @@ def analyse(
     target, peaks = target_of(o, op_summary is not None, step)
     with tempfile.TemporaryDirectory(prefix="opfuse-advise-") as tmp:
         loaded = load(model_path, tmp, step) if model_path is not None else None
+        quantized = loaded is not None and loaded.quantized
+        if profile_path is None and op_summary is None:
+            o = replace(o, graph_opt=graph_opt_for(o, quantized))
         profile = profile_of(o, loaded, profile_path, op_summary, tmp, step)
+        if quantized and profile.source == "onnxruntime" and profile.graph_opt == "disable":
+            profile = replace(
+                profile,
+                notes=[
+                    "a quantized (QDQ) model profiled at --graph-opt disable: onnxruntime's "
+                    "QDQ fusion is off, every QuantizeLinear/DequantizeLinear runs and every "
+                    "Conv/MatMul runs in float; leave --graph-opt out (or give all) to profile "
+                    "the graph onnxruntime deploys",
+                    *profile.notes,
+                ],
+            )
         placed = place(o, loaded, profile, model_path, profile_path, op_summary, tmp, step)
         profile, times, ran = placed.profile, placed.times, placed.ran
         if times.aligned:
@@ -313,6 +400,7 @@ def analyse(
         resolver=placed.resolver,
         ran=ran,
         ran_kernels_fused=placed.ran_kernels_fused,
+        quantized=quantized,
         node_of=ran.owner() if ran is not None else dict(placed.graph.by_name),
         runtime_kernels=kernels,
     )

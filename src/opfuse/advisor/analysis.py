@@ -30,7 +30,7 @@ class AdviseOptions:
     warmup: int = 2
     threads: int = 0
     provider: str = "CPUExecutionProvider"
-    graph_opt: str = "disable"
+    graph_opt: str | None = None  # None: "disable" (a time per node), "all" for a QDQ model
     input_shapes: Mapping[str, list[int]] | None = None
     top: int = 10
     compare_onnxruntime: bool = True
@@ -68,6 +68,7 @@ class Analysis:
     resolver: Resolver
     ran: RanGraph | None  # the graph that ran, when it is not the analysed model
     ran_kernels_fused: bool  # the profile's kernels are onnxruntime's fused graph
+    quantized: bool  # the model has QuantizeLinear/DequantizeLinear (a QDQ model)
     node_of: dict[str, int]  # model node name -> the analysed node that holds its time
     runtime_kernels: dict[int, list[str]] | None  # onnxruntime's kernels per analysed node
 
@@ -75,7 +76,7 @@ class Analysis:
         """The measured time of the operators whose model nodes opfuse's default passes all
         remove (Casts, Transposes, BatchNorm small ops); None where the profile is of the
         graph after those passes."""
-        if self.ran is None or self.trial is None:
+        if self.ran is None or self.trial is None or self.profile.source == "onnxruntime":
             return None
         kept = self.trial.node_types
         return sum(self.time(m) for m in members if not any(n in kept for n in self.ran.runs[m]))

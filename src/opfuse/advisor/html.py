@@ -16,6 +16,7 @@ from opfuse.advisor.report import (
     RUNS_NOTE,
     above_peak,
     fused_text,
+    group_verdict,
     header_lines,
     more,
     nodes_text,
@@ -237,6 +238,23 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
         + _more(min(top, len(prof["notes"])), len(prof["notes"]))
         + "</div>",
     ]
+    if report.get("quantized"):
+        out.append(_title("quantized"))
+        out.append(
+            _table(
+                ["Finding", "Why it costs", "What to do", "Nodes", "Cost (us)"],
+                [
+                    (
+                        f["finding"],
+                        f["why"],
+                        f["what_to_do"],
+                        ", ".join(f["nodes"]) + (" ..." if f["count"] > len(f["nodes"]) else ""),
+                        f["cost_us"],
+                    )
+                    for f in report["quantized"]
+                ],
+            )
+        )
     out.append(_title("steps"))
     out.append(_steps(report["next_steps"], top))
     out.append(_title("ub"))
@@ -272,7 +290,7 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
                 g["duration_us"],
                 100 * g["share"],
                 g["opfuse_removes_us"] if g["opfuse_removes_us"] is not None else "n/a",
-                verdict_text(g["opfuse"]),
+                group_verdict(g),
                 ort_text(g["onnxruntime"]),
             )
             for g in unfused
@@ -369,23 +387,6 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
             top,
         )
     )
-    if report.get("quantized"):
-        out.append(_title("quantized"))
-        out.append(
-            _table(
-                ["Finding", "Why it costs", "What to do", "Nodes", "Cost (us)"],
-                [
-                    (
-                        f["finding"],
-                        f["why"],
-                        f["what_to_do"],
-                        ", ".join(f["nodes"]) + (" ..." if f["count"] > len(f["nodes"]) else ""),
-                        f["cost_us"],
-                    )
-                    for f in report["quantized"]
-                ],
-            )
-        )
     if report["graph_fusion"]:
         out.append(_title("passes"))
         out.append(

@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 import shlex
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx_ir as ir
@@ -41,6 +42,26 @@ GUIDE = {
     "Pow": "replace by Mul (PowToMulFusionPass)",
 }
 GUIDE_DEFAULT = "split the op, or change its parameters (sizes, dtype)"
+# a quantized model: no "quantize" advice; the int8 kernels and the Q/DQ left around
+# float ops (the quantized findings say which)
+QDQ_LEFT = (
+    "conversions around ops without int8 kernels: see the quantized findings (float ops "
+    "between DequantizeLinear and QuantizeLinear)"
+)
+INT8_CONV = "align channels to the int8 vector width (the quantized findings name the layers)"
+FLOAT_LEFT = "runs in float in this quantized model: see the quantized findings (float layers)"
+GUIDE_QUANTIZED = {
+    "QLinearConv": INT8_CONV,
+    "ConvInteger": INT8_CONV,
+    "QGemm": INT8_CONV,
+    "QLinearMatMul": INT8_CONV,
+    "MatMulInteger": INT8_CONV,
+    "QuantizeLinear": QDQ_LEFT,
+    "DequantizeLinear": QDQ_LEFT,
+    "Conv": FLOAT_LEFT,
+    "MatMul": FLOAT_LEFT,
+    "Gemm": FLOAT_LEFT,
+}
 
 
 def flags(variant: Variant) -> list[str]:
@@ -56,16 +77,31 @@ def flags(variant: Variant) -> list[str]:
 def candidates(model: ir.Model) -> list[tuple[Variant, str]]:
     """The default passes, each layout that re-declares an input, each opset upgrade that
     lets a pass run: with what in the model each is for."""
+    return [(v, why) for v, why, _ in candidates_and_passes(model)]
+
+
+def candidates_and_passes(model: ir.Model) -> list[tuple[Variant, str, list[str]]]:
+    """``candidates``, each with the passes it is for (an opset upgrade's; none else)."""
     found = probe(model)
-    out = [(DEFAULT, "opfuse's default passes")]
+    out: list[tuple[Variant, str, list[str]]] = [(DEFAULT, "opfuse's default passes", [])]
     out += [
-        (Variant(layout=layout), f"an input is re-declared {layout.upper()}, its Transposes go")
+        (Variant(layout=layout), f"an input is re-declared {layout.upper()}, its Transposes go", [])
         for layout in found.layouts
     ]
     for opset in sorted({o for o, _ in found.upgrades.values()}):
-        passes = [f"{name}: {n} matches" for name, (o, n) in found.upgrades.items() if o == opset]
-        out.append((Variant(target_opset=opset), f"at opset {opset}, {', '.join(passes)}"))
+        names = [name for name, (o, _) in found.upgrades.items() if o == opset]
+        passes = [f"{name}: {found.upgrades[name][1]} matches" for name in names]
+        out.append((Variant(target_opset=opset), f"at opset {opset}, {', '.join(passes)}", names))
     return out
+
+
+@dataclass
+class Changes:
+    """What each command's output does differently from the default passes' output: the
+    names of the default output's nodes it removes or replaces, and the passes it is for."""
+
+    nodes: dict[str, set[str]] = field(default_factory=dict)  # command -> node names
+    passes: dict[str, list[str]] = field(default_factory=dict)  # command -> pass names
 
 
 def command(model: str, output: str, options: Sequence[str]) -> str:
@@ -89,13 +125,20 @@ def trial(
     runtime: Runtime,
     seconds: float = TRIAL_SECONDS,
     step: Callable[[str, int, int], None] | None = None,
+    *,
+    input_shapes: Mapping[str, list[int]] | None = None,
+    changes: Changes | None = None,
 ) -> list[dict[str, object]]:
     """Each candidate built (optimized and verified, as its command does) and measured
-    against the model in one paired, interleaved run."""
+    against the model in one paired, interleaved run, on inputs of ``input_shapes`` (the
+    shapes the advisor profiled). ``changes`` gets, per command, the nodes of the default
+    passes' output it changes (so a report can say which groups a command fuses)."""
     from opfuse.pipeline.run import op_counts
     from opfuse.tuning.measure import ORIGINAL, measure
 
-    found = candidates(model)
+    found_passes = candidates_and_passes(model)
+    found = [(v, why) for v, why, _ in found_passes]
+    names: dict[str, set[str]] = {}
     before = dict(op_counts(model))
     stem = Path(model_path).stem
     rows: list[dict[str, object]] = []
@@ -118,16 +161,25 @@ def trial(
                 "error": None,
             }
             rows.append(row)
-            result = build(model_path, variant, Path(tmp) / f"{i}.onnx")
+            result = build(model_path, variant, Path(tmp) / f"{i}.onnx", input_shapes=input_shapes)
             if not result.ok:
                 row["error"] = result.failure.splitlines()[0]
                 continue
             built[variant.label] = result.path
-            row["effect"] = effect(before, dict(op_counts(io.read_model(result.path))))
+            out_model = io.read_model(result.path)
+            row["effect"] = effect(before, dict(op_counts(out_model)))
+            names[str(row["command"])] = {n.name for n in out_model.graph if n.name}
+            if changes is not None:
+                changes.passes[str(row["command"])] = found_passes[i][2]
         if step:
             step("next steps: measuring", 0, 1)
+        default = names.get(str(rows[0]["command"]))
+        if changes is not None and default is not None:
+            for cmd, kept in names.items():
+                if cmd != rows[0]["command"]:
+                    changes.nodes[cmd] = default - kept
         if built:
-            m = measure(model_path, built, runtime, seconds=seconds)
+            m = measure(model_path, built, runtime, seconds=seconds, input_shapes=input_shapes)
             labels = [v.label for v, _ in found]
             for row, label in zip(rows, labels, strict=True):
                 if label in built:
@@ -142,8 +194,12 @@ def trial(
     return rows
 
 
-def dominant(op_statistic: Sequence[dict[str, object]]) -> list[dict[str, object]]:
-    """The op types with the most time, and the guide's suggestion for each."""
+def dominant(
+    op_statistic: Sequence[dict[str, object]], quantized: bool = False
+) -> list[dict[str, object]]:
+    """The op types with the most time, and the guide's suggestion for each (for a
+    quantized model, never "quantize")."""
+    guide = {**GUIDE, **GUIDE_QUANTIZED} if quantized else GUIDE
     rows: list[dict[str, object]] = []
     for s in op_statistic:
         share = float(s["share"])  # type: ignore[arg-type]
@@ -151,7 +207,7 @@ def dominant(op_statistic: Sequence[dict[str, object]]) -> list[dict[str, object
             break
         op = str(s["op_type"])
         rows.append(
-            {"op_type": op, "share": round(share, 6), "suggestion": GUIDE.get(op, GUIDE_DEFAULT)}
+            {"op_type": op, "share": round(share, 6), "suggestion": guide.get(op, GUIDE_DEFAULT)}
         )
         if len(rows) == 3:
             break

@@ -49,6 +49,33 @@ class OpRecord:
         return iqr(self.runs_us)
 
 
+@dataclass(frozen=True)
+class InputShape:
+    name: str
+    shape: list[int]
+    declared: list[int | str]  # a fixed dim, or the dim's name ("?" where unnamed)
+
+    @property
+    def dynamic(self) -> bool:
+        return any(not isinstance(d, int) for d in self.declared)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "shape": self.shape,
+            "declared": self.declared,
+            "dynamic": self.dynamic,
+        }
+
+
+def declared_dim(d: object) -> int | str:
+    """A declared dim as onnxruntime or onnx gives it: a fixed size, else its name ("?"
+    where unnamed; -1, the old "dynamic", is dynamic)."""
+    if isinstance(d, int) and not isinstance(d, bool) and d >= 0:
+        return d
+    return str(d) if isinstance(d, str) and d else "?"
+
+
 @dataclass
 class Profile:
     source: str  # onnxruntime | onnxruntime-json | op_summary
@@ -61,6 +88,16 @@ class Profile:
     missing_columns: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     ort_optimized_model: str | None = None  # graph onnxruntime ran (for name mapping)
+    # the model inputs profiled: name, shape fed, declared dims (a name or "?" where dynamic)
+    inputs: list[InputShape] = field(default_factory=list)
+
+    def input_shape_hint(self) -> str | None:
+        """``--input-shape`` options that give the dynamic inputs the shapes profiled (to
+        change them), or None when every input is static."""
+        dynamic = [i for i in self.inputs if i.dynamic]
+        if not dynamic:
+            return None
+        return " ".join(f"--input-shape {i.name}:{','.join(map(str, i.shape))}" for i in dynamic)
 
     @property
     def total_us(self) -> float:
@@ -230,6 +267,13 @@ def run_onnxruntime(
             )
     profile = parse_ort_events(events, warmup)
     profile.provider, profile.graph_opt = provider, graph_opt
+    profile.inputs = [
+        InputShape(
+            i.name, [int(d) for d in feeds[i.name].shape], [declared_dim(d) for d in i.shape]
+        )
+        for i in sess.get_inputs()
+        if i.name in feeds and hasattr(feeds[i.name], "shape")
+    ]
     if optimized_out is not None and graph_opt != "disable":
         profile.ort_optimized_model = str(optimized_out)
     return profile

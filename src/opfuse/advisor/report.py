@@ -75,10 +75,27 @@ def verdict_text(opfuse: Mapping[str, Any] | None) -> str:
     if opfuse.get("available") is False:
         return f"opfuse: {name} not available ({opfuse.get('reason')})"
     if opfuse.get("fires") is True:
-        return f"opfuse: {name} applies it"
+        reason = opfuse.get("reason")
+        return f"opfuse: {name} applies it" + (f" {reason}" if reason else "")
     if opfuse.get("fires") is False:
         return f"opfuse: {name} would not fire: {opfuse.get('reason')}"
     return f"opfuse: {name} ({opfuse['reason']})" if opfuse.get("reason") else f"opfuse: {name}"
+
+
+def group_verdict(group: Mapping[str, Any]) -> str:
+    """A UB group's opfuse verdict; where a Next steps command fuses the group, that
+    command (the report never says "no pass" of a group a command it measured fuses)."""
+    step = group.get("next_step")
+    if not step:
+        return verdict_text(group["opfuse"])
+    opfuse = group["opfuse"]
+    name = opfuse.get("pass") or "opfuse optimize"
+    measured = (
+        f"{step['ratio']:.2f}x time, {'faster' if step['helps'] else 'no gain beyond the noise'}"
+        if isinstance(step.get("ratio"), (int, float))
+        else "not measured"
+    )
+    return f"opfuse: {name} fuses it with Next steps' {step['command']} ({measured})"
 
 
 def ort_text(ort: Mapping[str, Any] | None) -> str:
@@ -124,6 +141,8 @@ def header_lines(report: Mapping[str, Any]) -> list[str]:
             else ""
         ),
     ]
+    if prof.get("inputs"):
+        lines.append(inputs_line(prof["inputs"], prof.get("input_shape_hint")))
     if prof["variance_warning"]:
         lines.append(f"warning: {prof['variance_warning']}")
     if prof["unmapped_us"]:
@@ -133,6 +152,24 @@ def header_lines(report: Mapping[str, Any]) -> list[str]:
             f"{len(names)} name(s): {', '.join(names[:5])}" + (" ..." if len(names) > 5 else "")
         )
     return lines
+
+
+def inputs_line(inputs: list[Mapping[str, Any]], hint: str | None) -> str:
+    """The input shapes profiled (every per-op figure depends on them) and, where a dim is
+    dynamic, the options that set it."""
+
+    def dims(values: list[object]) -> str:
+        return "[" + ", ".join(str(v) for v in values) + "]"
+
+    shown = "; ".join(
+        f"{i['name']} {dims(i['shape'])}"
+        + (f" (declared {dims(i['declared'])})" if i["dynamic"] else "")
+        for i in inputs
+    )
+    line = f"inputs profiled: {shown}"
+    if hint:
+        line += "; dynamic dims were set by opfuse: give the shapes you run with, e.g. " + hint
+    return line
 
 
 def step_text(c: Mapping[str, Any]) -> str:
@@ -163,11 +200,22 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
     prof = report["profile"]
     tgt = report["target"]
     for text in header_lines(report):
-        p(text, markup=False, soft_wrap=True)
+        p(text, markup=False)
     for note in prof["notes"][:top]:
-        p(f"note: {note}", markup=False, soft_wrap=True)
+        p(f"note: {note}", markup=False)
     if (line := more(top, len(prof["notes"]))) is not None:
         p(line)
+
+    if report.get("quantized"):  # a quantized model's own findings come first
+        p("")
+        p("====Quantized model (int8)====")
+        for f in report["quantized"]:
+            p(f"{f['finding']}", markup=False)
+            p(f"    why it costs: {f['why']}", markup=False, style="dim")
+            p(f"    what to do: {f['what_to_do']}", markup=False, style="dim")
+            if f["nodes"]:
+                shown = ", ".join(f["nodes"]) + (" ..." if f["count"] > len(f["nodes"]) else "")
+                p(f"    nodes: {shown}", markup=False, style="dim")
 
     steps = report["next_steps"]
     p("")
@@ -175,7 +223,7 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
     if steps["skipped"]:
         p(f"No trial: {steps['skipped']}.", markup=False)
     for c in steps["commands"][:top]:
-        p(f"  {step_text(c)}", markup=False, soft_wrap=True)
+        p(f"  {step_text(c)}", markup=False)
     if (line := more(top, len(steps["commands"]))) is not None:
         p(f"  {line}")
     if steps["commands"] and not steps["helps"]:
@@ -185,7 +233,6 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
             p(
                 f"  {d['op_type']} ({100 * d['share']:.1f}% of the time): {d['suggestion']}",
                 markup=False,
-                soft_wrap=True,
             )
 
     groups = report["ub_fusion"]
@@ -205,11 +252,11 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
         )
         # the verdict most groups share (no opfuse pass: a UB fusion is the backend's) is
         # printed once; a group's own line shows only a verdict of its own
-        verdicts = Counter(verdict_text(g["opfuse"]) for g in groups)
+        verdicts = Counter(group_verdict(g) for g in groups)
         shared, n = verdicts.most_common(1)[0]
         common = shared if n > 1 else None
         if common is not None:
-            p(f"For every group below unless noted, {common}", markup=False, soft_wrap=True)
+            p(f"For every group below unless noted, {common}", markup=False)
         p("List of operators that can be fused in subgraph 0")
         for g in unfused[:top]:
             p(
@@ -217,9 +264,8 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
                 f"Fusion Operator Duration: {_us(g['duration_us'])}; "
                 f"({100 * g['share']:.1f}% of the time)",
                 markup=False,
-                soft_wrap=True,
             )
-            verdict = verdict_text(g["opfuse"])
+            verdict = group_verdict(g)
             extra = [
                 x
                 for x in (
@@ -235,7 +281,7 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
                 if x
             ]
             if extra:
-                p("    " + "; ".join(extra), markup=False, soft_wrap=True, style="dim")
+                p("    " + "; ".join(extra), markup=False, style="dim")
         if (line := more(top, len(unfused))) is not None:
             p(line)
         if fused:
@@ -295,15 +341,14 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
         )
         p("List of operators that can be fused with aipp")
         for i, a in enumerate(report["aipp_fusion"][:top], 1):
-            p(f"{i}. {'+'.join(a['nodes'] + [a['first_conv']])}", markup=False, soft_wrap=True)
+            p(f"{i}. {'+'.join(a['nodes'] + [a['first_conv']])}", markup=False)
             p(
                 f"    op types: {'+'.join(a['op_types'])}+Conv; input normalization: "
                 f"{', '.join(a['normalization']) or 'none'}; duration: {_us(a['duration_us'])} us",
                 markup=False,
-                soft_wrap=True,
                 style="dim",
             )
-            p(f"    {verdict_text(a['opfuse'])}", markup=False, soft_wrap=True, style="dim")
+            p(f"    {verdict_text(a['opfuse'])}", markup=False, style="dim")
         if (line := more(top, len(report["aipp_fusion"]))) is not None:
             p(line)
         p(
@@ -331,20 +376,9 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
                     f"  {h['node']} ({h['op_type']}, {h['duration_us']:.3f} us): {h['message']}; "
                     f"{verdict_text(h['opfuse'])}",
                     markup=False,
-                    soft_wrap=True,
                 )
             if (line := more(top, len(hints))) is not None:
                 p(f"  {line}")
-    if report.get("quantized"):
-        p("")
-        p("====Quantized model (int8)====")
-        for f in report["quantized"]:
-            p(f"{f['finding']}", markup=False, soft_wrap=True)
-            p(f"    why it costs: {f['why']}", markup=False, soft_wrap=True, style="dim")
-            p(f"    what to do: {f['what_to_do']}", markup=False, soft_wrap=True, style="dim")
-            if f["nodes"]:
-                shown = ", ".join(f["nodes"]) + (" ..." if f["count"] > len(f["nodes"]) else "")
-                p(f"    nodes: {shown}", markup=False, soft_wrap=True, style="dim")
     if report["graph_fusion"]:
         p("")
         p("====GraphFusion (opfuse trial run)====")
@@ -357,7 +391,6 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
                 p(
                     f"    not applied {r['count']}x: {r['reason']} ({', '.join(r['nodes'][:3])})",
                     markup=False,
-                    soft_wrap=True,
                     style="dim",
                 )
         if (line := more(top, len(report["graph_fusion"]))) is not None:
@@ -376,7 +409,7 @@ def render_l2(chains: list[Mapping[str, Any]], tgt: Mapping[str, Any], p: Any, t
         p("List of operators that can be fused in subgraph")
         shown = chains[:top]
         for i, c in enumerate(shown, 1):
-            p(f"{i}. {', '.join(c['nodes'])}", markup=False, soft_wrap=True)
+            p(f"{i}. {', '.join(c['nodes'])}", markup=False)
         if (line := more(top, len(chains))) is not None:
             p(line)
         for i, c in enumerate(shown, 1):
@@ -394,7 +427,6 @@ def render_l2(chains: list[Mapping[str, Any]], tgt: Mapping[str, Any], p: Any, t
                     f"{ratio_text(op['vec_ratio'])}; mte2_ratio: {ratio_text(op['mte2_ratio'])}; "
                     f"mte3_ratio: {ratio_text(op['mte3_ratio'])};",
                     markup=False,
-                    soft_wrap=True,
                 )
             split = c["batch_split"]
             if split:

@@ -15,7 +15,7 @@ from opfuse.advisor.attribution import original_nodes
 from opfuse.advisor.graph import OpGraph
 from opfuse.advisor.groups import Group, grow_groups, rank_groups
 from opfuse.advisor.l2 import RATIO_KEYS, estimate_ratios, l2_chains
-from opfuse.advisor.nextsteps import dominant, trial
+from opfuse.advisor.nextsteps import Changes, dominant, trial
 from opfuse.advisor.pass_verdict import Verdict
 from opfuse.advisor.profile_readers import OpRecord, Profile, iqr, op_statistic, top_nodes
 from opfuse.advisor.quantized import quantized_findings
@@ -70,6 +70,7 @@ def ub_section(a: Analysis) -> tuple[list[Group], list[dict[str, object]]]:
             "opfuse_removes_us": round(removed, 3) if removed is not None else None,
             "opfuse": opfuse.to_json(),
             "onnxruntime": a.ort_fuses(grp.members),
+            "next_step": None,  # set once Next steps are measured (label_next_steps)
         }
         rows.append(row)
     # groups the runtime does not fuse first (in rank order), those it fuses last
@@ -85,9 +86,21 @@ def graph_info(a: Analysis) -> dict[str, object]:
             "nodes_analysed": len(a.graph.nodes),
             "constant_nodes_counted": False,
             "subgraphs": 0,
+            "quantized": False,
         }
     if a.ran is not None and a.profile.source == "op_summary":
         analysed = "the operators of the op summary, on the model's edges (the graph that ran)"
+    elif (
+        a.ran is not None
+        and a.ran_kernels_fused
+        and a.quantized
+        and a.profile.source == "onnxruntime"
+    ):
+        analysed = (
+            "the graph onnxruntime deploys for this quantized (QDQ) model: its kernels at "
+            f"'{a.profile.graph_opt}' (QDQ fusion on), as profiled, each mapped to the model's "
+            "nodes after opfuse's default passes"
+        )
     elif a.ran is not None and a.ran_kernels_fused:
         analysed = (
             "the kernels of the profile: onnxruntime's graph of the model at "
@@ -109,6 +122,7 @@ def graph_info(a: Analysis) -> dict[str, object]:
         "nodes_analysed": len(a.graph.nodes),
         "constant_nodes_counted": False,
         "subgraphs": sum(1 for _ in a.original.graph.subgraphs()),
+        "quantized": a.quantized,
     }
 
 
@@ -259,7 +273,10 @@ def l2_section(a: Analysis, groups: list[Group]) -> list[dict[str, object]]:
 
 
 def next_steps_section(
-    a: Analysis, model_path: str | os.PathLike[str] | None, stats: list[dict[str, object]]
+    a: Analysis,
+    model_path: str | os.PathLike[str] | None,
+    stats: list[dict[str, object]],
+    changes: Changes | None = None,
 ) -> dict[str, object]:
     o = a.opts
     skipped = None
@@ -276,7 +293,15 @@ def next_steps_section(
     if skipped is None:
         assert model_path is not None and a.original is not None
         runtime = o.runtime or get_runtime(provider=o.provider, threads=o.threads or 1)
-        commands = trial(model_path, a.original, runtime, o.trial_seconds, a.step)
+        commands = trial(
+            model_path,
+            a.original,
+            runtime,
+            o.trial_seconds,
+            a.step,
+            input_shapes=o.input_shapes,
+            changes=changes,
+        )
         commands.sort(key=lambda c: c["ratio"] if isinstance(c["ratio"], float) else 9e9)
     helps = any(c["helps"] for c in commands)
     return {
@@ -291,8 +316,43 @@ def next_steps_section(
         "skipped": skipped,
         "commands": commands,
         "helps": helps,
-        "dominant": dominant(stats),
+        "dominant": dominant(stats, a.quantized),
     }
+
+
+def label_next_steps(
+    ub: list[dict[str, object]], commands: list[dict[str, object]], changes: Changes
+) -> None:
+    """One truth per report: a group whose nodes a measured Next steps command changes
+    (``--target-opset 14`` fusing a written-out HardSwish into one op) gets that command
+    (``next_step``: the helping one first, then the fastest) and its pass as its verdict."""
+    for row in ub:
+        members = set(row["nodes"])  # type: ignore[arg-type]
+        members.update(n for ns in row["model_nodes"] for n in ns)  # type: ignore[attr-defined]
+        hits = [
+            c
+            for c in commands
+            if not c["error"] and changes.nodes.get(str(c["command"]), set()) & members
+        ]
+        hits.sort(key=lambda c: (not c["helps"], c["ratio"] if c["ratio"] is not None else 9e9))
+        row["next_step"] = None
+        if not hits:
+            continue
+        c = hits[0]
+        row["next_step"] = {"command": c["command"], "ratio": c["ratio"], "helps": c["helps"]}
+        passes = changes.passes.get(str(c["command"])) or []
+        measured = (
+            f"{c['ratio']:.2f}x time, {'faster' if c['helps'] else 'no gain beyond the noise'}"
+            if isinstance(c["ratio"], float)
+            else "not measured"
+        )
+        reason = f"with {' '.join(c['flags'])} (Next steps: {measured})"  # type: ignore[arg-type]
+        row["opfuse"] = Verdict(
+            passes[0] if passes else None,
+            available=True,
+            fires=True if passes else None,
+            reason=reason,
+        ).to_json()
 
 
 def quantized_section(a: Analysis) -> list[dict[str, object]]:
@@ -434,7 +494,10 @@ def report(a: Analysis) -> dict[str, object]:
         }
         for s in op_statistic(p.records)
     ]
-    next_steps = next_steps_section(a, model_path, stats)
+    quantized = quantized_section(a)
+    changes = Changes()
+    next_steps = next_steps_section(a, model_path, stats, changes)
+    label_next_steps(ub, next_steps["commands"], changes)  # type: ignore[arg-type]
     totals = p.run_totals_us()
     return {
         "schema": SCHEMA,
@@ -445,6 +508,7 @@ def report(a: Analysis) -> dict[str, object]:
             "peaks_measured_on": a.peaks.key if a.peaks is not None else None,
         },
         "ascend_sections": a.ascend_sections(),
+        "quantized": quantized,
         "next_steps": next_steps,
         "graph": graph_info(a),
         "profile": {
@@ -460,6 +524,8 @@ def report(a: Analysis) -> dict[str, object]:
             "variance_warning": variance_warning(a.profile),
             "unmapped_us": round(a.times.unmapped_us, 3),
             "unmapped_nodes": [r.name for r in a.times.unmapped],
+            "inputs": [i.to_json() for i in p.inputs],
+            "input_shape_hint": p.input_shape_hint(),
             "missing_columns": p.missing_columns,
             "notes": p.notes,
         },
@@ -470,7 +536,6 @@ def report(a: Analysis) -> dict[str, object]:
         "l2_fusion": l2,
         "hints": hints,
         "graph_fusion": a.trial.pass_summary() if a.trial is not None else [],
-        "quantized": quantized_section(a),
     }
 
 

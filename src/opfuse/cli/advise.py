@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +15,7 @@ from rich.table import Table
 
 from opfuse.advisor.profile_readers import GRAPH_OPT_LEVELS
 from opfuse.advisor.report import CAPTION, ORIGINAL, RUNS_NOTE, nodes_text
+from opfuse.cli.console import console, text_width
 from opfuse.errors import EXIT_STATUSES
 
 PathArg = click.Path(path_type=Path)
@@ -151,7 +151,7 @@ def profile(
         report.originals,
     )
     total = prof.total_us or 1.0
-    out = Console(highlight=False, width=None if sys.stdout.isatty() else 240)
+    out = console()
     if fmt == "json":
         out.print_json(json.dumps(report.to_json()))
         return
@@ -238,9 +238,9 @@ def profile(
 @click.option(
     "--graph-opt",
     type=click.Choice(GRAPH_OPT_LEVELS),
-    default="disable",
-    show_default=True,
-    help="onnxruntime optimization level while profiling (disable: one time per node).",
+    default=None,
+    help="onnxruntime optimization level while profiling [default: disable, a time per "
+    "node; all for a quantized (QDQ) model, the graph onnxruntime deploys].",
 )
 @click.option("--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224.")
 @click.option("--top", default=10, show_default=True, help="Entries per list in text and HTML.")
@@ -272,7 +272,7 @@ def advise(
     warmup: int,
     threads: int,
     provider: str,
-    graph_opt: str,
+    graph_opt: str | None,
     input_shape: tuple[str, ...],
     top: int,
     fmt: str,
@@ -322,10 +322,8 @@ def advise(
             _write(output, page, inputs)
         return
     if output is None:
-        render_text(
-            report, Console(highlight=False, width=None if sys.stdout.isatty() else 240), top
-        )
+        render_text(report, console(), top)
         return
-    console = Console(record=True, width=240, file=io.StringIO(), color_system=None)
-    render_text(report, console, top)
-    _write(output, console.export_text(), inputs)
+    recorder = Console(record=True, width=text_width(), file=io.StringIO(), color_system=None)
+    render_text(report, recorder, top)
+    _write(output, recorder.export_text(), inputs)

@@ -1,19 +1,68 @@
 """The command line's consoles (results on stdout, everything else on stderr), the
-``--debug`` switch and the progress spinner every command shows on a terminal."""
+``--debug`` switch and the progress spinner every command shows on a terminal.
+
+Widths: ``COLUMNS`` when it is set, on a terminal or not (``COLUMNS=100 opfuse ... > out.txt``
+draws 100 columns); else the terminal's width; else (a pipe, a file) ``DEFAULT_WIDTH``.
+Read when a console draws, not when it is made, so a changed ``COLUMNS`` counts."""
 
 from __future__ import annotations
 
-import sys
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 
 from opfuse.pipeline.phases import Phases
 
-# piped output keeps whole names (rich would cut tables at 80 columns)
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 240)
-err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 240)
+DEFAULT_WIDTH = 100  # off a terminal, without COLUMNS
+
+
+def env_columns() -> int | None:
+    """``COLUMNS`` as a positive number of columns, or None when unset or not a number."""
+    value = os.environ.get("COLUMNS", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+class WidthConsole(Console):
+    """A rich Console whose width follows the rule above (a ``width`` given is kept)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._fixed = kwargs.get("width")
+        super().__init__(*args, **kwargs)
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        dims = super().size
+        if self._fixed is not None:
+            return dims
+        columns = env_columns()
+        if columns is not None:
+            return ConsoleDimensions(columns, dims.height)
+        if self.is_terminal:
+            return dims
+        return ConsoleDimensions(DEFAULT_WIDTH, dims.height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        self._fixed = new_size[0]
+        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+
+
+def console(**kwargs: Any) -> Console:
+    """A console on stdout (``stderr=True``: stderr) with the widths above."""
+    kwargs.setdefault("highlight", False)
+    return WidthConsole(**kwargs)
+
+
+def text_width() -> int:
+    """The width for text written to a file (``-o``): COLUMNS, else ``DEFAULT_WIDTH``."""
+    return env_columns() or DEFAULT_WIDTH
+
+
+out = console()
+err = console(stderr=True)
 DEBUG = {"on": False}
 
 

@@ -4,12 +4,18 @@ the markdown of docs/PASSES.md."""
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from opfuse.cli.console import out
 from opfuse.errors import EXIT_STATUSES
+
+if TYPE_CHECKING:
+    from opfuse.rewrite.registry import PassInfo
 
 
 @click.command(epilog=EXIT_STATUSES)
@@ -52,31 +58,38 @@ def passes(fmt: str, verbose: bool) -> None:
         ]
         click.echo(json.dumps(rows, indent=2))
         return
-    table = Table()
-    table.add_column("pass", no_wrap=True, min_width=max(len(p.name) for p in infos))
-    table.add_column("default", no_wrap=True, min_width=3 if verbose else len("on (mandatory)"))
     if verbose:
-        for col in ("section", "mandatory", "opset", "patterns"):
-            table.add_column(col)
-        table.add_column("description", ratio=1)
-    else:
-        table.add_column("summary", no_wrap=True, overflow="ellipsis")
+        _verbose(infos)
+        return
+    # the summary is the column a user reads: it folds onto more lines, never truncated
+    table = Table(expand=False)
+    table.add_column("pass", no_wrap=True, min_width=max(len(p.name) for p in infos))
+    table.add_column("default", no_wrap=True)
+    table.add_column("summary", ratio=1, overflow="fold")
     for p in infos:
-        if verbose:
-            desc = p.description + (f" ({p.note})" if p.note else "")
-            patterns = ", ".join(r.name for r in p.rules) or "(graph pass)"
-            table.add_row(
-                p.name,
-                "on" if p.default else "off",
-                p.section,
-                "yes" if p.mandatory else "",
-                p.opset_range,
-                patterns,
-                desc,
-            )
-        else:
-            mandatory = " (mandatory)" if p.mandatory else ""
-            table.add_row(p.name, ("on" if p.default else "off") + mandatory, p.summary)
+        table.add_row(
+            p.name, ("on" if p.default else "off") + ("*" if p.mandatory else ""), p.summary
+        )
     out.print(table)
-    if not verbose:
-        out.print("opfuse passes --verbose: every column and the whole description")
+    out.print(
+        "* mandatory (always runs). opfuse passes --verbose: every field and the whole description",
+        markup=False,
+    )
+
+
+def _verbose(infos: list[PassInfo]) -> None:
+    """One block per pass: its name and settings on the first line, then its description and
+    patterns folded to the console's width under it."""
+    for p in infos:
+        head = Text(p.name, style="bold")
+        head.append(
+            f"  {'on' if p.default else 'off'}{' (mandatory)' if p.mandatory else ''}"
+            f"  section {p.section}  opset {p.opset_range}"
+        )
+        out.print(head)
+        desc = p.description + (f" ({p.note})" if p.note else "")
+        patterns = ", ".join(r.name for r in p.rules) or "(graph pass)"
+        out.print(Padding(Text(desc, overflow="fold"), (0, 0, 0, 4), expand=False))
+        out.print(
+            Padding(Text(f"patterns: {patterns}", overflow="fold"), (0, 0, 0, 4), expand=False)
+        )
