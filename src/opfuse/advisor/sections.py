@@ -327,7 +327,7 @@ def label_next_steps(
     (``--target-opset 14`` fusing a written-out HardSwish into one op) gets that command
     (``next_step``: the helping one first, then the fastest) and its pass as its verdict."""
     for row in ub:
-        members = set(row["nodes"])  # type: ignore[arg-type]
+        members = set(row["nodes"])  # type: ignore[call-overload]
         members.update(n for ns in row["model_nodes"] for n in ns)  # type: ignore[attr-defined]
         hits = [
             c
