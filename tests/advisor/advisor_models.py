@@ -94,3 +94,46 @@ def ort_profile(
 def write_json(path: Path, data: object) -> Path:
     path.write_text(json.dumps(data))
     return path
+
+
+# a chain of elementwise ops with long type names, for the drawings of long groups
+LONG_CHAIN_OPS = (
+    "HardSigmoid",
+    "Softplus",
+    "ThresholdedRelu",
+    "Softsign",
+    "Sigmoid",
+    "Abs",
+    "Neg",
+    "Tanh",
+    "HardSigmoid",
+    "Softplus",
+    "Exp",
+)
+
+
+def long_chain_net(length: int = len(LONG_CHAIN_OPS)) -> onnx.ModelProto:
+    """conv (with a long exporter-style name) -> ``length`` elementwise ops -> Mul(x, conv)
+    -> Relu: one group of length + 3 nodes under a target whose limits allow it."""
+    inits = {"W": np.ones((8, 8, 1, 1), np.float32)}
+    n = helper.make_node
+    prefix = "/backbone/stage3/block.12/expand/activation"
+    nodes = [n("Conv", ["x", "W"], ["c"], name=f"{prefix}/Conv_output_0_conv")]
+    x = "c"
+    for i, op in enumerate(LONG_CHAIN_OPS[:length]):
+        nodes.append(n(op, [x], [f"e{i}"], name=f"{prefix}/{op}_output_{i}"))
+        x = f"e{i}"
+    nodes += [
+        n("Mul", [x, "c"], ["m"], name=f"{prefix}/gate/Mul_output_0"),
+        n("Relu", ["m"], ["y"], name=f"{prefix}/Relu_output_0_final"),
+    ]
+    return make_model(nodes, {"x": [1, 8, 4, 4]}, {"y": [1, 8, 4, 4]}, inits)
+
+
+def long_chain_target(path: Path) -> Path:
+    """The cpu target with UB limits that let ``long_chain_net`` be one group."""
+    target = json.loads((FIXTURES.parents[2] / "src/opfuse/targets/cpu.json").read_text())
+    target["name"] = "wide"
+    target["ub_limits"] = {k: 32 for k in target["ub_limits"]}
+    path.write_text(json.dumps(target))
+    return path

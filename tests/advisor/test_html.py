@@ -13,11 +13,21 @@ import subprocess
 import numpy as np
 import onnx
 import pytest
-from advisor_models import FIXTURES, SWISH_TIMES, make_model, ort_profile, swish_net, write_json
+from advisor_models import (
+    FIXTURES,
+    SWISH_TIMES,
+    long_chain_net,
+    long_chain_target,
+    make_model,
+    ort_profile,
+    swish_net,
+    write_json,
+)
 from onnx import helper
 
 from opfuse.advisor.advise import AdviseOptions, advise
-from opfuse.advisor.html import render_html
+from opfuse.advisor.html import group_graph, label_lines, render_html, shorten
+from opfuse.advisor.report import fold_columns
 
 
 def chromium() -> str:
@@ -133,7 +143,10 @@ def test_chart_and_cards_show_the_largest_groups(tmp_path) -> None:  # type: ign
     assert values == pytest.approx(wanted) and values[0] == pytest.approx(100.0)
     assert "Top 10 UB fusion groups by duration" in chart and "Conv+Tanh: conv_t" in chart
     # one card per fusion type, with the count of its groups and their summed time
-    cards = re.findall(r'<div class="group"><div><b>([^<]+)</b> &times; (\d+): ([\d.]+) us', page)
+    cards = re.findall(
+        r'<div class="group"><div><b>([^<]+)</b> &times; (\d+): ([\d.]+) us',
+        page.replace("<wbr>", ""),
+    )
     assert cards == [("Conv+Relu", "11", "110.0"), ("Conv+Tanh", "1", "100.0")]
 
 
@@ -195,3 +208,90 @@ def test_empty_sections_say_so_as_the_text_report_does(tmp_path) -> None:  # typ
     assert "L2Model" not in text and "L2Model" not in page and "AOE" not in text
     assert "Fusion Operator Detail" not in page  # no bare table header
     assert page.count("<table>") == 2  # the op statistic and the slow nodes only
+
+
+def long_groups(tmp_path, length: int):  # type: ignore[no-untyped-def]
+    """The advise report of a Conv -> ``length`` elementwise ops -> Mul -> Relu chain (one
+    group of length + 3 nodes, long names) under a target that allows such groups."""
+    model = long_chain_net(length)
+    path = tmp_path / f"long{length}.onnx"
+    onnx.save(model, path)
+    times = {n.name: (n.op_type, 10.0 + i) for i, n in enumerate(model.graph.node)}
+    prof = write_json(tmp_path / f"p{length}.json", ort_profile(times, runs=2))
+    target = long_chain_target(tmp_path / "wide.json")
+    opts = AdviseOptions(warmup=1, compare_onnxruntime=False, target=str(target), calibrate=False)
+    return advise(path, profile_path=prof, options=opts)
+
+
+def layout(dom: str) -> dict[str, int]:
+    found = re.search(r'data-layout="([^"]+)"', dom)
+    assert found, "the page's load script did not measure the layout"
+    return {k: int(v) for k, v in (kv.split("=") for kv in found[1].split(";"))}
+
+
+@pytest.mark.parametrize("length", [1, 5, 11])
+def test_group_drawings_stay_inside_their_cards(tmp_path, length) -> None:  # type: ignore[no-untyped-def]
+    """Chromium's layout boxes: every drawing of a group (and each of its boxes, labels and
+    arrows) inside its card, each op label inside its box, no two cards overlapping, the
+    page no wider than the window, whatever the group's length."""
+    report = long_groups(tmp_path, length)
+    assert len(report["ub_fusion"][0]["nodes"]) == length + 3
+    page = tmp_path / "long.html"
+    page.write_text(render_html(report), "utf-8")
+    dom, log, shot = render(page, tmp_path)
+    assert "Uncaught" not in log and 'data-error="' not in dom
+    boxes = layout(dom)
+    assert boxes["cards"] == 1
+    assert boxes["outside"] == 0 and boxes["labels-outside"] == 0 and boxes["overlaps"] == 0
+    assert boxes["page-width"] <= 1200
+
+
+def test_cards_side_by_side_do_not_overlap(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    page = tmp_path / "many.html"
+    page.write_text(render_html(many_groups(tmp_path)), "utf-8")
+    boxes = layout(render(page, tmp_path)[0])
+    assert boxes["cards"] == 2 and boxes["outside"] == 0 and boxes["overlaps"] == 0
+
+
+def test_a_long_group_wraps_onto_rows_of_four() -> None:
+    types = ["Conv", "DequantizeLinear", "QLinearGlobalAveragePool", "Mul", "Add", "Relu"]
+    group = {"op_types": types, "nodes": [f"n{i}" for i in range(6)], "edges": [[0, 1]]}
+    drawing = group_graph(group)
+    width = int(re.search(r'width="(\d+)"', drawing)[1])  # type: ignore[index]
+    assert width <= 560  # a card's width, at any length
+    assert len(set(re.findall(r'<rect x="[\d.]+" y="([\d.]+)"', drawing))) == 2  # two rows
+    # labels: whole words, two lines where one does not fit; every letter kept
+    assert label_lines("DequantizeLinear", 14) == ["Dequantize", "Linear"]
+    assert "".join(label_lines("QLinearGlobalAveragePool", 14)) == "QLinearGlobalAveragePool"
+    assert label_lines("Mul", 14) == ["Mul"]
+
+
+def test_chart_labels_are_cut_between_words_only() -> None:
+    name = "Conv+HardSigmoid+Mul: /backbone/stage3/block.12/expand/activation/Conv_output_0"
+    short = shorten(name, 40)
+    assert len(short) <= 41 and "…" in short
+    head, tail = short.split("…")
+    assert name.startswith(head) and name.endswith(tail)
+    # each piece ends (and starts) at a word boundary of the original
+    assert head[-1] in "/+:_. " or name[len(head)].isupper()
+    assert tail[0].isupper() or name[len(name) - len(tail) - 1] in "/+:_. "
+    assert shorten("short", 40) == "short"
+    assert shorten("x" * 80, 40) == "x" * 80  # one word is never cut
+
+
+def test_columns_that_say_nothing_are_left_out() -> None:
+    headers = ["Name", "removes (us)", "opfuse", "onnxruntime", "Original Node(s)", "us"]
+    rows = [
+        ["a", "n/a", "opfuse: no pass (the backend's)", "", "=", 1.0],
+        ["b", "n/a", "opfuse: no pass (the backend's)", "", "=", 1.0],
+    ]
+    kept, cells, notes = fold_columns(headers, rows)
+    assert kept == ["Name", "us"] and cells == [["a", 1.0], ["b", 1.0]]
+    assert notes == [
+        "opfuse, every row: opfuse: no pass (the backend's)",
+        "Original Node(s): every name is the model's own node",
+    ]
+    # a column that differs, and a table of one row, stay as they are
+    rows[1][2] = "opfuse: SomePass applies it"
+    assert "opfuse" in fold_columns(headers, rows)[0]
+    assert fold_columns(headers, rows[:1])[0] == headers

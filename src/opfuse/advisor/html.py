@@ -3,6 +3,7 @@ then the tables of every section. No external resources, no network."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
@@ -15,6 +16,7 @@ from opfuse.advisor.report import (
     ORIGINAL,
     RUNS_NOTE,
     above_peak,
+    fold_columns,
     fused_text,
     group_verdict,
     header_lines,
@@ -32,11 +34,14 @@ h1{font-size:20px;margin-bottom:4px}h2{font-size:17px;margin:28px 0 2px;border-b
 .sub{color:#777;font-size:12px;margin:0 0 8px}.head p{margin:2px 0;font-size:13px}
 table{border-collapse:collapse;font-size:12px;margin:8px 0}
 td,th{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}
-th{background:#f3f3f3}.num{text-align:right}.dim{color:#666;font-size:12px}
+th{background:#f3f3f3}.num{text-align:right;white-space:nowrap}.dim{color:#666;font-size:12px}
 .warn{color:#a33;font-size:13px}.more{color:#666;font-size:12px;font-style:italic}
 .steps li{margin:3px 0}.good{color:#176b2c;font-weight:bold}
 .cards{display:flex;flex-wrap:wrap;gap:8px}
-.group{border:1px solid #ddd;border-radius:4px;padding:6px;font-size:12px;max-width:560px}
+.group{border:1px solid #ddd;border-radius:4px;padding:6px;font-size:12px;max-width:560px;
+min-width:0;box-sizing:border-box;overflow-wrap:anywhere}
+.group svg,svg.chart{display:block;max-width:100%;height:auto}
+td{overflow-wrap:anywhere}
 .legend span{display:inline-block;margin-right:14px;font-size:12px}
 .legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:middle}
 """
@@ -53,6 +58,37 @@ window.addEventListener('load', function () {
   var steps = document.getElementById('steps').getBoundingClientRect().top;
   document.body.setAttribute('data-rendered', 'bars=' + bars + ';groups=' + graphs +
     ';chart-in-view=' + (seen ? 'yes' : 'no') + ';steps-top=' + Math.round(steps));
+  // layout boxes: every drawing (and each of its shapes) inside its card, each op label
+  // inside its box, no two cards overlapping
+  function inside(a, b) {
+    return a.left >= b.left - 0.5 && a.right <= b.right + 0.5 &&
+      a.top >= b.top - 0.5 && a.bottom <= b.bottom + 0.5;
+  }
+  var cards = document.querySelectorAll('.group'), outside = 0, labels = 0, overlaps = 0;
+  var widest = 0;
+  for (var i = 0; i < cards.length; i++) {
+    var card = cards[i].getBoundingClientRect();
+    var shapes = cards[i].querySelectorAll('svg, svg rect, svg text, svg path, svg line');
+    for (var j = 0; j < shapes.length; j++) {
+      if (shapes[j].closest('defs')) { continue; }  // the arrow marker's template
+      if (!inside(shapes[j].getBoundingClientRect(), card)) { outside++; }
+    }
+    var texts = cards[i].querySelectorAll('svg g.op');
+    for (var k = 0; k < texts.length; k++) {
+      var box = texts[k].querySelector('rect').getBoundingClientRect();
+      var label = texts[k].querySelector('text').getBoundingClientRect();
+      if (!inside(label, box)) { labels++; }
+    }
+    widest = Math.max(widest, card.width);
+    for (var m = i + 1; m < cards.length; m++) {
+      var other = cards[m].getBoundingClientRect();
+      if (card.left < other.right && other.left < card.right &&
+          card.top < other.bottom && other.top < card.bottom) { overlaps++; }
+    }
+  }
+  document.body.setAttribute('data-layout', 'cards=' + cards.length + ';outside=' + outside +
+    ';labels-outside=' + labels + ';overlaps=' + overlaps + ';widest=' + Math.round(widest) +
+    ';page-width=' + document.documentElement.scrollWidth);
 });
 """
 # human title -> msadvisor's own section name (shown as the subtitle)
@@ -85,15 +121,17 @@ def bar_chart(title: str, rows: Sequence[tuple[str, float, str]], chart_id: str)
     top = max(v for _, v, _ in rows) or 1.0
     parts = [
         f'<svg class="chart" id="{chart_id}" xmlns="http://www.w3.org/2000/svg" '
-        f'width="{width}" height="{height}" role="img" aria-label="{escape(title)}">',
+        f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="{escape(title)}">',
         f'<text x="0" y="16" font-size="14" font-weight="bold">{escape(title)}</text>',
     ]
     for i, (label, value, color) in enumerate(rows):
         y = 26 + i * bar_h
         w = max(1.0, (width - label_w - 110) * value / top)
-        short = label if len(label) <= 64 else label[:30] + "…" + label[-33:]
+        short = shorten(label, LABEL_CHARS)
+        fit = _fit(short, 11, label_w - 10)
         parts.append(
-            f'<text x="{label_w - 6}" y="{y + 14}" font-size="11" text-anchor="end">'
+            f'<text x="{label_w - 6}" y="{y + 14}" font-size="11" text-anchor="end"{fit}>'
             f"{escape(short)}</text>"
             f'<rect class="bar" x="{label_w}" y="{y + 3}" width="{w:.1f}" height="{bar_h - 6}" '
             f'fill="{color}"><title>{escape(label)}: {value:.1f} us</title></rect>'
@@ -103,45 +141,128 @@ def bar_chart(title: str, rows: Sequence[tuple[str, float, str]], chart_id: str)
     return "".join(parts)
 
 
+BOX_W, BOX_H, GAP, ROW_GAP, MARGIN = 104, 38, 30, 44, 8
+PER_ROW = 4  # boxes per row: a card (560 px) holds 4; longer groups wrap onto more rows
+CHAR_W = 0.6  # an average glyph's width per unit of font size (sans-serif)
+LABEL_CHARS = 66  # bar chart labels: what fits in the label column at 11 px
+BREAK = re.compile(r"(?<=[/,+:_. -])|(?<=[a-z0-9])(?=[A-Z])")
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` cut to about ``limit`` characters between words (at ``/ , + : _ .``,
+    spaces and camel-case steps), its start and end kept around an ellipsis; never inside
+    a word, so a word longer than the limit is kept whole (the drawing scales it)."""
+    if len(text) <= limit:
+        return text
+    words = [w for w in BREAK.split(text) if w]
+    head: list[str] = []
+    tail: list[str] = []
+    used = 1
+    for w in words:  # the start: up to 40% of the room
+        if used + len(w) > 0.4 * limit and head:
+            break
+        head.append(w)
+        used += len(w)
+    for w in reversed(words[len(head) :]):
+        if used + len(w) > limit and tail:
+            break
+        tail.insert(0, w)
+        used += len(w)
+    if len(head) + len(tail) >= len(words):
+        return text
+    return "".join(head) + "…" + "".join(tail)
+
+
+def label_lines(op: str, chars: int) -> list[str]:
+    """An op type on at most two lines of about ``chars`` characters, broken between
+    camel-case words (``Dequantize`` / ``Linear``), never inside one."""
+    if len(op) <= chars:
+        return [op]
+    words = [w for w in BREAK.split(op) if w]
+    best = [op]
+    for i in range(1, len(words)):
+        first, second = "".join(words[:i]), "".join(words[i:])
+        if max(len(first), len(second)) < max(len(x) for x in best):
+            best = [first, second]
+    return best
+
+
+def _fit(text: str, size: float, room: float) -> str:
+    """A ``textLength`` that squeezes ``text`` into ``room`` px where it would not fit at
+    ``size`` px (the glyphs narrowed; no character dropped), else nothing."""
+    if len(text) * size * CHAR_W <= room:
+        return ""
+    return f' textLength="{room:.0f}" lengthAdjust="spacingAndGlyphs"'
+
+
 def group_graph(group: Mapping[str, Any], uid: int = 0) -> str:
-    """The group's nodes left to right with the edges between them; ``uid`` keeps the
-    arrow marker's id unique in the page."""
+    """The group's nodes in reading order, ``PER_ROW`` to a row (a long group wraps onto
+    more rows, so the drawing keeps its card's width at any length), with the edges
+    between them; it also scales down with its card (viewBox). ``uid`` keeps the arrow
+    marker's id unique in the page."""
     types, names = group["op_types"], group["nodes"]
-    box_w, box_h, gap = 110, 34, 40
-    width = len(types) * (box_w + gap) - gap + 20
-    height = box_h + 70
+    count = len(types)
+    cols = min(count, PER_ROW)
+    rows = -(-count // PER_ROW)
+    width = 2 * MARGIN + cols * BOX_W + (cols - 1) * GAP
+    height = 2 * MARGIN + rows * BOX_H + (rows - 1) * ROW_GAP + 26
     arrow = f"arrow-{uid}"
     parts = [
         f'<svg class="group-graph" xmlns="http://www.w3.org/2000/svg" width="{width}" '
-        f'height="{height}"><defs><marker id="{arrow}" markerWidth="8" markerHeight="8" '
-        f'refX="7" refY="4" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#555"/></marker>'
-        "</defs>"
+        f'height="{height}" viewBox="0 0 {width} {height}"><defs><marker id="{arrow}" '
+        'markerWidth="8" markerHeight="8" refX="7" refY="4" orient="auto">'
+        '<path d="M0,0 L8,4 L0,8 z" fill="#555"/></marker></defs>'
     ]
-    xs = [10 + i * (box_w + gap) for i in range(len(types))]
-    y = 20
+    xs = [MARGIN + (i % PER_ROW) * (BOX_W + GAP) for i in range(count)]
+    ys = [MARGIN + (i // PER_ROW) * (BOX_H + ROW_GAP) for i in range(count)]
     for src, dst in group.get("edges", []):
-        x1, x2 = xs[src] + box_w, xs[dst]
-        if dst == src + 1:
+        same_row = ys[src] == ys[dst]
+        if same_row and xs[dst] == xs[src] + BOX_W + GAP:  # neighbours: a short arrow
+            y = ys[src] + BOX_H / 2
             parts.append(
-                f'<line x1="{x1}" y1="{y + box_h / 2}" x2="{x2 - 2}" y2="{y + box_h / 2}" '
+                f'<line x1="{xs[src] + BOX_W}" y1="{y}" x2="{xs[dst] - 2}" y2="{y}" '
                 f'stroke="#555" marker-end="url(#{arrow})"/>'
             )
-        else:  # skip edge drawn as an arc below the boxes
-            mid = (xs[src] + xs[dst] + box_w) / 2
+            continue
+        x1, y1 = xs[src] + BOX_W / 2, ys[src] + BOX_H
+        x2 = xs[dst] + BOX_W / 2
+        if same_row:  # a skip edge: an arc under the boxes, within the row gap
+            y2 = ys[dst] + BOX_H + 2
+            low = y1 + min(ROW_GAP, 26) - 4
             parts.append(
-                f'<path d="M{xs[src] + box_w / 2},{y + box_h} Q{mid},{y + box_h + 40} '
-                f'{xs[dst] + box_w / 2},{y + box_h + 2}" fill="none" stroke="#555" '
-                f'marker-end="url(#{arrow})"/>'
+                f'<path d="M{x1},{y1} Q{(x1 + x2) / 2},{low} {x2},{y2}" fill="none" '
+                f'stroke="#555" marker-end="url(#{arrow})"/>'
             )
-    for x, op, name in zip(xs, types, names, strict=True):
+        else:  # to a later row: down from the box's foot into the next box's head
+            y2 = ys[dst] - 2
+            mid = (y1 + y2) / 2
+            parts.append(
+                f'<path d="M{x1},{y1} C{x1},{mid} {x2},{mid} {x2},{y2}" fill="none" '
+                f'stroke="#555" marker-end="url(#{arrow})"/>'
+            )
+    chars = int((BOX_W - 10) / (12 * CHAR_W))
+    for x, y, op, name in zip(xs, ys, types, names, strict=True):
+        lines = label_lines(op, chars)
+        size = 12 if len(lines) == 1 else 11
+        first = y + BOX_H / 2 + size * 0.35 - (len(lines) - 1) * size * 0.55
+        text = "".join(
+            f'<tspan x="{x + BOX_W / 2}" y="{first + k * size * 1.1:.1f}"'
+            f"{_fit(line, size, BOX_W - 8)}>{escape(line)}</tspan>"
+            for k, line in enumerate(lines)
+        )
         parts.append(
-            f'<rect x="{x}" y="{y}" width="{box_w}" height="{box_h}" rx="5" fill="{_color(op)}">'
-            f"<title>{escape(name)}</title></rect>"
-            f'<text x="{x + box_w / 2}" y="{y + 21}" font-size="12" fill="#fff" '
-            f'text-anchor="middle">{escape(op)}</text>'
+            f'<g class="op"><rect x="{x}" y="{y}" width="{BOX_W}" height="{BOX_H}" rx="5" '
+            f'fill="{_color(op)}"><title>{escape(name)}</title></rect>'
+            f'<text font-size="{size}" fill="#fff" text-anchor="middle">{text}</text></g>'
         )
     parts.append("</svg>")
     return "".join(parts)
+
+
+def breakable(text: str) -> str:
+    """``text`` escaped, with a line-break opportunity after each ``/ , + _ .`` so a long
+    node name wraps between its parts rather than inside a word (or out of its box)."""
+    return re.sub(r"([/,+_.])", r"\1<wbr>", escape(text))
 
 
 def _cell(c: object) -> str:
@@ -149,7 +270,7 @@ def _cell(c: object) -> str:
         return f'<td class="num">{c:.3f}</td>'
     if isinstance(c, int) and not isinstance(c, bool):
         return f'<td class="num">{c}</td>'
-    return f"<td>{escape(str(c))}</td>"
+    return f"<td>{breakable(str(c))}</td>"
 
 
 def _table(
@@ -162,10 +283,12 @@ def _table(
     message (as the text report prints it) when no rows."""
     if not rows and empty is not None:
         return f'<p class="empty">{escape(empty)}</p>'
-    shown = rows if top is None else rows[:top]
+    headers, folded, notes = fold_columns(headers, rows)
+    shown = folded if top is None else folded[:top]
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in shown)
-    return f"<table><tr>{head}</tr>{body}</table>" + _more(len(shown), len(rows))
+    said = "".join(f'<p class="dim">{escape(n)}</p>' for n in notes)
+    return f"<table><tr>{head}</tr>{body}</table>" + _more(len(shown), len(rows)) + said
 
 
 def _more(shown: int, total: int) -> str:
@@ -208,11 +331,11 @@ def _cards(groups: Sequence[Mapping[str, Any]], top: int) -> str:
         total = sum(g["duration_us"] for g in gs)
         acts = ", ".join(a["name"] for a in big["activations"])
         out.append(
-            f'<div class="group"><div><b>{escape(big["fusion_type"])}</b> &times; {len(gs)}: '
+            f'<div class="group"><div><b>{breakable(big["fusion_type"])}</b> &times; {len(gs)}: '
             f"{total:.1f} us per run ({100 * sum(g['share'] for g in gs):.1f}% of the time)"
             + (f"; activation {escape(acts)}" if acts else "")
             + f"</div>{group_graph(big, i)}"
-            f'<div class="dim">largest: {escape(", ".join(big["nodes"]))} '
+            f'<div class="dim">largest: {breakable(", ".join(big["nodes"]))} '
             f"({big['duration_us']:.1f} us)</div></div>"
         )
     out.append("</div>")
@@ -344,7 +467,8 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
             top=top,
         )
     )
-    out.append(f'<p class="dim">{escape(CAPTION)}</p>')
+    if any(nodes_text(n["name"], n["nodes"]) != "=" for n in report["top_nodes"]):
+        out.append(f'<p class="dim">{escape(CAPTION)}</p>')
     out.append(_title("aipp"))
     out.append(
         _table(

@@ -5,7 +5,7 @@ op statistics."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -33,6 +33,37 @@ ORIGINAL = "Original Node(s)"
 RUNS_NOTE = "each node's median over the runs"
 NUMBERS = ("Duration(us)", "IQR(us)", "Ratio(%)")
 CAPTION = "Original Node(s): the model's nodes behind a fused kernel's name; = the node itself"
+
+
+# cells that say nothing: a column of only these is left out of its table
+SAYS_NOTHING = frozenset({"", "n/a", "="})
+
+
+def fold_columns(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], numeric: Sequence[str] = ()
+) -> tuple[list[str], list[list[object]], list[str]]:
+    """Leave out the text columns (never the first) that are the same in every row: a
+    column that says nothing (``n/a``, ``=`` or empty everywhere) is dropped; one sentence
+    repeated in every row is said once, under the table (returned as notes)."""
+    if len(rows) < 2:
+        return list(headers), [list(r) for r in rows], []
+    keep, notes = [], []
+    for i, h in enumerate(headers):
+        values = {v.strip() if isinstance(v := r[i], str) else v for r in rows}
+        text = all(isinstance(r[i], str) for r in rows) and h not in numeric
+        if i == 0 or len(values) > 1 or not text:
+            keep.append(i)
+            continue
+        (value,) = values
+        if value not in SAYS_NOTHING:
+            notes.append(f"{h}, every row: {value}")
+        elif value == "=" and h == ORIGINAL:
+            notes.append(f"{h}: every name is the model's own node")
+    return (
+        [headers[i] for i in keep],
+        [[r[i] for i in keep] for r in rows],
+        notes,
+    )
 
 
 def nodes_text(name: str, nodes: list[str]) -> str:
@@ -299,7 +330,7 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
 
     table = Table(title=f"Op Statistic (per run, {RUNS_NOTE})", title_justify="left")
     for col in ("OP Type", "Count", "Total Time(us)", "Avg Time(us)", "Ratio(%)"):
-        table.add_column(col, justify="left" if col == "OP Type" else "right")
+        table.add_column(col, justify="left" if col == "OP Type" else "right", overflow="fold")
     for s in report["op_statistic"][:top]:
         table.add_row(
             s["op_type"],
@@ -312,23 +343,33 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
     if (line := more(top, len(report["op_statistic"]))) is not None:
         p(line)
     shown = report["top_nodes"][:top]
+    headers, cells, notes = fold_columns(
+        ("Op Name", "OP Type", "Duration(us)", "IQR(us)", "Ratio(%)", ORIGINAL),
+        [
+            (
+                n["name"],
+                n["op_type"],
+                f"{n['duration_us']:.3f}",
+                f"{n['iqr_us']:.3f}",
+                f"{100 * n['share']:.2f}",
+                nodes_text(n["name"], n["nodes"]),
+            )
+            for n in shown
+        ],
+        numeric=NUMBERS,
+    )
     table = Table(
         title=f"Top {len(shown)} slow nodes (per run)",
         title_justify="left",
-        caption=CAPTION,
+        caption=CAPTION if ORIGINAL in headers else None,
     )
-    for col in ("Op Name", "OP Type", "Duration(us)", "IQR(us)", "Ratio(%)", ORIGINAL):
-        table.add_column(col, justify="right" if col in NUMBERS else "left")
-    for n in shown:
-        table.add_row(
-            n["name"],
-            n["op_type"],
-            f"{n['duration_us']:.3f}",
-            f"{n['iqr_us']:.3f}",
-            f"{100 * n['share']:.2f}",
-            nodes_text(n["name"], n["nodes"]),
-        )
+    for col in headers:  # names fold onto more lines, never cut
+        table.add_column(col, justify="right" if col in NUMBERS else "left", overflow="fold")
+    for row in cells:
+        table.add_row(*(str(c) for c in row))
     p(table)
+    for note in notes:
+        p(note, markup=False)
     if (line := more(top, len(report["top_nodes"]))) is not None:
         p(line)
 

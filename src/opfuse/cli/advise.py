@@ -164,7 +164,7 @@ def profile(
     # per run, as advise prints it: counts per run, each node's median time over the runs
     table = Table(title=f"Op Statistic (per run, {RUNS_NOTE})", title_justify="left")
     for col in ("OP Type", "Count", "Total Time(us)", "Avg Time(us)", "Ratio(%)"):
-        table.add_column(col, justify="left" if col == "OP Type" else "right")
+        table.add_column(col, justify="left" if col == "OP Type" else "right", overflow="fold")
     for s in stats:
         table.add_row(
             s.op_type,
@@ -204,7 +204,7 @@ def profile(
         caption=CAPTION,
     )
     for col in shown:
-        table.add_column(col, justify="right" if col in NUMERIC else "left")
+        table.add_column(col, justify="right" if col in NUMERIC else "left", overflow="fold")
     for row in cells:
         table.add_row(*row)
     out.print(table)
