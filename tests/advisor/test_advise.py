@@ -218,6 +218,7 @@ GRAPH_KEYS = {
     "nodes_analysed",
     "constant_nodes_counted",
     "subgraphs",
+    "quantized",
 }
 PROFILE_KEYS = {
     "source",
@@ -234,7 +235,11 @@ PROFILE_KEYS = {
     "unmapped_nodes",
     "missing_columns",
     "notes",
+    "inputs",
+    "input_shape_hint",
 }
+INPUT_KEYS = {"name", "shape", "declared", "dynamic"}
+NEXT_STEP_KEYS = {"command", "ratio", "helps"}
 STAT_KEYS = {"op_type", "count", "total_us", "mean_us", "share"}
 TOP_KEYS = {"name", "op_type", "duration_us", "iqr_us", "share", "provider", "nodes", "of_peak"}
 OF_PEAK_KEYS = {"flops", "bandwidth"}
@@ -266,6 +271,7 @@ UB_KEYS = {
     "opfuse_removes_us",
     "opfuse",
     "onnxruntime",
+    "next_step",
 }
 ORT_KEYS = {"fuses", "kernels", "absorbed"}
 AIPP_KEYS = {"nodes", "op_types", "normalization", "first_conv", "duration_us", "opfuse"}
@@ -353,6 +359,7 @@ def test_json_schema_is_stable_and_documented(tmp_path) -> None:  # type: ignore
         "nodes_analysed": 8,
         "constant_nodes_counted": False,
         "subgraphs": 0,
+        "quantized": False,
     }
     assert report["next_steps"]["commands"], "the trial ran"
     assert not report["l2_fusion"] and not report["ascend_sections"]  # cpu: not Ascend's
@@ -367,6 +374,7 @@ def test_json_schema_is_stable_and_documented(tmp_path) -> None:  # type: ignore
         assert set(r) == SCHEMA_KEYS
         assert set(r["target"]) == TARGET_KEYS and set(r["graph"]) == GRAPH_KEYS
         assert set(r["profile"]) == PROFILE_KEYS
+        assert all(set(i) == INPUT_KEYS for i in r["profile"]["inputs"])
         assert all(set(s) == STAT_KEYS for s in r["op_statistic"])
         assert all(set(n) == TOP_KEYS for n in r["top_nodes"])
         assert all(
@@ -380,6 +388,7 @@ def test_json_schema_is_stable_and_documented(tmp_path) -> None:  # type: ignore
             assert all(set(a) == ACTIVATION_KEYS for a in g["activations"])
             assert g["onnxruntime"] is None or set(g["onnxruntime"]) == ORT_KEYS
             check_verdict(g["opfuse"])
+            assert g["next_step"] is None or set(g["next_step"]) == NEXT_STEP_KEYS
         for a in r["aipp_fusion"]:
             assert set(a) == AIPP_KEYS
             check_verdict(a["opfuse"])
@@ -407,7 +416,7 @@ def test_json_schema_is_stable_and_documented(tmp_path) -> None:  # type: ignore
     documented |= ORT_KEYS | AIPP_KEYS | L2_KEYS | OP_KEYS | HINT_KEYS | HINT_KINDS
     documented |= VERDICT_KEYS | GRAPH_FUSION_KEYS | REASON_KEYS | OF_PEAK_KEYS | STEPS_KEYS
     documented |= COMMAND_KEYS | DOMINANT_KEYS | ACTIVATION_KEYS
-    documented |= QUANTIZED_KEYS | QUANTIZED_KINDS
+    documented |= QUANTIZED_KEYS | QUANTIZED_KINDS | INPUT_KEYS | NEXT_STEP_KEYS
     for key in documented:
         assert f"`{key}`" in doc, f"docs/ADVISOR.md does not document {key}"
 

@@ -188,7 +188,7 @@ def test_advise_report_has_the_quantized_section(qdq_path: Path) -> None:
     assert "why it costs:" in text and "what to do:" in text
     page = render_html(report)
     assert '<h2 id="quantized">' in page and "Why it costs" in page
-    assert html.escape(str(findings[0]["finding"])) in page  # type: ignore[index]
+    assert html.escape(str(findings[0]["finding"])) in page.replace("<wbr>", "")  # type: ignore[index]
 
 
 def test_advise_float_model_has_an_empty_section(tmp_path: Path) -> None:
@@ -239,3 +239,80 @@ def test_float_twin_keeps_a_quantized_graph_output() -> None:
     assert [n.op_type for n in twin.graph.node] == ["Relu", "QuantizeLinear"]
     x = np.array([-1.0, 0.0, 0.5, 2.0], np.float32)
     assert run(twin, {"x": x}).tolist() == [128, 128, 133, 148]
+
+
+def lines_of(report: dict[str, object]) -> str:
+    out = io.StringIO()
+    render_text(report, Console(file=out, width=200, color_system=None))
+    return out.getvalue()
+
+
+def test_a_qdq_model_is_profiled_as_deployed(qdq_path: Path) -> None:
+    """onnxruntime's QDQ fusion on: the groups are grown on its kernels (QLinearConv ...),
+    the report says so, the quantized findings come first, and nothing says "quantize"."""
+    opts = AdviseOptions(runs=2, warmup=1, next_steps=False)
+    report = advise(qdq_path, options=opts)
+    assert report["profile"]["graph_opt"] == "all"  # type: ignore[index]
+    assert report["graph"]["quantized"] is True  # type: ignore[index]
+    assert "deploys for this quantized (QDQ) model" in report["graph"]["analysed"]  # type: ignore[index]
+    assert "QDQ fusion" in report["profile"]["notes"][0]  # type: ignore[index]
+    types = {s["op_type"] for s in report["op_statistic"]}  # type: ignore[union-attr, index]
+    assert "QLinearConv" in types and "Conv" not in types  # the convs run in int8
+    # no group is a Conv with the Q/DQ onnxruntime folds into its QLinearConv
+    for g in report["ub_fusion"]:  # type: ignore[union-attr]
+        assert "Conv" not in g["op_types"]  # type: ignore[index]
+    conv_groups = [g for g in report["ub_fusion"] if g["op_types"][0] == "QLinearConv"]  # type: ignore[union-attr, index]
+    assert conv_groups and all(g["model_nodes"][0] for g in conv_groups)  # type: ignore[index]
+    # the findings first: in the JSON, the text and the HTML
+    keys = list(report)
+    assert keys.index("quantized") < keys.index("next_steps")
+    text = lines_of(report)
+    assert text.index("====Quantized model (int8)====") < text.index("====Next steps====")
+    page = render_html(report)
+    assert page.index('id="quantized"') < page.index('id="steps"')
+    for said in (text, page, str(report["next_steps"])):
+        assert "quantize to int8" not in said
+
+
+def test_qdq_fused_by_the_runtime_does_not_dominate(tmp_path: Path) -> None:
+    """Every Q/DQ of this model fuses into an integer kernel: profiled as deployed, Q/DQ
+    are not named as the ops that dominate (at --graph-opt disable they would be)."""
+    path = tmp_path / "relu.int8.onnx"
+    onnx.save_model(quantize(cnn(size=32), tmp_path), str(path))
+    deployed = advise(path, options=AdviseOptions(runs=3, warmup=1, next_steps=False))
+    shares = {s["op_type"]: s["share"] for s in deployed["op_statistic"]}  # type: ignore[union-attr, index]
+    assert shares["QLinearConv"] > 0.5, shares
+    named = {d["op_type"] for d in deployed["next_steps"]["dominant"]}  # type: ignore[index]
+    assert not named & {"QuantizeLinear", "DequantizeLinear"}
+    assert "unfused_qdq" not in {f["kind"] for f in deployed["quantized"]}  # type: ignore[union-attr, index]
+    # the level asked for is kept, and the report says what it costs
+    disabled = AdviseOptions(runs=2, warmup=1, next_steps=False, graph_opt="disable")
+    report = advise(path, options=disabled)
+    assert report["profile"]["graph_opt"] == "disable"  # type: ignore[index]
+    assert "QDQ fusion is off" in report["profile"]["notes"][0]  # type: ignore[index]
+    assert "Conv" in {s["op_type"] for s in report["op_statistic"]}  # type: ignore[union-attr, index]
+
+
+def test_a_float_model_is_still_profiled_node_by_node(tmp_path: Path) -> None:
+    path = tmp_path / "f.onnx"
+    onnx.save_model(cnn(), str(path))
+    report = advise(path, options=AdviseOptions(runs=2, warmup=1, next_steps=False))
+    assert report["profile"]["graph_opt"] == "disable"  # type: ignore[index]
+    assert report["graph"]["quantized"] is False  # type: ignore[index]
+    assert "QDQ" not in " ".join(report["profile"]["notes"])  # type: ignore[index, arg-type]
+
+
+def test_dominant_ops_of_a_quantized_model_get_no_quantize_advice() -> None:
+    from opfuse.advisor.nextsteps import dominant
+
+    stats = [
+        {"op_type": "QLinearConv", "share": 0.5},
+        {"op_type": "DequantizeLinear", "share": 0.2},
+        {"op_type": "Gemm", "share": 0.15},
+    ]
+    float_advice = dominant(stats[2:])
+    assert "quantize" in str(float_advice[0]["suggestion"])  # a float model: it is advice
+    rows = dominant(stats, quantized=True)
+    assert [r["op_type"] for r in rows] == ["QLinearConv", "DequantizeLinear", "Gemm"]
+    assert not any("quantize to" in str(r["suggestion"]) for r in rows)
+    assert "quantized findings" in str(rows[1]["suggestion"])

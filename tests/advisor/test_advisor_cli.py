@@ -230,3 +230,75 @@ def test_narrow_tables_drop_constant_and_repeated_columns():
     assert shown == ["Op Name", "Total"] and cells == [["a", "5.0"], ["b", "3.0"]]
     assert same == "Count 1, Provider CPU"
     assert fit_columns(columns, rows, width=200)[0] == list(columns)  # it fits: all of it
+
+
+def test_advise_prints_the_input_shapes_it_profiled(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Every per-op figure depends on the input shapes: the report says which, and for a
+    dynamic dim how to give another (text, JSON, HTML); a static model gets no hint."""
+    from advisor_models import make_model
+    from onnx import helper
+
+    n = helper.make_node
+    dynamic = make_model(
+        [n("Relu", ["x"], ["y"], name="relu")], {"x": ["N", 3, 4]}, {"y": ["N", 3, 4]}
+    )
+    path = tmp_path / "dyn.onnx"
+    onnx.save(dynamic, path)
+    base = ["advise", str(path), "--runs", "1", "--warmup", "0", "--no-trial"]
+    result = CliRunner().invoke(app, [*base, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    prof = json.loads(result.output)["profile"]
+    assert prof["inputs"] == [
+        {"name": "x", "shape": [1, 3, 4], "declared": ["N", 3, 4], "dynamic": True}
+    ]
+    assert prof["input_shape_hint"] == "--input-shape x:1,3,4"
+    text = CliRunner().invoke(app, base, env={"COLUMNS": "300"}).output
+    assert "inputs profiled: x [1, 3, 4] (declared [N, 3, 4])" in text
+    assert "--input-shape x:1,3,4" in text
+    page = CliRunner().invoke(app, [*base, "--format", "html"]).output
+    assert "inputs profiled: x [1, 3, 4]" in page and "--input-shape x:1,3,4" in page
+    # the shape given is the one profiled
+    given = CliRunner().invoke(app, [*base, "--input-shape", "x:2,3,4", "--format", "json"])
+    assert json.loads(given.output)["profile"]["inputs"][0]["shape"] == [2, 3, 4]
+    static = tmp_path / "static.onnx"
+    onnx.save(make_model([n("Relu", ["x"], ["y"], name="r")], {"x": [1, 3]}, {"y": [1, 3]}), static)
+    text = (
+        CliRunner()
+        .invoke(app, ["advise", str(static), "--runs", "1", "--warmup", "0", "--no-trial"])
+        .output
+    )
+    assert "inputs profiled: x [1, 3]" in text and "--input-shape" not in text
+
+
+def widths(output: str) -> int:
+    return max((len(line) for line in output.splitlines()), default=0)
+
+
+@pytest.mark.parametrize("columns", ["100", "72", None])
+def test_output_fits_the_columns(tmp_path, columns) -> None:  # type: ignore[no-untyped-def]
+    """COLUMNS is honoured off a terminal (CliRunner's output is not one); without it the
+    width is 100. Long node names and the passes' summaries fold, never run over."""
+    from advisor_models import long_chain_net, long_chain_target, ort_profile, write_json
+
+    limit = int(columns or 100)
+    env = {"COLUMNS": columns}  # None: unset
+    for args in (["passes"], ["passes", "--verbose"]):
+        result = CliRunner().invoke(app, args, env=env)
+        assert result.exit_code == 0 and widths(result.output) <= limit, args
+        assert "ConvBatchNormFusionPass" in result.output
+    model = long_chain_net()
+    path = tmp_path / "long.onnx"
+    onnx.save(model, path)
+    times = {x.name: (x.op_type, 10.0 + i) for i, x in enumerate(model.graph.node)}
+    prof = write_json(tmp_path / "p.json", ort_profile(times, runs=2))
+    target = long_chain_target(tmp_path / "wide.json")
+    args = ["advise", str(path), "--profile", str(prof), "--target", str(target), "--no-trial"]
+    result = CliRunner().invoke(app, [*args, "--warmup", "1"], env=env)
+    assert result.exit_code == 0, result.output
+    assert widths(result.output) <= limit
+    assert "/backbone/stage3/block.12/expand/activation/Conv_output_0_conv" in "".join(
+        result.output.split()
+    )  # folded, whole
+    out = tmp_path / "report.txt"
+    result = CliRunner().invoke(app, [*args, "--warmup", "1", "-o", str(out)], env=env)
+    assert result.exit_code == 0 and widths(out.read_text()) <= limit

@@ -164,3 +164,56 @@ def test_first_screen_has_next_steps_and_the_groups_the_runtime_does_not_fuse(tm
     unfused = [g for g in report["ub_fusion"] if g["onnxruntime"]["fuses"] != "yes"]
     assert len(listed) == len(unfused) and "% of the time)" in listed[0]
     assert any("group(s) onnxruntime already runs as one kernel" in ln for ln in lines)
+
+
+def hardswish_written_out(blocks: int = 2) -> onnx.ModelProto:
+    """Conv -> x * HardSigmoid(x) per block, at opset 13: HardSwishFusionPass folds each
+    pair into one HardSwish only with --target-opset 14."""
+    rng = np.random.default_rng(0)
+    inits, nodes, x = {}, [], "x"
+    for i in range(blocks):
+        inits[f"W{i}"] = (rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32)
+        nodes += [
+            N("Conv", [x, f"W{i}"], [f"c{i}"], name=f"conv{i}", pads=[1, 1, 1, 1]),
+            N("HardSigmoid", [f"c{i}"], [f"h{i}"], name=f"hsig{i}", alpha=1 / 6, beta=0.5),
+            N("Mul", [f"c{i}", f"h{i}"], [f"m{i}"], name=f"hmul{i}"),
+        ]
+        x = f"m{i}"
+    return make_model(nodes, {"x": [1, 8, 8, 8]}, {x: [1, 8, 8, 8]}, inits, opset=13)
+
+
+def test_a_group_a_next_step_fuses_is_labelled_with_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """One truth per report: --target-opset 14 makes the HardSwish groups one op, so the
+    groups name that command (measured), not "no pass"; without the trial, no label."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from opfuse.advisor.html import render_html
+    from opfuse.advisor.report import render_text
+
+    model = tmp_path / "hsw.onnx"
+    onnx.save(hardswish_written_out(), model)
+    costs = FakeRuntime({"HardSigmoid": 20.0, "Mul": 20.0, "HardSwish": 10.0}, default=2.0)
+    options = AdviseOptions(runs=1, warmup=0, runtime=costs, compare_onnxruntime=False)
+    report = advise(model, options=options)
+    opset = next(c for c in report["next_steps"]["commands"] if "--target-opset" in c["flags"])
+    assert opset["flags"] == ["--target-opset", "14"] and opset["helps"] is True
+    assert report["ub_fusion"]
+    for g in report["ub_fusion"]:
+        assert g["next_step"] == {
+            "command": opset["command"],
+            "ratio": opset["ratio"],
+            "helps": True,
+        }
+        assert g["opfuse"]["pass"] == "HardSwishFusionPass" and g["opfuse"]["fires"] is True
+    buf = StringIO()
+    render_text(report, Console(file=buf, width=300, color_system=None))
+    text = buf.getvalue()
+    assert f"HardSwishFusionPass fuses it with Next steps' {opset['command']}" in text
+    assert "opfuse: no pass" not in text
+    assert "fuses it with Next steps&#x27;" in render_html(report)
+    # without the trial there is no measured command to name
+    quiet = AdviseOptions(runs=1, warmup=0, next_steps=False, compare_onnxruntime=False)
+    for g in advise(model, options=quiet)["ub_fusion"]:
+        assert g["next_step"] is None and g["opfuse"]["pass"] is None

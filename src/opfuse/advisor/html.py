@@ -262,7 +262,7 @@ def group_graph(group: Mapping[str, Any], uid: int = 0) -> str:
 def breakable(text: str) -> str:
     """``text`` escaped, with a line-break opportunity after each ``/ , + _ .`` so a long
     node name wraps between its parts rather than inside a word (or out of its box)."""
-    return re.sub(r"([/,+_.])", r"\1<wbr>", escape(text))
+    return re.sub(r"([/,+_]|\.(?=\D))", r"\1<wbr>", escape(text))
 
 
 def _cell(c: object) -> str:
