@@ -263,6 +263,15 @@ def test_a_qdq_model_is_profiled_as_deployed(qdq_path: Path) -> None:
         assert "Conv" not in g["op_types"]  # type: ignore[index]
     conv_groups = [g for g in report["ub_fusion"] if g["op_types"][0] == "QLinearConv"]  # type: ignore[union-attr, index]
     assert conv_groups and all(g["model_nodes"][0] for g in conv_groups)  # type: ignore[index]
+    # every kernel maps back to the model's nodes, the inlined HardSwish body's kernels
+    # (HardSigmoid_N, Mul_M in onnxruntime's graph) to the HardSwish node
+    names = {n.name for n in onnx.load_model(str(qdq_path)).graph.node}
+    for g in report["ub_fusion"]:  # type: ignore[union-attr]
+        assert all(set(ran) <= names for ran in g["model_nodes"]), g["model_nodes"]  # type: ignore[index]
+    assert any(["act1"] in g["model_nodes"] for g in report["ub_fusion"])  # type: ignore[union-attr, index]
+    # the float islands' cost: the float ops and their Q/DQ, as profiled
+    (unfused,) = [f for f in report["quantized"] if f["kind"] == "unfused_qdq"]  # type: ignore[union-attr, index]
+    assert 0 < unfused["cost_us"] < report["profile"]["total_us"]  # type: ignore[index, operator]
     # the findings first: in the JSON, the text and the HTML
     keys = list(report)
     assert keys.index("quantized") < keys.index("next_steps")

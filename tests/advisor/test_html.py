@@ -288,7 +288,7 @@ def test_columns_that_say_nothing_are_left_out() -> None:
     kept, cells, notes = fold_columns(headers, rows)
     assert kept == ["Name", "us"] and cells == [["a", 1.0], ["b", 1.0]]
     assert notes == [
-        "opfuse, every row: opfuse: no pass (the backend's)",
+        "Every row: opfuse: no pass (the backend's)",
         "Original Node(s): every name is the model's own node",
     ]
     # a column that differs, and a table of one row, stay as they are

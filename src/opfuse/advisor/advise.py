@@ -276,7 +276,10 @@ def _deployed(analysed: OpGraph, profile: Profile) -> tuple[RanGraph, Profile]:
     assert profile.ort_optimized_model is not None
     runtime = from_model(io.read_model(profile.ort_optimized_model))
     mapper = Resolver(analysed, runtime=runtime)
-    runs = {n.index: mapper.kernel_nodes(n.name) or [n.name] for n in runtime.nodes}
+    runs = {
+        n.index: mapper.kernel_nodes(n.name) or _body_of(mapper, runtime, n.index) or [n.name]
+        for n in runtime.nodes
+    }
     fused = sorted(
         {n.op_type for n in runtime.nodes if n.op_type.startswith("Q") and n.op_type not in QDQ_OPS}
         | {n.op_type for n in runtime.nodes if n.op_type.endswith("Integer")}
@@ -292,6 +295,23 @@ def _deployed(analysed: OpGraph, profile: Profile) -> tuple[RanGraph, Profile]:
         ],
     )
     return RanGraph(runtime, runs, attribute(profile.records, Resolver(runtime))), profile
+
+
+def _body_of(mapper: Resolver, runtime: OpGraph, index: int) -> list[str] | None:
+    """A kernel of an inlined function body (``HardSigmoid_4``, ``Mul_5`` of a HardSwish,
+    reading and making tensors onnxruntime renamed): the function's model node, the first
+    of the nodes the next mapped kernel on its path runs (the QuantizeLinear after it runs
+    the HardSwish and itself), following the one reader of each output, up to 8 kernels."""
+    node = runtime.nodes[index]
+    for _ in range(8):
+        readers = runtime.consumers.get(node.outputs[0], []) if node.outputs else []
+        if len(readers) != 1:
+            return None
+        node = runtime.nodes[readers[0]]
+        nodes = mapper.kernel_nodes(node.name)
+        if nodes:
+            return nodes[:1]
+    return None
 
 
 def _ran_kernels(

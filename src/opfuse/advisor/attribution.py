@@ -288,7 +288,8 @@ def _align_unnamed(
     """Kernels onnxruntime named itself (``HardSigmoid_122``, named ``<op type>_<index>``: the
     inlined body of a function op such as HardSwish) go, run by run in execution order, to
     the next node after the last mapped one that has no time of its own and the same output
-    shape. Other unknown names stay unmapped."""
+    shape; where the next nodes without a time are of the run's op types in the same order
+    (the body's own nodes), one kernel to each. Other unknown names stay unmapped."""
     missing = [n.index for n in g.nodes if n.index not in result.time_us]
     own = [bool(re.fullmatch(rf"{re.escape(r.op_type)}_\d+", r.name)) for r in ordered]
     cursor, last = 0, -1
@@ -307,6 +308,19 @@ def _align_unnamed(
         while j + 1 < len(ordered) and found[j + 1] is None and own[j + 1]:
             j += 1
         run = ordered[i : j + 1]
+        # the graph holds the body's nodes themselves (onnxruntime's saved graph, whose
+        # inlined names differ from the profiling session's): one kernel to each, in order
+        ahead = [m for m in missing[cursor:] if m > last and m not in result.time_us]
+        seq = ahead[: len(run)]
+        if len(run) > 1 and [g.nodes[m].op_type for m in seq] == [r.op_type for r in run]:
+            for m, r in zip(seq, run, strict=True):
+                result.time_us[m] = r.duration_us
+                result.record[m] = r
+                result.placed[r.name] = g.nodes[m].name
+            result.aligned.extend(r.name for r in run)
+            last, cursor = seq[-1], missing.index(seq[-1]) + 1
+            i = j + 1
+            continue
         shape = run[-1].output_shapes[0] if run[-1].output_shapes else None
         target = None
         for k in range(cursor, len(missing)):

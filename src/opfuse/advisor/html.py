@@ -283,8 +283,8 @@ def _table(
     message (as the text report prints it) when no rows."""
     if not rows and empty is not None:
         return f'<p class="empty">{escape(empty)}</p>'
-    headers, folded, notes = fold_columns(headers, rows)
-    shown = folded if top is None else folded[:top]
+    cut = rows if top is None else rows[:top]
+    headers, shown, notes = fold_columns(headers, cut)  # of the rows shown
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in shown)
     said = "".join(f'<p class="dim">{escape(n)}</p>' for n in notes)
@@ -467,7 +467,7 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
             top=top,
         )
     )
-    if any(nodes_text(n["name"], n["nodes"]) != "=" for n in report["top_nodes"]):
+    if any(nodes_text(n["name"], n["nodes"]) != "=" for n in report["top_nodes"][:top]):
         out.append(f'<p class="dim">{escape(CAPTION)}</p>')
     out.append(_title("aipp"))
     out.append(

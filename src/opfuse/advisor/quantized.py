@@ -54,10 +54,16 @@ def finding(
     }
 
 
-def unfused_qdq(model: onnx.ModelProto, providers: list[str] | None) -> list[dict[str, object]]:
+def unfused_qdq(
+    model: onnx.ModelProto,
+    providers: list[str] | None,
+    cost_of: Callable[[list[str]], float] | None = None,
+) -> list[dict[str, object]]:
+    """``cost_of``: the profiled time of these model nodes (each kernel counted once)."""
     cov = integer_coverage(model, providers)
     if not cov.float_between_qdq:
         return []
+    nodes = [n for n in cov.float_nodes if n] or sorted(cov.float_between_qdq)
     ops = ", ".join(f"{op} x{n}" for op, n in sorted(cov.float_between_qdq.items()))
     return [
         finding(
@@ -70,7 +76,8 @@ def unfused_qdq(model: onnx.ModelProto, providers: list[str] | None) -> list[dic
             "keep these ops in float (exclude them, or their producer, from quantization "
             "so the Q/DQ pair goes away), or use ops onnxruntime has int8 kernels for "
             "(Relu/Clip instead of HardSwish, Sigmoid instead of HardSigmoid)",
-            [n for n in cov.float_nodes if n] or sorted(cov.float_between_qdq),
+            nodes,
+            cost_of(nodes) if cost_of is not None else 0.0,
         )
     ]
 
@@ -296,6 +303,7 @@ def int8_pays(
     seconds: float,
     cpu: CpuFeatures,
     measure: Callable[..., object] | None = None,
+    input_shapes: Mapping[str, list[int]] | None = None,
 ) -> list[dict[str, object]]:
     """Measure the QDQ model against its float twin (paired, the original twice); a
     finding when int8 is not faster beyond the noise."""
@@ -307,7 +315,9 @@ def int8_pays(
     with tempfile.TemporaryDirectory(prefix="opfuse-int8-pays-") as tmp:
         twin = Path(tmp) / "float.onnx"
         onnx.save_model(dequantized_float(model), str(twin))
-        m = measure(twin, {"int8": str(model_path)}, runtime, seconds=seconds)
+        m = measure(
+            twin, {"int8": str(model_path)}, runtime, seconds=seconds, input_shapes=input_shapes
+        )
     ratio = m.ratio("int8")  # type: ignore[attr-defined]
     noise = m.threshold  # type: ignore[attr-defined]
     figures = f"int8 {ratio:.2f}x the float twin's latency (noise +-{m.noise:.0%}, {m.runtime})"  # type: ignore[attr-defined]
@@ -344,21 +354,24 @@ def quantized_findings(
     cpu: CpuFeatures | None = None,
     runtime: Runtime | None = None,
     seconds: float = 0.0,
+    cost_of: Callable[[list[str]], float] | None = None,
+    input_shapes: Mapping[str, list[int]] | None = None,
 ) -> list[dict[str, object]]:
     """Every finding on the QDQ model at ``model_path`` ([] for a float model).
-    ``times_us``: the profile's time per model node name; ``runtime`` and ``seconds``:
-    measure int8 against the float twin (no measurement without them)."""
+    ``times_us``: the profile's time per model node name; ``cost_of``: the time of a set
+    of model nodes (each kernel once); ``runtime`` and ``seconds``: measure int8 against
+    the float twin (no measurement without them), on inputs of ``input_shapes``."""
     model = onnx.load_model(str(model_path))
     if not is_quantized(model):
         return []
     cpu = cpu or cpu_features()
     times = dict(times_us or {})
-    out = unfused_qdq(model, providers)
+    out = unfused_qdq(model, providers, cost_of)
     out += requantizations(model)
     out += float_layers(model, times, total_us)
     out += channel_counts(model, cpu, times)
     if runtime is not None and seconds > 0:
         # a twin the runtime refuses (e.g. integer-only ops): no verdict
         with contextlib.suppress(OpfuseError):
-            out += int8_pays(model_path, runtime, seconds, cpu)
+            out += int8_pays(model_path, runtime, seconds, cpu, input_shapes=input_shapes)
     return out

@@ -56,7 +56,8 @@ def fold_columns(
             continue
         (value,) = values
         if value not in SAYS_NOTHING:
-            notes.append(f"{h}, every row: {value}")
+            said = str(value).lower().startswith(h.lower())  # "opfuse: no pass (...)"
+            notes.append(f"Every row: {value}" if said else f"{h}, every row: {value}")
         elif value == "=" and h == ORIGINAL:
             notes.append(f"{h}: every name is the model's own node")
     return (
@@ -244,6 +245,14 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
             p(f"{f['finding']}", markup=False)
             p(f"    why it costs: {f['why']}", markup=False, style="dim")
             p(f"    what to do: {f['what_to_do']}", markup=False, style="dim")
+            if f["cost_us"]:
+                total = prof["total_us"] or 1.0
+                p(
+                    f"    cost: {f['cost_us']:.1f} us per run ({100 * f['cost_us'] / total:.1f}% "
+                    "of the profiled time)",
+                    markup=False,
+                    style="dim",
+                )
             if f["nodes"]:
                 shown = ", ".join(f["nodes"]) + (" ..." if f["count"] > len(f["nodes"]) else "")
                 p(f"    nodes: {shown}", markup=False, style="dim")
@@ -358,18 +367,37 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
         ],
         numeric=NUMBERS,
     )
-    table = Table(
-        title=f"Top {len(shown)} slow nodes (per run)",
-        title_justify="left",
-        caption=CAPTION if ORIGINAL in headers else None,
+    natural = sum(
+        max([len(h), *(len(str(r[i])) for r in cells)]) + 3 for i, h in enumerate(headers)
     )
-    for col in headers:  # names fold onto more lines, never cut
-        table.add_column(col, justify="right" if col in NUMBERS else "left", overflow="fold")
-    for row in cells:
-        table.add_row(*(str(c) for c in row))
-    p(table)
-    for note in notes:
-        p(note, markup=False)
+    if natural + 1 <= console.width or not shown:
+        table = Table(
+            title=f"Top {len(shown)} slow nodes (per run)",
+            title_justify="left",
+            caption=CAPTION if ORIGINAL in headers else None,
+        )
+        for col in headers:  # names fold onto more lines, never cut
+            table.add_column(col, justify="right" if col in NUMBERS else "left", overflow="fold")
+        for row in cells:
+            table.add_row(*(str(c) for c in row))
+        p(table)
+        for note in notes:
+            p(note, markup=False)
+    else:  # too narrow for the names in a table: one entry per node, the names whole
+        p(
+            f"Top {len(shown)} slow nodes (per run): duration, IQR over the runs, share of the "
+            "time, op type, name; runs: the model's nodes behind a fused kernel's name",
+            markup=False,
+        )
+        for i, n in enumerate(shown, 1):
+            p(
+                f"{i:>3}. {n['duration_us']:.3f} us (IQR {n['iqr_us']:.3f}, "
+                f"{100 * n['share']:.2f}%) {n['op_type']} {n['name']}",
+                markup=False,
+            )
+            behind = nodes_text(n["name"], n["nodes"])
+            if behind != "=":
+                p(f"     runs: {behind}", markup=False, style="dim")
     if (line := more(top, len(report["top_nodes"]))) is not None:
         p(line)
 

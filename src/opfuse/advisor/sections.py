@@ -16,6 +16,7 @@ from opfuse.advisor.graph import OpGraph
 from opfuse.advisor.groups import Group, grow_groups, rank_groups
 from opfuse.advisor.l2 import RATIO_KEYS, estimate_ratios, l2_chains
 from opfuse.advisor.nextsteps import Changes, dominant, trial
+from opfuse.advisor.opkinds import Kind, classify
 from opfuse.advisor.pass_verdict import Verdict
 from opfuse.advisor.profile_readers import OpRecord, Profile, iqr, op_statistic, top_nodes
 from opfuse.advisor.quantized import quantized_findings
@@ -365,14 +366,59 @@ def quantized_section(a: Analysis) -> list[dict[str, object]]:
     runtime: Runtime | None = None
     if o.next_steps and (o.runtime is not None or o.provider in ort_providers()):
         runtime = o.runtime or get_runtime(provider=o.provider, threads=o.threads or 1)
-    return quantized_findings(
+
+    def cost_of(names: list[str]) -> float:
+        """The time of the kernels that run any of these model nodes, each once."""
+        wanted = set(names)
+        if a.ran is not None:
+            kernels = {k for k, ran in a.ran.runs.items() if wanted.intersection(ran)}
+        else:
+            kernels = {a.node_of[n] for n in wanted if n in a.node_of}
+        return sum(a.time(k) for k in kernels)
+
+    findings = quantized_findings(
         a.model_path,
         times_us=times,
+        cost_of=cost_of,
+        input_shapes=o.input_shapes,
         total_us=a.profile.total_us,
         providers=[o.provider] if o.provider in ort_providers() else None,
         runtime=runtime,
         seconds=o.trial_seconds,
     )
+    if a.ran_kernels_fused:  # the deployed graph: time its float islands themselves
+        for f in findings:
+            if f["kind"] == "unfused_qdq":
+                f["cost_us"] = round(float_island_us(a), 3)
+    return findings
+
+
+def float_island_us(a: Analysis) -> float:
+    """In the deployed graph of a QDQ model, the time of the float ops between a
+    DequantizeLinear and a QuantizeLinear, with those conversions: each
+    DequantizeLinear -> float elementwise ops -> QuantizeLinear path, each kernel once."""
+    g = a.graph
+    counted: set[int] = set()
+    for d in (n.index for n in g.nodes if n.op_type == "DequantizeLinear"):
+        floats: set[int] = set()
+        ends: set[int] = set()
+        todo = [d]
+        while todo and len(floats) < 64:
+            for t in g.nodes[todo.pop()].outputs:
+                for c in g.consumers.get(t, ()):
+                    op = g.nodes[c].op_type
+                    if op == "QuantizeLinear":
+                        ends.add(c)
+                    elif (
+                        c not in floats
+                        and not op.startswith("Q")
+                        and (classify(op) is Kind.ELEMENTWISE)
+                    ):
+                        floats.add(c)
+                        todo.append(c)
+        if floats and ends:
+            counted |= {d, *floats, *ends}
+    return sum(a.time(i) for i in counted)
 
 
 def variance_warning(p: Profile) -> str | None:
