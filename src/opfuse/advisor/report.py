@@ -297,6 +297,11 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
         common = shared if n > 1 else None
         if common is not None:
             p(f"For every group below unless noted, {common}", markup=False)
+        # onnxruntime's word, when every group listed gets the same, is said once too
+        orts = {ort_text(g["onnxruntime"]) for g in unfused[:top]}
+        common_ort = orts.pop() if len(orts) == 1 and len(unfused[:top]) > 1 else ""
+        if common_ort:
+            p(f"For every group below, {common_ort}", markup=False)
         p("List of operators that can be fused in subgraph 0")
         for g in unfused[:top]:
             p(
@@ -310,7 +315,7 @@ def render_text(report: Mapping[str, Any], console: Console, top: int = 10) -> N
                 x
                 for x in (
                     verdict if verdict != common else "",
-                    ort_text(g["onnxruntime"]),
+                    ort_text(g["onnxruntime"]) if not common_ort else "",
                     "activation: " + ", ".join(a["name"] for a in g["activations"])
                     if g["activations"]
                     else "",
