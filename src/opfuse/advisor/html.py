@@ -205,7 +205,13 @@ def group_graph(group: Mapping[str, Any], uid: int = 0) -> str:
     cols = min(count, PER_ROW)
     rows = -(-count // PER_ROW)
     width = 2 * MARGIN + cols * BOX_W + (cols - 1) * GAP
-    height = 2 * MARGIN + rows * BOX_H + (rows - 1) * ROW_GAP + 26
+    xs = [MARGIN + (i % PER_ROW) * (BOX_W + GAP) for i in range(count)]
+    ys = [MARGIN + (i // PER_ROW) * (BOX_H + ROW_GAP) for i in range(count)]
+    skips = any(  # an arc under the last row needs room below it
+        ys[src] == ys[dst] == ys[-1] and xs[dst] != xs[src] + BOX_W + GAP
+        for src, dst in group.get("edges", [])
+    )
+    height = 2 * MARGIN + rows * BOX_H + (rows - 1) * ROW_GAP + (22 if skips else 0)
     arrow = f"arrow-{uid}"
     parts = [
         f'<svg class="group-graph" xmlns="http://www.w3.org/2000/svg" width="{width}" '
@@ -213,8 +219,6 @@ def group_graph(group: Mapping[str, Any], uid: int = 0) -> str:
         'markerWidth="8" markerHeight="8" refX="7" refY="4" orient="auto">'
         '<path d="M0,0 L8,4 L0,8 z" fill="#555"/></marker></defs>'
     ]
-    xs = [MARGIN + (i % PER_ROW) * (BOX_W + GAP) for i in range(count)]
-    ys = [MARGIN + (i // PER_ROW) * (BOX_H + ROW_GAP) for i in range(count)]
     for src, dst in group.get("edges", []):
         same_row = ys[src] == ys[dst]
         if same_row and xs[dst] == xs[src] + BOX_W + GAP:  # neighbours: a short arrow
