@@ -17,7 +17,7 @@ from helpers import assert_same_outputs, copy_model, op_types
 from opfuse import cli
 from opfuse.errors import OpfuseError
 from opfuse.pipeline.run import optimize_file, optimize_model
-from opfuse.rules._evaluate import EvaluationError, evaluate
+from opfuse.rewrite.evaluate import EvaluationError, evaluate
 
 
 def ml_only_model() -> onnx.ModelProto:
@@ -111,7 +111,7 @@ def test_an_unhashable_attribute_is_evaluated_uncached_not_a_crash():
 
 
 def test_any_evaluator_failure_leaves_the_node(monkeypatch):
-    from opfuse.rules import _evaluate as evaluate_module
+    import opfuse.rewrite.evaluate as evaluate_module
 
     def broken(*args, **kwargs):
         raise KeyError("boom")

@@ -259,7 +259,7 @@ def test_mul_by_zero_unknown_broadcast_stays():
 
 
 def test_constants_are_combined_by_the_onnx_evaluators(monkeypatch):
-    from opfuse.rules import _evaluate
+    import opfuse.rewrite.evaluate as _evaluate
 
     def unavailable(proto):
         raise RuntimeError("reference evaluator unavailable")

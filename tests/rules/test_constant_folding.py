@@ -493,7 +493,7 @@ def test_constant_node_in_ir3_model_stays():
 
 
 def test_onnxruntime_evaluates_when_the_reference_evaluator_fails(monkeypatch):
-    from opfuse.rules import _evaluate
+    import opfuse.rewrite.evaluate as _evaluate
 
     def broken(proto):
         raise RuntimeError("reference evaluator unavailable")
@@ -572,7 +572,7 @@ def test_folding_keeps_int4_and_uint4_apart():
 def test_a_fold_repeated_on_the_same_small_inputs_is_evaluated_once(monkeypatch):
     """A stack of identical blocks folds the same shape arithmetic in every block: the
     result is remembered by the op and the inputs' bytes, and each copy is its own."""
-    from opfuse.rules import _evaluate
+    import opfuse.rewrite.evaluate as _evaluate
 
     runs = []
     real = _evaluate._reference
@@ -599,8 +599,8 @@ def test_a_fold_repeated_on_the_same_small_inputs_is_evaluated_once(monkeypatch)
 
 
 def test_a_remembered_result_still_meets_the_declared_shape(monkeypatch):
-    from opfuse.rules import _evaluate
-    from opfuse.rules._evaluate import EvaluationError, evaluate
+    import opfuse.rewrite.evaluate as _evaluate
+    from opfuse.rewrite.evaluate import EvaluationError, evaluate
 
     monkeypatch.setattr(_evaluate, "_memo", {})
     m = ir.from_onnx_text(

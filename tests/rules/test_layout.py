@@ -24,7 +24,7 @@ from helpers import (
 )
 from opfuse.pipeline.run import optimize_file
 from opfuse.rewrite.context import Options
-from opfuse.rules._layout_regions import NOT_WORTH
+from opfuse.rules.layout._regions import NOT_WORTH
 from opfuse.verification.compare import INPUT_PERMUTATION_KEY
 
 PASS = "LayoutTransposeFusionPass"

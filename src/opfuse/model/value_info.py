@@ -75,5 +75,5 @@ def _apply(graph: ir.Graph, infos: list[onnx.ValueInfoProto]) -> None:
         type_, shape = cached
         value.shape = shape  # frozen: shared safely
         value.type = (
-            None if type_ is None else ir.TensorType(type_.dtype, denotation=type_.denotation)  # type: ignore[attr-defined]
+            None if type_ is None else ir.TensorType(type_.dtype, denotation=type_.denotation)
         )

@@ -1,12 +1,17 @@
 """Builds a rewrite's new nodes and constants without touching the graph.
 
 The driver commits them only when the rewrite passes its checks, so a rule that gives
-up halfway leaves the graph as it was.
+up halfway leaves the graph as it was. Beside the Builder, the helpers rules share to put
+a value in place of the root's output (``forward``, ``needs_identity``), a folded constant
+in place of an old one (``constant_value``), and to give back the pages of a large
+external weight a fold has read (``drop_pages``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import mmap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -14,6 +19,7 @@ import numpy as np
 import onnx_ir as ir
 
 from opfuse.model.constants import SHARED_CONSTANT_BYTES
+from opfuse.rewrite.pattern import Match
 
 
 class NameScope:
@@ -218,3 +224,30 @@ def constant_value(array: np.ndarray, b: Builder, old: ir.Value, like: ir.Node) 
     if old.is_graph_output():
         return b.op("Constant", [], {"value": ir.tensor(array)}, like=like)
     return b.const(array, old.name or "folded")
+
+
+def needs_identity(x: ir.Value, root: ir.Node) -> bool:
+    """Whether the root's output, a graph output, cannot simply become ``x``: x is a
+    graph input, an initializer, another graph output, or a value of an enclosing graph
+    (a graph's outputs must be made by its own nodes)."""
+    if not root.outputs[0].is_graph_output():
+        return False
+    made_by = x.producer()
+    return made_by is None or made_by.graph is not root.graph or x.is_graph_output()
+
+
+def forward(m: Match, b: Builder, x: ir.Value) -> ir.Value:
+    """``x`` in place of the root's output, through an Identity where ``needs_identity``
+    (Add(x, 0) from a graph input to a graph output becomes Identity(x))."""
+    return b.op("Identity", [x], like=m.root) if needs_identity(x, m.root) else x
+
+
+def drop_pages(value: ir.Value | None) -> None:
+    """Let the kernel take back the pages of a memory-mapped external weight that a fold
+    has read (they are read from the file again if needed), so folding several large
+    weights does not keep every one of them in the process's memory."""
+    tensor = value.const_value if value is not None else None
+    raw = getattr(tensor, "raw", None)
+    if isinstance(tensor, ir.ExternalTensor) and raw is not None and hasattr(mmap, "MADV_DONTNEED"):
+        with contextlib.suppress(OSError, ValueError):
+            raw.madvise(mmap.MADV_DONTNEED)

@@ -19,8 +19,8 @@ import onnx_ir as ir
 
 from opfuse.rewrite import Builder, Match, Op, PassContext, Rule, Var
 from opfuse.rewrite.builder import constant_value
+from opfuse.rewrite.evaluate import EvaluationError, evaluate_op
 from opfuse.rewrite.pattern import const_array
-from opfuse.rules._evaluate import EvaluationError, evaluate_op
 from opfuse.rules._util import DEFAULT_DOMAINS, attr
 
 # an element of a shape vector: ("const", n) | ("dim", value, index) | ("unknown",)

@@ -1,19 +1,19 @@
-"""Small facts about values that many rules ask: the one helper module the pass modules
-share (a pass module imports no other pass module)."""
+"""Small facts about values and nodes that many rules ask, and the folding policy two
+passes share: the one general helper module of the pass modules (a pass module imports no
+other pass module). What builds or evaluates is the engine's: ``opfuse.rewrite.builder``
+(``forward``, ``needs_identity``, ``drop_pages``) and ``opfuse.rewrite.evaluate``."""
 
 from __future__ import annotations
 
-import contextlib
-import mmap
-import struct
 from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
 from opfuse.model.graphs import DEFAULT_DOMAINS as DEFAULT_DOMAINS  # re-exported for the passes
-from opfuse.rewrite.builder import Builder
-from opfuse.rewrite.pattern import Match, const_array
+from opfuse.rewrite.pattern import const_array
+
+FOLD_GROWTH_ALLOWANCE = 4096  # bytes one fold may add to the model (shape-sized results)
 
 
 def static_shape(value: ir.Value | None) -> tuple[int, ...] | None:
@@ -67,41 +67,46 @@ def reduce_axes(node: ir.Node) -> list[int] | None:
     return axes_of(node, absent=[])
 
 
-def needs_identity(x: ir.Value, root: ir.Node) -> bool:
-    """Whether the root's output, a graph output, cannot simply become ``x``: x is a
-    graph input, an initializer, another graph output, or a value of an enclosing graph
-    (a graph's outputs must be made by its own nodes)."""
-    if not root.outputs[0].is_graph_output():
-        return False
-    made_by = x.producer()
-    return made_by is None or made_by.graph is not root.graph or x.is_graph_output()
+# ops whose every run draws new random values: never folded, never merged by CSE
+NONDETERMINISTIC = frozenset(
+    {
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+    }
+)
 
 
-def forward(m: Match, b: Builder, x: ir.Value) -> ir.Value:
-    """``x`` in place of the root's output, through an Identity where ``needs_identity``
-    (Add(x, 0) from a graph input to a graph output becomes Identity(x))."""
-    return b.op("Identity", [x], like=m.root) if needs_identity(x, m.root) else x
-
-
-def drop_pages(value: ir.Value | None) -> None:
-    """Let the kernel take back the pages of a memory-mapped external weight that a fold
-    has read (they are read from the file again if needed), so folding several large
-    weights does not keep every one of them in the process's memory."""
-    tensor = value.const_value if value is not None else None
-    raw = getattr(tensor, "raw", None)
-    if isinstance(tensor, ir.ExternalTensor) and raw is not None and hasattr(mmap, "MADV_DONTNEED"):
-        with contextlib.suppress(OSError, ValueError):
-            raw.madvise(mmap.MADV_DONTNEED)
+def nondeterministic(node: ir.Node, opset: int) -> str | None:
+    """Why two runs of ``node`` on the same inputs may differ, or None when they cannot:
+    a random op (a custom op whose name says random or dropout), or Dropout that may be
+    in training mode (a training_mode input that is not a constant false; before opset 7,
+    is_test=0, the default)."""
+    if node.domain not in DEFAULT_DOMAINS:  # a custom op: judged by its name
+        random = ("Random", "Dropout", "Multinomial", "Bernoulli")
+        if any(word in node.op_type for word in random):
+            return f"{node.domain}.{node.op_type} may be nondeterministic"
+        return None
+    if node.op_type in NONDETERMINISTIC:
+        return f"{node.op_type} is nondeterministic"
+    if node.op_type != "Dropout":
+        return None
+    if opset < 7:
+        is_test = node.attributes.get("is_test")
+        return None if is_test is not None and is_test.value else "Dropout is in training mode"
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        training = const_array(node.inputs[2])
+        if training is None or training.size == 0 or bool(training.reshape(-1)[0]):
+            return "Dropout may be in training mode"
+    return None
 
 
 def attr(node: ir.Node, name: str, default: Any = None) -> Any:
     a = node.attributes.get(name)
     return default if a is None else a.value
-
-
-def float_key(value: float) -> bytes:
-    """A float attribute as a dict key: -0.0 and 0.0 differ; NaN equals the same NaN."""
-    return struct.pack("<d", value)
 
 
 def scalar_value(array: np.ndarray) -> float | None:

@@ -20,10 +20,11 @@ import numpy as np
 import onnx_ir as ir
 
 from opfuse.rewrite import Builder, Match, PassContext, Rule
+from opfuse.rewrite.builder import forward
+from opfuse.rewrite.evaluate import EvaluationError, evaluate_op
 from opfuse.rewrite.pattern import Const, Op, Or, Var, const_array
 from opfuse.rewrite.registry import PassInfo, register
-from opfuse.rules._evaluate import FOLD_GROWTH_ALLOWANCE, EvaluationError, evaluate_op
-from opfuse.rules._util import DEFAULT_DOMAINS, attr, forward, static_shape
+from opfuse.rules._util import DEFAULT_DOMAINS, FOLD_GROWTH_ALLOWANCE, attr, static_shape
 
 # (the non-constant operand, its sign/exponent, the constant, its sign/exponent)
 Term = tuple[ir.Value, int, np.ndarray, int]

@@ -22,6 +22,7 @@ import numpy as np
 import onnx_ir as ir
 
 from opfuse.rewrite import Builder, Match, Op, Optional, PassContext, Rule, Var
+from opfuse.rewrite.builder import drop_pages
 from opfuse.rewrite.pattern import const_array
 from opfuse.rewrite.registry import PassInfo, register
 from opfuse.rules._affine import (
@@ -33,7 +34,7 @@ from opfuse.rules._affine import (
     producer,
     scale_out_channels,
 )
-from opfuse.rules._util import attr, drop_pages
+from opfuse.rules._util import attr
 
 BN_PARAMS = ("scale", "bias", "mean", "var")
 ORT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))  # folded as onnxruntime does

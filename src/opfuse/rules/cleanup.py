@@ -8,9 +8,10 @@ import numpy as np
 import onnx_ir as ir
 
 from opfuse.rewrite import Builder, Const, Match, Op, Optional, Or, PassContext, Rule, Var
+from opfuse.rewrite.builder import forward, needs_identity
 from opfuse.rewrite.pattern import const_array
 from opfuse.rewrite.registry import PassInfo, register
-from opfuse.rules._util import attr, axes_of, forward, needs_identity, perm_of, rank, static_shape
+from opfuse.rules._util import attr, axes_of, perm_of, rank, static_shape
 
 INT64_BIG = 2**31 - 1  # Slice ends at or past this cover any real dim
 

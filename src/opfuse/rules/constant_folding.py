@@ -1,6 +1,7 @@
 """Constant folding: a node whose inputs are all constants becomes its value, computed by
-onnx's reference evaluator (onnxruntime when that fails), and Constant nodes become
-initializers. The shape rules of _shape_arith run in the same pass.
+the engine's evaluator (``opfuse.rewrite.evaluate``: onnx's reference evaluator, onnxruntime
+when that fails), and Constant nodes become initializers. The shape rules of _shape_arith
+run in the same pass.
 
 Size rule: a fold whose result is no larger than the constant inputs only it reads (which
 go with it) always happens (a transposed weight); otherwise the result must fit
@@ -29,16 +30,11 @@ from opfuse.model.constants import SHARED_CONSTANT_BYTES
 from opfuse.model.graphs import all_graphs, node_graphs
 from opfuse.rewrite import Builder, Match, Op, PassContext, Rule
 from opfuse.rewrite.builder import constant_value
+from opfuse.rewrite.evaluate import EvaluationError, evaluate, output_bytes
 from opfuse.rewrite.pattern import const_array, use_count
 from opfuse.rewrite.registry import PassInfo, register
-from opfuse.rules._evaluate import (
-    FOLD_GROWTH_ALLOWANCE,
-    EvaluationError,
-    evaluate,
-    nondeterministic,
-    output_bytes,
-)
 from opfuse.rules._shape_arith import SHAPE_RULES
+from opfuse.rules._util import FOLD_GROWTH_ALLOWANCE, nondeterministic
 
 # ops whose output size is set by input values, not input shapes: never evaluated before
 # shape inference has sized their result
@@ -62,7 +58,7 @@ ELEMENTS_KEPT = frozenset({
 })
 # fmt: on
 
-NEVER_FOLD = {  # besides the nondeterministic ops (_evaluate.NONDETERMINISTIC, Dropout)
+NEVER_FOLD = {  # besides the nondeterministic ops (_util.NONDETERMINISTIC, Dropout)
     "DequantizeLinear": "DequantizeLinear of a constant stays (quantized weights stay small)",
 }
 

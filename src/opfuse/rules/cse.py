@@ -21,10 +21,10 @@ import onnx_ir as ir
 
 from opfuse.rewrite import PassContext
 from opfuse.rewrite.edit import replace_value
+from opfuse.rewrite.evaluate import float_key
 from opfuse.rewrite.pattern import const_array
 from opfuse.rewrite.registry import PassInfo, register
-from opfuse.rules._evaluate import nondeterministic
-from opfuse.rules._util import float_key
+from opfuse.rules._util import nondeterministic
 
 CSE_CONSTANT_NODE_LIMIT = 64  # elements: Constant nodes up to this size are merged too
 CHUNK = 1 << 24  # bytes hashed or compared at a time: large weights are never copied whole

@@ -1,5 +1,7 @@
-"""Evaluate one node on constant inputs with onnx's reference evaluator, falling back to
-onnxruntime: constant folding never carries its own kernels.
+"""The engine's evaluator: one node (or one default-domain op) on constant inputs, with
+onnx's reference evaluator, falling back to onnxruntime: constant folding never carries its
+own kernels, and a rule never opens a runtime (it calls ``evaluate``, ``evaluate_op`` and
+``output_bytes`` here; the import-linter contracts forbid onnxruntime in ``opfuse.rules``).
 
 Building an evaluator costs about a millisecond, running it a few microseconds; nodes
 that differ only in their input values (the same Unsqueeze on a hundred shape scalars)
@@ -8,6 +10,7 @@ share one evaluator, cached by op type, attributes, input dtypes and opsets.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
@@ -16,12 +19,8 @@ import onnx
 import onnx_ir as ir
 from onnx.reference import ReferenceEvaluator
 
-from opfuse.rewrite.pattern import const_array
-from opfuse.rules._util import DEFAULT_DOMAINS, float_key
-
 ORT_MAX_IR_VERSION = 10
 CACHE_LIMIT = 512
-FOLD_GROWTH_ALLOWANCE = 4096  # bytes one fold may add to the model (shape-sized results)
 SHAPE_DATA_LIMIT = 1024  # elements: integer inputs up to this size reach shape inference
 
 Runner = Callable[[dict[str, np.ndarray]], list[object]]
@@ -32,41 +31,9 @@ class EvaluationError(Exception):
     pass
 
 
-# ops whose every run draws new random values: never folded, never merged by CSE
-NONDETERMINISTIC = frozenset(
-    {
-        "RandomNormal",
-        "RandomUniform",
-        "RandomNormalLike",
-        "RandomUniformLike",
-        "Multinomial",
-        "Bernoulli",
-    }
-)
-
-
-def nondeterministic(node: ir.Node, opset: int) -> str | None:
-    """Why two runs of ``node`` on the same inputs may differ, or None when they cannot:
-    a random op (a custom op whose name says random or dropout), or Dropout that may be
-    in training mode (a training_mode input that is not a constant false; before opset 7,
-    is_test=0, the default)."""
-    if node.domain not in DEFAULT_DOMAINS:  # a custom op: judged by its name
-        random = ("Random", "Dropout", "Multinomial", "Bernoulli")
-        if any(word in node.op_type for word in random):
-            return f"{node.domain}.{node.op_type} may be nondeterministic"
-        return None
-    if node.op_type in NONDETERMINISTIC:
-        return f"{node.op_type} is nondeterministic"
-    if node.op_type != "Dropout":
-        return None
-    if opset < 7:
-        is_test = node.attributes.get("is_test")
-        return None if is_test is not None and is_test.value else "Dropout is in training mode"
-    if len(node.inputs) > 2 and node.inputs[2] is not None:
-        training = const_array(node.inputs[2])
-        if training is None or training.size == 0 or bool(training.reshape(-1)[0]):
-            return "Dropout may be in training mode"
-    return None
+def float_key(value: float) -> bytes:
+    """A float attribute as a dict key: -0.0 and 0.0 differ; NaN equals the same NaN."""
+    return struct.pack("<d", value)
 
 
 def _elem_type(value: ir.Value) -> int:

@@ -1,5 +1,5 @@
 """The layout pass's main job: regions of layout-agnostic operators around Transposes,
-each rewritten in the storage order that removes the most Transposes (see layout.py)."""
+each rewritten in the storage order that removes the most Transposes (see the package's docstring)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import onnx_ir as ir
 
 from opfuse.rewrite.edit import replace_value
 from opfuse.rewrite.pattern import const_array
-from opfuse.rules._layout_edit import LayoutEdit, producer_perm, tag
-from opfuse.rules._layout_ops import (
+from opfuse.rules._util import perm_of, rank
+from opfuse.rules.layout._edit import LayoutEdit, producer_perm, tag
+from opfuse.rules.layout._ops import (
     Perm,
     compose,
     data_inputs,
@@ -17,7 +18,6 @@ from opfuse.rules._layout_ops import (
     remap,
     stored_constant,
 )
-from opfuse.rules._util import perm_of, rank
 
 NOT_WORTH = "moving the Transposes through this region would not remove any"
 

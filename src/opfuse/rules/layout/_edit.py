@@ -13,8 +13,8 @@ from opfuse.model.graphs import INPUT_PERMUTATION_KEY
 from opfuse.rewrite import PassContext
 from opfuse.rewrite.builder import NameScope
 from opfuse.rewrite.edit import GraphEditor, replace_value
-from opfuse.rules._layout_ops import Perm, compose
 from opfuse.rules._util import DEFAULT_DOMAINS, attr, perm_of, static_shape
+from opfuse.rules.layout._ops import Perm, compose
 
 # --layout: how an image input is re-declared, as the perm from the original layout
 LAYOUT_INPUT_PERM: dict[str, Perm] = {"nchw": (0, 3, 1, 2), "nhwc": (0, 2, 3, 1)}

@@ -12,6 +12,10 @@ is rewritten only when the count goes down, so the pass never adds Transposes. E
 visits every node a bounded number of times: linear in the graph.
 
 Inside a region a value ``v`` is stored as ``v'`` with ``v = transpose(v', s)``.
+
+A sub-package whose internals no other module imports (the import-linter contracts check
+it): ``_ops`` (each operator under another axis order), ``_edit`` (the graph editor the
+jobs share), ``_regions`` (the regions and their rewrite); the pass itself is here.
 """
 
 from __future__ import annotations
@@ -23,10 +27,10 @@ from opfuse.rewrite import PassContext
 from opfuse.rewrite.edit import replace_value
 from opfuse.rewrite.pattern import const_array
 from opfuse.rewrite.registry import PassInfo, register
-from opfuse.rules._layout_edit import LayoutEdit
-from opfuse.rules._layout_ops import Perm, compose, is_identity
-from opfuse.rules._layout_regions import Regions
 from opfuse.rules._util import attr, perm_of, rank
+from opfuse.rules.layout._edit import LayoutEdit
+from opfuse.rules.layout._ops import Perm, compose, is_identity
+from opfuse.rules.layout._regions import Regions
 
 MAX_SWEEPS = 4
 
