@@ -155,16 +155,24 @@ def _width() -> int | None:
 
 
 def _wrapped_command(command: str, width: int) -> str:
-    """A shell command folded at argument boundaries with ``\\`` continuations, each line
-    within ``width`` where an argument allows (it still pastes as one command)."""
+    """A shell command folded within ``width`` with backslash-newline continuations: at
+    argument boundaries, and inside an argument longer than a line (a long path) where
+    it is not quoted (the shell removes a backslash-newline anywhere outside quotes). It
+    still pastes as one command."""
+    width = max(width, 20)
     lines: list[str] = []
     line = ""
     for arg in map(shlex.quote, shlex.split(command)):
         if line and len(line) + 1 + len(arg) + 2 > width:
             lines.append(line + " \\")
-            line = "    " + arg
+            line = "    "
         else:
-            line = f"{line} {arg}" if line else arg
+            line = f"{line} " if line else ""
+        while len(line) + len(arg) + 2 > width and not arg.startswith("'"):
+            cut = width - 1 - len(line)  # the rest of this line, less the backslash
+            lines.append(line + arg[:cut] + "\\")
+            line, arg = "", arg[cut:]
+        line += arg
     return "\n".join([*lines, line])
 
 

@@ -55,28 +55,42 @@ class Measurement:
 
     @property
     def noise(self) -> float:
-        """How far the original's second copy is from the original (paired ratio)."""
-        return abs(self.ratio(AGAIN) - 1.0)
+        """The original's second copy against the original on the same rounds: how far
+        their paired ratio is from 1, or its confidence half-width, the larger."""
+        return max(abs(self.ratio(AGAIN) - 1.0), self.spread(AGAIN))
 
     @property
     def threshold(self) -> float:
         """The relative difference below which two latencies count as equal."""
         return max(self.noise, NOISE_FLOOR)
 
+    def ratios(self, label: str, to: str = ORIGINAL) -> list[float]:
+        """``label``'s time over ``to``'s, round by round."""
+        return [a / b for a, b in zip(self.times[label], self.times[to], strict=True)]
+
     def ratio(self, label: str, to: str = ORIGINAL) -> float:
         """Median over rounds of ``label``'s time over ``to``'s."""
-        pairs = zip(self.times[label], self.times[to], strict=True)
-        return statistics.median(a / b for a, b in pairs)
+        return statistics.median(self.ratios(label, to))
+
+    def spread(self, label: str, to: str = ORIGINAL) -> float:
+        """Half-width of the ~95% confidence interval of ``ratio(label, to)``: the notch
+        of a box plot, 1.58 IQR / sqrt(n)."""
+        values = self.ratios(label, to)
+        if len(values) < 2:
+            return 0.0
+        q1, _, q3 = statistics.quantiles(values, n=4)
+        return 1.58 * (q3 - q1) / len(values) ** 0.5
 
     def faster(self, label: str, than: str) -> bool:
-        """``label`` beats ``than`` by more than the noise."""
-        return self.ratio(label, than) < 1 - self.threshold
+        """``label`` beats ``than`` by more than the noise measured on these rounds and by
+        more than its own ratio's confidence half-width."""
+        return self.ratio(label, than) < 1 - max(self.threshold, self.spread(label, than))
 
     def line(self, label: str) -> str:
-        """``latency 20.1 -> 7.5 ms (0.37x; noise +-2%) onnxruntime 1.32 ...``"""
+        """``latency 20.1 -> 7.5 ms (0.37x; noise +-0.4%) onnxruntime 1.32 ...``"""
         return (
             f"latency {_ms(self.original_s)} -> {_ms(self.medians[label])} ms "
-            f"({self.ratio(label):.2f}x; noise +-{self.noise:.0%}) {self.runtime}"
+            f"({self.ratio(label):.2f}x; noise +-{pct(self.noise)}) {self.runtime}"
         )
 
     def to_json(self) -> dict[str, object]:
