@@ -269,3 +269,31 @@ def test_tune_changes_the_inputs_when_asked_and_says_so(tmp_path, ask):
     data = json.loads(session.read_text())
     assert data["graph"]["layout"] == "nchw"
     assert data["measured"]["graph"]["interface_changed"] == [change]
+
+
+def test_the_readme_snippets_run_the_tuned_graph(tuned, tmp_path, monkeypatch, capsys):
+    """The README's deployment snippets (```py blocks of its tune section), run on a tuned
+    model: opfuse's session runs it as written and rebuilds it from the original; plain
+    onnxruntime loads the tuned file with the file's settings."""
+    import re
+    import shutil
+
+    model, _, out, session = tuned
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text("utf-8")
+    blocks = re.findall(r"```py\n(.*?)```", readme, flags=re.S)
+    assert len(blocks) == 2 and "session_file=" in blocks[0] and "ort.SessionOptions" in blocks[1]
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    shutil.copy(model, scratch / "model.onnx")
+    shutil.copy(out, scratch / "model.tuned.onnx")
+    shutil.copy(session, scratch / "model.tuned.onnx.session.json")
+    monkeypatch.chdir(scratch)
+    scope: dict[str, object] = {}
+    exec(compile(blocks[0], "README.md", "exec"), scope)
+    assert capsys.readouterr().out.split() == ["as", "written", "rebuilt"]
+    exec(compile(blocks[1], "README.md", "exec"), scope)
+    plain = scope["sess"]
+    assert isinstance(plain, ort.InferenceSession)
+    feeds = {"x": rng.standard_normal((1, 8)).astype(np.float32)}
+    want = ort.InferenceSession(str(model)).run(None, feeds)[0]
+    np.testing.assert_allclose(plain.run(None, feeds)[0], want, rtol=1e-5, atol=1e-5)
