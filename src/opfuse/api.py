@@ -443,8 +443,7 @@ class InferenceSession(ort.InferenceSession):  # type: ignore[misc]
     serialized bytes onnxruntime takes). ``sess_options``, ``providers`` and
     ``provider_options`` go to onnxruntime unchanged; other keywords are
     ``opfuse.optimize``'s (verification is on by default: the session is built only on
-    a model that verified). ``optimize_result`` tells what was done (None when the model
-    ran as written).
+    a model that verified). ``optimize_result`` tells what was done.
 
     ``session_file``: the ``OUTPUT.session.json`` ``opfuse tune`` wrote. Its threads,
     execution mode, graph optimization level and provider make the SessionOptions (give
@@ -484,7 +483,7 @@ class InferenceSession(ort.InferenceSession):  # type: ignore[misc]
                 else:
                     self.deployed = "rebuilt"
                     keywords = _tuned_keywords(deployment.graph, keywords, session_file)
-        self.optimize_result: OptimizeResult[Any] | None = None
+        self._optimize_result: OptimizeResult[Any] | None = None
         if self.deployed == "as written":
             if isinstance(path_or_model, str | os.PathLike | bytes):
                 model_arg: Any = (
@@ -505,7 +504,7 @@ class InferenceSession(ort.InferenceSession):  # type: ignore[misc]
             else path_or_model
         )
         result = optimize(model, **keywords)
-        self.optimize_result = result
+        self._optimize_result = result
         optimized = result.model
         proto = optimized if isinstance(optimized, onnx.ModelProto) else io.to_proto(optimized)
         if proto.ByteSize() > PROTOBUF_LIMIT:
@@ -514,6 +513,17 @@ class InferenceSession(ort.InferenceSession):  # type: ignore[misc]
                 "and load that file in onnxruntime"
             )
         super().__init__(proto.SerializeToString(), sess_options, providers, provider_options)
+
+    @property
+    def optimize_result(self) -> OptimizeResult[Any]:
+        """What was done to the model; an OpfuseError when the session file made the
+        session run the model as written (``deployed == "as written"``)."""
+        if self._optimize_result is None:
+            raise OpfuseError(
+                "the session runs the model as written (the tuned model of its session file): "
+                "nothing was optimized"
+            )
+        return self._optimize_result
 
 
 def _is_tuned(
