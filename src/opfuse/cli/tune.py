@@ -186,7 +186,7 @@ def _print_tune(result, command: str, switch_file: Path) -> None:  # type: ignor
             # what a user must read folds (never cut short); the figures keep their line
             overflow="fold" if col in ("settings", "verification", "note") else "ellipsis",
             no_wrap=col not in ("settings", "verification", "note"),
-            ratio=3 if col == "settings" else 2 if col in ("verification", "note") else None,
+            ratio=3 if col == "settings" else 2 if col == "note" else None,
         )
     for i, t in enumerate(result.trials):
         ratio = "" if t.ratio is None else f"{t.ratio:.3f}x"

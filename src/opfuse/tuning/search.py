@@ -45,9 +45,7 @@ from opfuse.tuning.variants import (
 )
 
 BEST, CANDIDATE = "best", "candidate"
-SAME_AT_RUNTIME = (
-    "not measured: the runtime's own optimizations make the best's graph of it (same op types)"
-)
+SAME_AT_RUNTIME = "not measured: the runtime optimizes it into the best's graph"
 
 
 @dataclass
