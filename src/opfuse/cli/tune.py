@@ -187,6 +187,8 @@ def _print_tune(result, command: str, switch_file: Path) -> None:  # type: ignor
             overflow="fold" if col in ("settings", "verification", "note") else "ellipsis",
             no_wrap=col not in ("settings", "verification", "note"),
             ratio=3 if col == "settings" else 2 if col == "note" else None,
+            # a pass name whole on one line where the width leaves room for the notes
+            min_width=32 if col == "settings" and out.width >= 120 else None,
         )
     for i, t in enumerate(result.trials):
         ratio = "" if t.ratio is None else f"{t.ratio:.3f}x"
