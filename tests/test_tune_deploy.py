@@ -258,7 +258,7 @@ def test_tune_keeps_the_inputs_unless_asked(tmp_path):
 
 
 @pytest.mark.parametrize("ask", [{"allow_interface_change": True}, {"layouts": ("nchw",)}])
-def test_tune_changes_the_inputs_when_asked_and_says_so(tmp_path, ask):
+def test_tune_changes_the_inputs_when_asked_and_says_so(tmp_path, ask, capsys):
     model = nhwc_model(tmp_path / "nhwc.onnx")
     result, out, session, report = tune_to(
         model, tmp_path, FakeRuntime(TRANSPOSE_COSTS, default=0.001), **ask
@@ -271,6 +271,14 @@ def test_tune_changes_the_inputs_when_asked_and_says_so(tmp_path, ask):
     data = json.loads(session.read_text())
     assert data["graph"]["layout"] == "nchw"
     assert data["measured"]["graph"]["interface_changed"] == [change]
+    from opfuse.cli.tune import _print_tune
+
+    _print_tune(result, "opfuse optimize m.onnx -o out.onnx", tmp_path / "s.cfg")
+    summary = " ".join(capsys.readouterr().out.split())
+    assert (
+        f"interface changed (asked for): callers must feed the output differently: {change}"
+        in summary
+    )
 
 
 def test_the_readme_snippets_run_the_tuned_graph(tuned, tmp_path, monkeypatch, capsys):
