@@ -105,6 +105,7 @@ class OrtRuntime:
         opts = session_options(
             self.graph_opt, self.threads, self.execution_mode, self.inter_threads
         )
+        opts.log_severity_level = 4  # a refusal is reported once, as an OpfuseError
         try:
             sess = ort.InferenceSession(str(path), opts, providers=[self.provider])
         except Exception as exc:  # onnxruntime raises its own exception types
@@ -118,6 +119,7 @@ class OrtRuntime:
         two files with equal counts are the same model to the runtime, as far as a
         rewrite can tell."""
         opts = session_options(self.graph_opt, 1)
+        opts.log_severity_level = 4  # a graph it cannot save only means: measure
         with tempfile.TemporaryDirectory(prefix="opfuse-ortgraph-") as tmp:
             saved = Path(tmp) / "optimized.onnx"
             opts.optimized_model_filepath = str(saved)
