@@ -46,7 +46,7 @@ def test_fake_runtime_latency_is_the_sum_of_op_costs(optimized):
     assert found.ratio("opfuse") == pytest.approx(0.036 / 0.042)
     assert found.faster("opfuse", ORIGINAL)
     assert not found.faster(ORIGINAL, "opfuse")
-    assert found.line("opfuse") == "latency 42 -> 36 ms (0.86x; noise +-0%) fake 1.0"
+    assert found.line("opfuse") == "latency 42 -> 36 ms (0.86x; noise +-0.0%) fake 1.0"
 
 
 def test_rounds_fill_the_budget_and_interleave(optimized):

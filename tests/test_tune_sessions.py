@@ -145,13 +145,14 @@ def test_tune_writes_the_session_file_and_inference_session_applies_it(tmp_path)
     assert result.session is not None and result.session.best == two
     assert result.session_file == session
     data = json.loads(session.read_text())
-    assert data["schema"] == "opfuse.session/1"
+    assert data["schema"] == "opfuse.session/2"
     assert data["intra_op_num_threads"] == 2 and data["execution_mode"] == "sequential"
-    assert data["measured"]["latency_ratio_to_start"] == pytest.approx(0.5)
+    assert data["measured"]["session"]["latency_ratio_to_start"] == pytest.approx(0.5)
     assert read_session_file(session) == dataclasses.replace(two, provider="CPUExecutionProvider")
     assert result.to_json()["session"]["chosen"] == two.label
 
     sess = opfuse.InferenceSession(str(out), session_file=session, verify=False)
+    assert sess.deployed == "as written"
     options = sess.get_session_options()
     assert options.intra_op_num_threads == 2
     assert sess.get_providers() == ["CPUExecutionProvider"]
@@ -213,4 +214,8 @@ def test_tune_cli_session_options(tmp_path):
          "--budget", "10", "--bench-seconds", "0.1", "--no-session-search"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
-    assert none.returncode == 0 and not (tmp_path / "n.onnx.session.json").exists()
+    assert none.returncode == 0
+    # the graph settings and the session settings it was measured at, searched or not
+    written = json.loads((tmp_path / "n.onnx.session.json").read_text())
+    assert written["measured"]["session"] is None and "graph" in written
+    assert written["intra_op_num_threads"] == 1

@@ -42,9 +42,15 @@ from opfuse.runtime.settings import (
     RuntimeSettings,
     SessionSettings,
     ort_session_options,
-    read_session_file,
 )
 from opfuse.tuning import search as tuning
+from opfuse.tuning.deployment import (
+    Deployment,
+    GraphSettings,
+    read_deployment,
+    sha256_bytes,
+    sha256_file,
+)
 from opfuse.verification.compare import OutputDiff, VerifyReport, check_feeds, compare_files
 
 if TYPE_CHECKING:
@@ -100,6 +106,7 @@ class OptimizeKeywords(TypedDict, total=False):
     layout: str
     target: str | None
     phases: Phases | None
+    static_shapes: bool
 
 
 def _as_file(model: ModelInput, folder: Path, name: str) -> Path:
@@ -152,6 +159,7 @@ def optimize(
     layout: str = "keep",
     target: str | None = None,
     phases: Phases | None = None,
+    static_shapes: bool = False,
 ) -> OptimizeResult[onnx.ModelProto] | OptimizeResult[ir.Model]:
     """Optimize ``model`` (a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``) and
     verify the result against it under onnxruntime.
@@ -161,8 +169,11 @@ def optimize(
     writes the result to that file (atomically; never over the input). The keywords are
     ``opfuse optimize``'s options. Raises ``OpfuseError`` on bad input and
     ``VerificationError`` (naming the first pass whose output differs) when the outputs
-    differ beyond ``atol * max(1, max|ref|) + rtol * |ref|``.
+    differ beyond ``atol * max(1, max|ref|) + rtol * |ref|``. ``static_shapes``
+    re-declares the inputs with the ``input_shape`` dims (``--static-shapes``).
     """
+    if static_shapes and not input_shape:
+        raise OpfuseError("--static-shapes needs --input-shape NAME:D0,D1,... for the inputs")
     options = make_options(
         fold_size_limit=fold_size_limit,
         target_opset=target_opset,
@@ -191,6 +202,7 @@ def optimize(
         save_failing_inputs=save_failing_inputs,
         bisect=bisect,
         phases=phases,
+        static_shapes=static_shapes,
     )
     result.output = Path(output) if output is not None else None
     if isinstance(model, onnx.ModelProto):
@@ -259,6 +271,8 @@ def tune(
     input_shape: Mapping[str, Sequence[int]] | None = None,
     verify_inputs: str | os.PathLike[str] | None = None,
     static_shapes: bool = False,
+    layout: Sequence[str] = (),
+    allow_interface_change: bool = False,
     session_search: bool = True,
     max_threads: int | None = None,
     runtimes: Sequence[str] | None = None,
@@ -273,12 +287,19 @@ def tune(
     (its latency over the original's, measured), ``result.trials``, and
     ``result.command``, the ``opfuse optimize`` command line that rebuilds the output.
 
+    The model's interface is the caller's: variants that change its inputs (``--layout``,
+    ``--static-shapes``) are tried only when asked, by ``layout`` (the layouts to try),
+    ``static_shapes`` (with ``input_shape``) or ``allow_interface_change`` (all of them);
+    ``result.interface_changed`` says how the written model's inputs/outputs differ.
+
     Then (``session_search``) the session settings are searched on that model: intra-op
     threads up to ``max_threads`` (default: the machine's cores), sequential or parallel
     execution, the graph optimization level, and the runtimes in ``runtimes`` (e.g.
     ``["onnxruntime", "openvino"]``); the choice is written to ``OUTPUT.session.json``
     (``result.session_file``; apply it with ``InferenceSession(..., session_file=)``), each
-    choice's measured ratio in ``result.session``.
+    choice's measured ratio in ``result.session``. ``OUTPUT.session.json`` is written in
+    any case: it records the graph settings too (``tuning.deployment``), so that
+    ``InferenceSession(output or the original, session_file=...)`` runs what was measured.
     ``progress`` is called with the name of each trial as it starts."""
     model = Path(model)
     output = Path(output)
@@ -296,7 +317,10 @@ def tune(
         if switch_file_out is not None
         else output.with_name(output.name + ".fusion_switch.cfg")
     )
-    session_file = output.with_name(output.name + ".session.json") if session_search else None
+    session_file = output.with_name(output.name + ".session.json")
+    for name in layout:
+        if name not in ("nchw", "nhwc"):
+            raise OpfuseError(f"--layout {name!r}: expected nchw or nhwc")
     io.check_outputs(
         model,
         [
@@ -326,6 +350,8 @@ def tune(
         rtol=rtol,
         atol=atol,
         static_shapes=static_shapes,
+        layouts=tuple(layout),
+        allow_interface_change=allow_interface_change,
         session_search=session_search,
         session_start=SessionSettings(
             runtime,
@@ -419,9 +445,13 @@ class InferenceSession(ort.InferenceSession):  # type: ignore[misc]
     ``opfuse.optimize``'s (verification is on by default: the session is built only on
     a model that verified). ``optimize_result`` tells what was done.
 
-    ``session_file``: the ``OUTPUT.session.json`` ``opfuse tune`` wrote: its threads,
+    ``session_file``: the ``OUTPUT.session.json`` ``opfuse tune`` wrote. Its threads,
     execution mode, graph optimization level and provider make the SessionOptions (give
-    it instead of ``sess_options``).
+    it instead of ``sess_options``). Its graph settings decide the model: the tuned model
+    itself (the file it names, by its SHA-256) runs as written, not optimized again; any
+    other model (the original) is rebuilt with the passes, target opset, layout and static
+    shapes tune chose (optimize keywords that contradict them are refused), or run as is
+    when tune kept the original. ``deployed`` says which of the three happened.
     """
 
     def __init__(
@@ -436,21 +466,45 @@ class InferenceSession(ort.InferenceSession):  # type: ignore[misc]
     ) -> None:
         if optimize_options.get("output") is not None:
             raise OpfuseError("InferenceSession optimizes in memory; it takes no output")
+        self.deployed = "optimized"
+        keywords: dict[str, Any] = dict(optimize_options)
         if session_file is not None:
             if sess_options is not None:
                 raise OpfuseError(
                     f"{session_file}: give the session file or sess_options, not both"
                 )
-            self.session_settings = read_session_file(session_file)
+            deployment = read_deployment(session_file)
+            self.session_settings = deployment.session
             sess_options, file_providers = ort_session_options(self.session_settings)  # type: ignore[assignment]
             providers = providers or file_providers
+            if deployment.graph is not None:
+                if deployment.graph.original or _is_tuned(path_or_model, deployment):
+                    self.deployed = "as written"
+                else:
+                    self.deployed = "rebuilt"
+                    keywords = _tuned_keywords(deployment.graph, keywords, session_file)
+        self._optimize_result: OptimizeResult[Any] | None = None
+        if self.deployed == "as written":
+            if isinstance(path_or_model, str | os.PathLike | bytes):
+                model_arg: Any = (
+                    str(path_or_model) if not isinstance(path_or_model, bytes) else path_or_model
+                )
+            else:
+                proto = (
+                    path_or_model
+                    if isinstance(path_or_model, onnx.ModelProto)
+                    else io.to_proto(path_or_model)
+                )
+                model_arg = proto.SerializeToString()
+            super().__init__(model_arg, sess_options, providers, provider_options)
+            return
         model = (
             onnx.load_model_from_string(path_or_model)
             if isinstance(path_or_model, bytes)
             else path_or_model
         )
-        result = optimize(model, **optimize_options)
-        self.optimize_result: OptimizeResult[Any] = result
+        result = optimize(model, **keywords)
+        self._optimize_result = result
         optimized = result.model
         proto = optimized if isinstance(optimized, onnx.ModelProto) else io.to_proto(optimized)
         if proto.ByteSize() > PROTOBUF_LIMIT:
@@ -459,6 +513,63 @@ class InferenceSession(ort.InferenceSession):  # type: ignore[misc]
                 "and load that file in onnxruntime"
             )
         super().__init__(proto.SerializeToString(), sess_options, providers, provider_options)
+
+    @property
+    def optimize_result(self) -> OptimizeResult[Any]:
+        """What was done to the model; an OpfuseError when the session file made the
+        session run the model as written (``deployed == "as written"``)."""
+        if self._optimize_result is None:
+            raise OpfuseError(
+                "the session runs the model as written (the tuned model of its session file): "
+                "nothing was optimized"
+            )
+        return self._optimize_result
+
+
+def _is_tuned(
+    model: str | os.PathLike[str] | bytes | onnx.ModelProto | ir.Model, deployment: Deployment
+) -> bool:
+    """Whether ``model`` is the tuned model the deployment file names (by SHA-256)."""
+    if deployment.model_sha256 is None:
+        return False
+    if isinstance(model, bytes):
+        digest = sha256_bytes(model)
+    elif isinstance(model, onnx.ModelProto | ir.Model):
+        proto = model if isinstance(model, onnx.ModelProto) else io.to_proto(model)
+        digest = sha256_bytes(proto.SerializeToString())
+    else:
+        try:
+            digest = sha256_file(model)
+        except OSError:
+            return False  # optimize says what is wrong with the path
+    return digest == deployment.model_sha256
+
+
+def _tuned_keywords(
+    graph: GraphSettings, given: dict[str, Any], where: str | os.PathLike[str]
+) -> dict[str, Any]:
+    """The optimize keywords that rebuild the tuned model; the caller's own may add to
+    them (verify, tolerances, input shapes) but not contradict them."""
+    tuned = graph.optimize_keywords()
+    for key in (
+        "enable",
+        "disable",
+        "target_opset",
+        "layout",
+        "static_shapes",
+        "fusion_switch_file",
+    ):
+        if key in given and given[key] not in (None, (), [], False, "keep"):
+            raise OpfuseError(
+                f"{where}: the session file sets the graph settings; drop {key}= (or give "
+                "sess_options instead of the session file)"
+            )
+    if "input_shape" in tuned and given.get("input_shape"):
+        raise OpfuseError(
+            f"{where}: the tuned model has static input shapes {tuned['input_shape']}; drop "
+            "input_shape="
+        )
+    return {**given, **tuned}
 
 
 # The engine's entry points that lived in ``opfuse.api`` before the API moved here.

@@ -3,6 +3,8 @@ with a progress bar over the budget and the table of trials."""
 
 from __future__ import annotations
 
+import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -38,7 +40,19 @@ from opfuse.cli.options import PathArg, runtime_options
 @click.option(
     "--static-shapes",
     is_flag=True,
-    help="Also try the inputs re-declared with the --input-shape dims.",
+    help="Also try the inputs re-declared with the --input-shape dims (changes the inputs).",
+)
+@click.option(
+    "--layout",
+    type=click.Choice(["nchw", "nhwc"]),
+    multiple=True,
+    help="Also try this layout for image inputs (changes the inputs: callers must transpose).",
+)
+@click.option(
+    "--allow-interface-change",
+    is_flag=True,
+    help="Also try every variant that changes the model's inputs (layouts; static shapes "
+    "with --input-shape). Without it the output takes the original's inputs.",
 )
 @click.option(
     "--no-session-search",
@@ -65,13 +79,17 @@ def tune(
     input_shape: tuple[str, ...],
     verify_inputs: Path | None,
     static_shapes: bool,
+    layout: tuple[str, ...],
+    allow_interface_change: bool,
     no_session_search: bool,
     max_threads: int | None,
     runtimes: str | None,
     **runtime: object,
 ) -> None:
     """Search for the fastest verified variant of MODEL on the runtime and write it to
-    OUTPUT, with the fusion switch file and the optimize command line that rebuild it."""
+    OUTPUT, with the fusion switch file and the optimize command line that rebuild it, and
+    OUTPUT.session.json, the settings it was measured at (graph and session), for
+    opfuse.InferenceSession(OUTPUT or MODEL, session_file=...)."""
     from opfuse import api
     from opfuse.verification.compare import parse_input_shapes
 
@@ -87,6 +105,8 @@ def tune(
             input_shape=parse_input_shapes(list(input_shape)),
             verify_inputs=verify_inputs,
             static_shapes=static_shapes,
+            layout=layout,
+            allow_interface_change=allow_interface_change,
             session_search=not no_session_search,
             max_threads=max_threads,
             runtimes=[r.strip() for r in runtimes.split(",") if r.strip()] if runtimes else None,
@@ -117,15 +137,59 @@ def _trial_progress(budget: float) -> Iterator[Callable[[str], None]]:
         yield step
 
 
+def pct(x: float) -> str:
+    """A noise with the digits it needs (``0.4%``, ``12%``), as tuning.measure prints it."""
+    return f"{x:.1%}" if x < 0.1 else f"{x:.0%}"
+
+
 def _pct(x: float | None) -> str:
-    return "" if x is None else f"+-{x:.1%}"
+    return "" if x is None else f"+-{pct(x)}"
+
+
+def _width() -> int | None:
+    """The console width: the terminal's, or ``COLUMNS``, or 100 off a terminal."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return None if sys.stdout.isatty() else 100
+
+
+def _wrapped_command(command: str, width: int) -> str:
+    """A shell command folded within ``width`` with backslash-newline continuations: at
+    argument boundaries, and inside an argument longer than a line (a long path) where
+    it is not quoted (the shell removes a backslash-newline anywhere outside quotes). It
+    still pastes as one command."""
+    width = max(width, 20)
+    lines: list[str] = []
+    line = ""
+    for arg in map(shlex.quote, shlex.split(command)):
+        if line and len(line) + 1 + len(arg) + 2 > width:
+            lines.append(line + " \\")
+            line = "    "
+        else:
+            line = f"{line} " if line else ""
+        while len(line) + len(arg) + 2 > width and not arg.startswith("'"):
+            cut = width - 1 - len(line)  # the rest of this line, less the backslash
+            lines.append(line + arg[:cut] + "\\")
+            line, arg = "", arg[cut:]
+        line += arg
+    return "\n".join([*lines, line])
 
 
 def _print_tune(result, command: str, switch_file: Path) -> None:  # type: ignore[no-untyped-def]
-    out = Console(highlight=False, width=None if sys.stdout.isatty() else 240)
+    out = Console(highlight=False, width=_width())
     table = Table(title=f"tune on {result.runtime}", title_justify="left")
     for col in ("#", "settings", "nodes", "verification", "latency", "noise", "kept", "note"):
-        table.add_column(col, justify="right" if col in ("#", "nodes", "latency") else "left")
+        table.add_column(
+            col,
+            justify="right" if col in ("#", "nodes", "latency") else "left",
+            # what a user must read folds (never cut short); the figures keep their line
+            overflow="fold" if col in ("settings", "verification", "note") else "ellipsis",
+            no_wrap=col not in ("settings", "verification", "note"),
+            ratio=3 if col == "settings" else 2 if col == "note" else None,
+            # a pass name whole on one line where the width leaves room for the notes
+            min_width=32 if col == "settings" and out.width >= 120 else None,
+        )
     for i, t in enumerate(result.trials):
         ratio = "" if t.ratio is None else f"{t.ratio:.3f}x"
         kept = "yes" if t.kept else ""
@@ -142,16 +206,14 @@ def _print_tune(result, command: str, switch_file: Path) -> None:  # type: ignor
     out.print(table)
     if result.budget_spent:
         out.print("the budget ran out before every flip was tried")
-    for name, (opset, n) in result.probe.upgrades.items():
+    for name, (opset, n) in result.open_upgrades().items():
         out.print(
             f"note: {name} would fire at a higher opset: {n} match{'' if n == 1 else 'es'} at --target-opset {opset}",
             markup=False,
         )
     if result.final is not None:
         out.print(
-            f"best variant: {result.searched.label}: {result.final.line('best')}",
-            markup=False,
-            soft_wrap=True,
+            f"best variant: {result.searched.label}: {result.final.line('best')}", markup=False
         )
     if result.best.original:
         out.print(
@@ -164,19 +226,40 @@ def _print_tune(result, command: str, switch_file: Path) -> None:  # type: ignor
             "fastest",
             markup=False,
         )
+    if result.interface_changed:
+        out.print(
+            "interface changed (asked for): callers must feed the output differently: "
+            + "; ".join(result.interface_changed),
+            markup=False,
+        )
     out.print(f"switch file: {switch_file}", markup=False)
-    out.print(f"rebuild: {command}", markup=False, soft_wrap=True)
+    out.print(
+        f"rebuild: {_wrapped_command(command, out.width - len('rebuild: '))}",
+        markup=False,
+        soft_wrap=True,
+    )
     if result.session is not None:
-        _print_session(out, result.session, result.session_file)
+        _print_session(out, result.session)
+    if result.session_file is not None:
+        out.print(
+            f"session file: {result.session_file} (graph and session settings; "
+            "opfuse.InferenceSession(OUTPUT or MODEL, session_file=...))",
+            markup=False,
+        )
     for warning in result.warnings:
         err.print(f"opfuse: warning: {warning}", markup=False, soft_wrap=True)
 
 
-def _print_session(out: Console, search, path: Path | None) -> None:  # type: ignore[no-untyped-def]
+def _print_session(out: Console, search) -> None:  # type: ignore[no-untyped-def]
     """The session settings tried, each with its latency over the best at the time."""
     table = Table(title="session settings", title_justify="left")
     for col in ("settings", "latency vs best", "noise", "kept", "note"):
-        table.add_column(col, justify="right" if col.startswith("latency") else "left")
+        table.add_column(
+            col,
+            justify="right" if col.startswith("latency") else "left",
+            overflow="fold" if col in ("settings", "note") else "ellipsis",
+            no_wrap=col not in ("settings", "note"),
+        )
     for t in search.trials:
         ratio = "" if t.ratio is None else f"{t.ratio:.3f}x"
         table.add_row(t.settings.label, ratio, _pct(t.noise), "yes" if t.kept else "", t.note)
@@ -188,8 +271,6 @@ def _print_session(out: Console, search, path: Path | None) -> None:  # type: ig
     else:
         out.print(
             f"session: {search.best.label}: {search.ratio:.2f}x the latency of "
-            f"{search.start.label} (noise +-{search.final.noise:.0%})",
+            f"{search.start.label} (noise +-{pct(search.final.noise)})",
             markup=False,
         )
-    if path is not None:
-        out.print(f"session file: {path} (opfuse.InferenceSession(model, session_file=...))")

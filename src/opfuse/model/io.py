@@ -28,7 +28,7 @@ from opfuse.model.set_aside import META_KEY, SetAside, from_proto, restore
 from opfuse.model.set_aside import (
     to_proto as to_proto,  # the set-aside-aware one, for callers of io
 )
-from opfuse.model.shapes import infer_proto
+from opfuse.model.shapes import infer_proto, negative_dims_dynamic
 
 MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -151,6 +151,7 @@ def load_model(
     many in ``model.meta[LIFTED_KEY]``), equal ones merged with ``merge`` (how many in
     ``model.meta[MERGED_KEY]``)."""
     proto, _ = read_proto(path)
+    negative_dims_dynamic(proto)  # -1 is dynamic (onnxruntime reads it so)
     # lifted first: inference then writes no value_info for them (the tensor says it)
     lifted = lift_constants(proto, merge=merge) if lift else Lifted(0)
     if infer:
@@ -167,7 +168,9 @@ def load_model(
 def read_model(path: str | os.PathLike[str]) -> ir.Model:
     """Load a file opfuse or onnxruntime wrote (no input checks), setting aside what
     onnx-ir cannot hold as ``load_model`` does."""
-    model = from_proto(onnx.load_model(str(path), load_external_data=False))
+    proto = onnx.load_model(str(path), load_external_data=False)
+    negative_dims_dynamic(proto)
+    model = from_proto(proto)
     ir.external_data.set_base_dir(model.graph, os.path.dirname(os.path.abspath(path)))
     return model
 

@@ -157,6 +157,24 @@ def _may_know_more(inferred: onnx.TensorShapeProto, shape: ir.Shape | None) -> b
     return known > sum(1 for d in shape if isinstance(d, int))
 
 
+def negative_dims_dynamic(proto: onnx.ModelProto) -> int:
+    """Clear every negative ``dim_value`` of the declared values (graph inputs, outputs,
+    value_info, in every graph): ``-1`` is the old exporters' "dynamic" (Paddle's), which
+    onnxruntime reads as an unknown dim; kept as a number it would be a fixed dim of -1 to
+    shape inference and the rules (a Shape folded to ``[-1, ...]``). How many were cleared."""
+    cleared = 0
+    for graph in proto_graphs(proto.graph):
+        for value in (*graph.input, *graph.output, *graph.value_info):
+            t = value.type
+            if t.WhichOneof("value") != "tensor_type" or not t.tensor_type.HasField("shape"):
+                continue
+            for d in t.tensor_type.shape.dim:
+                if d.HasField("dim_value") and d.dim_value < 0:
+                    d.ClearField("dim_value")
+                    cleared += 1
+    return cleared
+
+
 def declare_static_inputs(model: ir.Model, shapes: dict[str, list[int]]) -> None:
     """Re-declare graph inputs with the given dims (``--static-shapes``): every dim the
     model fixes must be kept, the rank too. Shape inference then knows every dim and the
@@ -173,7 +191,7 @@ def declare_static_inputs(model: ir.Model, shapes: dict[str, list[int]]) -> None
         if declared is not None and len(declared) != len(dims):
             raise OpfuseError(f"{given}: input {name!r} has rank {len(declared)}")
         for i, (d, g) in enumerate(zip(declared or [], dims, strict=False)):
-            if isinstance(d, int) and d != g:
+            if isinstance(d, int) and d >= 0 and d != g:  # -1: dynamic
                 raise OpfuseError(f"{given}: input {name!r} has dim {i} fixed at {d}")
         value.shape = ir.Shape(dims)
     # intermediate shapes that name the old symbolic dims would contradict the new ones

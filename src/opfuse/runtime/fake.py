@@ -1,10 +1,12 @@
 """A runtime with deterministic timings for unit tests: a model's latency is the sum of
-per-op-type costs over its nodes, read from the file, and its clock advances only by runs."""
+per-op-type costs over its nodes, read from the file, and its clock advances only by runs
+(by that latency, or by it times seeded random noise when asked)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping
 
 import numpy as np
 import onnx
@@ -19,12 +21,15 @@ class FakeClock:
 
 
 class FakeSession:
-    def __init__(self, clock: FakeClock, seconds: float) -> None:
+    def __init__(
+        self, clock: FakeClock, seconds: float, jitter: Callable[[], float] = lambda: 1.0
+    ) -> None:
         self.clock = clock
         self.seconds = seconds
+        self.jitter = jitter
 
     def run(self, feeds: dict[str, np.ndarray]) -> object:
-        self.clock.now += self.seconds
+        self.clock.now += self.seconds * self.jitter()
         return []
 
 
@@ -41,14 +46,25 @@ class FakeRuntime:
         *,
         clock: FakeClock | None = None,
         scale: float = 1.0,
+        noise: float = 0.0,
+        seed: int = 0,
+        removes: Collection[str] = (),
     ) -> None:
         """``clock``: share one between runtimes measured together (session settings);
-        ``scale``: every latency times this (a faster or slower setting)."""
+        ``scale``: every latency times this (a faster or slower setting); ``noise``: each
+        run takes its latency times a seeded uniform draw in [1 - noise, 1 + noise];
+        ``removes``: op types the runtime's own optimizations remove (``optimized_ops``)."""
         self.costs = dict(costs or {})
         self.default = default
         self.clock = clock or FakeClock()
         self.scale = scale
+        self.noise = noise
+        self.rng = np.random.default_rng(seed)
+        self.removes = frozenset(removes)
         self.loaded: list[str] = []
+
+    def jitter(self) -> float:
+        return 1.0 + self.noise * (2 * float(self.rng.random()) - 1) if self.noise else 1.0
 
     def latency(self, path: str | os.PathLike[str]) -> float:
         graph = onnx.load_model(str(path), load_external_data=False).graph
@@ -56,7 +72,12 @@ class FakeRuntime:
 
     def load(self, path: str | os.PathLike[str]) -> FakeSession:
         self.loaded.append(str(path))
-        return FakeSession(self.clock, self.latency(path))
+        return FakeSession(self.clock, self.latency(path), self.jitter)
+
+    def optimized_ops(self, path: str | os.PathLike[str]) -> Counter[str]:
+        """The op types the "runtime" runs: the file's, less those in ``removes``."""
+        graph = onnx.load_model(str(path), load_external_data=False).graph
+        return Counter(n.op_type for n in graph.node if n.op_type not in self.removes)
 
     def describe(self) -> str:
         return f"fake {self.version}"

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import time
+from collections import Counter
+from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from opfuse.errors import OpfuseError, first_line
@@ -48,11 +52,24 @@ def session_options(
 
 
 class OrtSession:
-    def __init__(self, sess: ort.InferenceSession) -> None:
+    def __init__(self, sess: ort.InferenceSession, path: str | os.PathLike[str] = "") -> None:
         self.sess = sess
+        self.path = path
+        self.quiet = ort.RunOptions()
+        self.quiet.log_severity_level = 4  # a failure is reported once, as an OpfuseError
 
     def run(self, feeds: dict[str, np.ndarray]) -> object:
-        return self.sess.run(None, feeds)
+        try:
+            return self.sess.run(None, feeds, self.quiet)
+        except Exception as exc:  # onnxruntime raises its own exception types
+            shapes = ", ".join(
+                f"{k} {list(v.shape) if hasattr(v, 'shape') else 'sequence'}"
+                for k, v in feeds.items()
+            )
+            raise OpfuseError(
+                f"{self.path}: onnxruntime cannot run the model on inputs {shapes}: "
+                f"{first_line(exc)}"
+            ) from None
 
 
 class OrtRuntime:
@@ -88,12 +105,30 @@ class OrtRuntime:
         opts = session_options(
             self.graph_opt, self.threads, self.execution_mode, self.inter_threads
         )
+        opts.log_severity_level = 4  # a refusal is reported once, as an OpfuseError
         try:
             sess = ort.InferenceSession(str(path), opts, providers=[self.provider])
         except Exception as exc:  # onnxruntime raises its own exception types
             first = first_line(exc)
             raise OpfuseError(f"{path}: onnxruntime cannot load the model: {first}") from None
-        return OrtSession(sess)
+        return OrtSession(sess, path)
+
+    def optimized_ops(self, path: str | os.PathLike[str]) -> Counter[str] | None:
+        """Op types (with their domain, every graph) of the graph onnxruntime runs for
+        ``path`` at these settings, read from the one it saves (None if it cannot save it):
+        two files with equal counts are the same model to the runtime, as far as a
+        rewrite can tell."""
+        opts = session_options(self.graph_opt, 1)
+        opts.log_severity_level = 4  # a graph it cannot save only means: measure
+        with tempfile.TemporaryDirectory(prefix="opfuse-ortgraph-") as tmp:
+            saved = Path(tmp) / "optimized.onnx"
+            opts.optimized_model_filepath = str(saved)
+            try:
+                ort.InferenceSession(str(path), opts, providers=[self.provider])
+                proto = onnx.load_model(str(saved), load_external_data=False)
+            except Exception:  # an EP that cannot save its graph, a model over 2 GB
+                return None
+        return op_type_counts(proto.graph)
 
     def describe(self) -> str:
         level = str(LEVELS[self.graph_opt]).rsplit(".", 1)[-1]
@@ -108,3 +143,17 @@ class OrtRuntime:
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def op_type_counts(graph: onnx.GraphProto) -> Counter[str]:
+    """``domain::op_type`` (plain op_type in the default domain) of every node, in
+    ``graph`` and the graphs its nodes hold (If/Loop/Scan bodies)."""
+    counts: Counter[str] = Counter()
+    stack = [graph]
+    while stack:
+        g = stack.pop()
+        for node in g.node:
+            counts[f"{node.domain}::{node.op_type}" if node.domain else node.op_type] += 1
+            for attr in node.attribute:
+                stack.extend([attr.g] if attr.HasField("g") else list(attr.graphs))
+    return counts

@@ -11,11 +11,18 @@ from opfuse.errors import OpfuseError, first_line
 
 
 class OpenVinoSession:
-    def __init__(self, compiled) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, compiled, path: str | os.PathLike[str] = "") -> None:  # type: ignore[no-untyped-def]
         self.request = compiled.create_infer_request()
+        self.path = path
 
     def run(self, feeds: dict[str, np.ndarray]) -> object:
-        return self.request.infer(feeds)
+        try:
+            return self.request.infer(feeds)
+        except Exception as exc:  # OpenVINO raises RuntimeError with long texts
+            shapes = ", ".join(f"{k} {list(getattr(v, 'shape', []))}" for k, v in feeds.items())
+            raise OpfuseError(
+                f"{self.path}: OpenVINO cannot run the model on inputs {shapes}: {first_line(exc)}"
+            ) from None
 
 
 class OpenVinoRuntime:
@@ -42,7 +49,7 @@ class OpenVinoRuntime:
         except Exception as exc:  # OpenVINO raises RuntimeError with long texts
             first = first_line(exc)
             raise OpfuseError(f"{path}: OpenVINO cannot load the model: {first}") from None
-        return OpenVinoSession(compiled)
+        return OpenVinoSession(compiled, path)
 
     def describe(self) -> str:
         threads = (

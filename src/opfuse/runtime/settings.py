@@ -29,7 +29,8 @@ class RuntimeSettings:
         )
 
 
-SESSION_SCHEMA = "opfuse.session/1"
+SESSION_SCHEMA = "opfuse.session/2"  # /1 held the session settings alone; both are read
+READ_SCHEMAS = ("opfuse.session/1", SESSION_SCHEMA)
 EXECUTION_MODES = ("sequential", "parallel")
 
 
@@ -83,7 +84,7 @@ class SessionSettings:
     @classmethod
     def from_json(cls, data: object, where: str) -> SessionSettings:
         """Read the settings a session file holds; one-line OpfuseError naming ``where``."""
-        if not isinstance(data, dict) or data.get("schema") != SESSION_SCHEMA:
+        if not isinstance(data, dict) or data.get("schema") not in READ_SCHEMAS:
             raise OpfuseError(f"{where}: not an opfuse session file (schema {SESSION_SCHEMA})")
         kwargs: dict[str, object] = {}
         for field in dataclasses.fields(cls):

@@ -3,8 +3,10 @@
 Every model is loaded once, the original twice; after a warm-up, rounds run every model
 once each, the order reversed every other round, so that load changes on the machine hit
 all of them alike. A model's latency is the median of its runs; a ratio of two models is
-the median of their per-round ratios; the noise is how far that ratio of the original's
-two copies is from 1 (the same model, the same rounds)."""
+the median of their per-round ratios. The noise is measured on the same rounds: how far
+the ratio of the original's two copies is from 1 (the same model), or the half-width of
+that median's confidence interval (the notch of a box plot, 1.58 IQR / sqrt(rounds)),
+whichever is larger: a median of a few noisy rounds can land on 1 by chance."""
 
 from __future__ import annotations
 
@@ -16,7 +18,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from opfuse.runtime import Runtime, Session
-from opfuse.verification.compare import input_permutations, make_inputs_and_plan, session
+from opfuse.verification.compare import (
+    GENERATED_HINT,
+    input_permutations,
+    make_inputs_and_plan,
+    run_model,
+    session,
+)
 
 ORIGINAL = "original"
 AGAIN = "original (again)"
@@ -47,28 +55,42 @@ class Measurement:
 
     @property
     def noise(self) -> float:
-        """How far the original's second copy is from the original (paired ratio)."""
-        return abs(self.ratio(AGAIN) - 1.0)
+        """The original's second copy against the original on the same rounds: how far
+        their paired ratio is from 1, or its confidence half-width, the larger."""
+        return max(abs(self.ratio(AGAIN) - 1.0), self.spread(AGAIN))
 
     @property
     def threshold(self) -> float:
         """The relative difference below which two latencies count as equal."""
         return max(self.noise, NOISE_FLOOR)
 
+    def ratios(self, label: str, to: str = ORIGINAL) -> list[float]:
+        """``label``'s time over ``to``'s, round by round."""
+        return [a / b for a, b in zip(self.times[label], self.times[to], strict=True)]
+
     def ratio(self, label: str, to: str = ORIGINAL) -> float:
         """Median over rounds of ``label``'s time over ``to``'s."""
-        pairs = zip(self.times[label], self.times[to], strict=True)
-        return statistics.median(a / b for a, b in pairs)
+        return statistics.median(self.ratios(label, to))
+
+    def spread(self, label: str, to: str = ORIGINAL) -> float:
+        """Half-width of the ~95% confidence interval of ``ratio(label, to)``: the notch
+        of a box plot, 1.58 IQR / sqrt(n)."""
+        values = self.ratios(label, to)
+        if len(values) < 2:
+            return 0.0
+        q1, _, q3 = statistics.quantiles(values, n=4)
+        return 1.58 * (q3 - q1) / len(values) ** 0.5
 
     def faster(self, label: str, than: str) -> bool:
-        """``label`` beats ``than`` by more than the noise."""
-        return self.ratio(label, than) < 1 - self.threshold
+        """``label`` beats ``than`` by more than the noise measured on these rounds and by
+        more than its own ratio's confidence half-width."""
+        return self.ratio(label, than) < 1 - max(self.threshold, self.spread(label, than))
 
     def line(self, label: str) -> str:
-        """``latency 20.1 -> 7.5 ms (0.37x; noise +-2%) onnxruntime 1.32 ...``"""
+        """``latency 20.1 -> 7.5 ms (0.37x; noise +-0.4%) onnxruntime 1.32 ...``"""
         return (
             f"latency {_ms(self.original_s)} -> {_ms(self.medians[label])} ms "
-            f"({self.ratio(label):.2f}x; noise +-{self.noise:.0%}) {self.runtime}"
+            f"({self.ratio(label):.2f}x; noise +-{pct(self.noise)}) {self.runtime}"
         )
 
     def to_json(self) -> dict[str, object]:
@@ -79,6 +101,11 @@ class Measurement:
             "medians_s": self.medians,
             "ratios": {label: self.ratio(label) for label in self.times},
         }
+
+
+def pct(x: float) -> str:
+    """A noise as a percentage with the digits it needs (``0.4%``, ``2%``, ``12%``)."""
+    return f"{x:.1%}" if x < 0.1 else f"{x:.0%}"
 
 
 def _ms(seconds: float) -> str:
@@ -103,10 +130,12 @@ def feeds_and_warnings(
     seed: int = 0,
 ) -> tuple[dict[str, np.ndarray], list[str]]:
     """``feeds_for`` and the warnings about generated inputs that decide a branch (the
-    measurement may time a branch real inputs never take)."""
-    feeds, plan = make_inputs_and_plan(
-        session(original), input_shapes, inputs_npz, seed, model=original
-    )
+    measurement may time a branch real inputs never take). The original is run once on
+    them first: a model they cannot run is the one-line error ``optimize`` gives (with its
+    hint when the inputs were generated), not a runtime's failure in the middle of timing."""
+    sess = session(original)
+    feeds, plan = make_inputs_and_plan(sess, input_shapes, inputs_npz, seed, model=original)
+    run_model(sess, feeds, original, "" if plan is None else GENERATED_HINT)
     return feeds, [] if plan is None else plan.warnings
 
 
@@ -129,10 +158,12 @@ def measure(
     input_shapes: Mapping[str, list[int]] | None = None,
     inputs_npz: str | os.PathLike[str] | None = None,
     progress: Callable[[float], None] | None = None,
+    reverse: bool = False,
 ) -> Measurement:
     """Median latency of ``original`` (twice) and of each variant (label -> file), in
     rounds for about ``seconds`` after the warm-up (at least MIN_ROUNDS).
-    ``progress`` gets the fraction of rounds done."""
+    ``progress`` gets the fraction of rounds done; ``reverse`` starts the rounds from the
+    last variant (a confirmation in the other order)."""
     if ORIGINAL in variants or AGAIN in variants:
         raise ValueError(f"variant labels {ORIGINAL!r} and {AGAIN!r} are reserved")
     warnings: list[str] = []
@@ -141,7 +172,7 @@ def measure(
     paths = {ORIGINAL: original, AGAIN: original, **variants}
     loaded = {label: runtime.load(path) for label, path in paths.items()}
     feed_sets = {label: _feeds_of(path, feeds) for label, path in paths.items()}
-    rounds, times = _interleaved(loaded, feed_sets, runtime.clock, seconds, progress)
+    rounds, times = _interleaved(loaded, feed_sets, runtime.clock, seconds, progress, reverse)
     return Measurement(runtime.describe(), rounds, times, warnings)
 
 
@@ -152,6 +183,7 @@ def measure_sessions(
     *,
     seconds: float = 5.0,
     feeds: dict[str, np.ndarray],
+    reverse: bool = False,
 ) -> Measurement:
     """One model under different session settings: ``baseline`` (twice, for the noise)
     and each candidate runtime, paired and interleaved as ``measure`` does. The runtimes
@@ -159,7 +191,7 @@ def measure_sessions(
     runtimes = {ORIGINAL: baseline, AGAIN: baseline, **candidates}
     loaded = {label: rt.load(model) for label, rt in runtimes.items()}
     feed_sets = {label: _feeds_of(model, feeds) for label in runtimes}
-    rounds, times = _interleaved(loaded, feed_sets, baseline.clock, seconds, None)
+    rounds, times = _interleaved(loaded, feed_sets, baseline.clock, seconds, None, reverse)
     return Measurement(baseline.describe(), rounds, times)
 
 
@@ -169,9 +201,11 @@ def _interleaved(
     clock: Callable[[], float],
     seconds: float,
     progress: Callable[[float], None] | None,
+    reverse: bool = False,
 ) -> tuple[int, dict[str, list[float]]]:
     """Warm every session up, then time one run of each per round, the order reversed
-    every other round, for about ``seconds`` (MIN_ROUNDS..MAX_ROUNDS rounds)."""
+    every other round, for about ``seconds`` (MIN_ROUNDS..MAX_ROUNDS rounds); ``reverse``:
+    the first round runs them last to first."""
     round_s = 0.0
     for label, sess in loaded.items():
         took = 0.0
@@ -182,7 +216,7 @@ def _interleaved(
         round_s += took
     rounds = int(min(MAX_ROUNDS, max(MIN_ROUNDS, seconds / max(round_s, 1e-9))))
     times: dict[str, list[float]] = {label: [] for label in loaded}
-    order = list(loaded)
+    order = list(loaded)[::-1] if reverse else list(loaded)
     for i in range(rounds):
         for label in order if i % 2 == 0 else reversed(order):
             start = clock()

@@ -2,12 +2,16 @@
 settings for the fastest verified variant on the target runtime.
 
 From the default optimize, each trial flips one choice of the current best (a pass that
-matched in this model, the layout, an opset upgrade that lets a matching pass run); the
-variant is built, verified against the original, and measured paired with the original
-(twice, for the noise) and the current best. A flip is kept only when it beats the best by
-more than the noise, twice in a row. The search stops when no flip helps or the budget is spent; the
-result is then measured against the original once more, and the original itself is the
-result when nothing beats it."""
+matched in this model, an opset upgrade that lets a matching pass run, and, only when the
+user allows a change of the model's interface, the layout and static input shapes); the
+variant is built and verified against the original. A variant the runtime would run as the
+same graph as the best (the same op types in the graph onnxruntime saves after its own
+optimizations) is not measured: nothing it changes survives the runtime. The others are
+measured paired with the original (twice, for the noise) and the current best; a flip is
+kept only when it beats the best by more than the noise measured on those rounds, and again
+in a second measurement with the order reversed. The search stops when no flip helps or
+the budget is spent; the result is then measured against the original once more, and the
+original itself is the result when nothing beats it."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import json
 import os
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +28,24 @@ from opfuse.errors import OpfuseError
 from opfuse.model import io
 from opfuse.runtime import Runtime
 from opfuse.runtime.settings import SessionSettings
+from opfuse.tuning.deployment import deployment_json
 from opfuse.tuning.measure import ORIGINAL as ORIGINAL_LABEL
 from opfuse.tuning.measure import Measurement, feeds_and_warnings, measure
 from opfuse.tuning.sessions import SessionSearch, search_sessions
-from opfuse.tuning.variants import DEFAULT, ORIGINAL, Built, Probe, Variant, build, probe
+from opfuse.tuning.variants import (
+    DEFAULT,
+    LAYOUTS,
+    ORIGINAL,
+    Built,
+    Probe,
+    Variant,
+    build,
+    interface_changes,
+    probe,
+)
 
 BEST, CANDIDATE = "best", "candidate"
+SAME_AT_RUNTIME = "not measured: the runtime optimizes it into the best's graph"
 
 
 @dataclass
@@ -74,6 +91,24 @@ class TuneResult:
     warnings: list[str] = field(default_factory=list)  # about the generated inputs
     session: SessionSearch | None = None  # the session-settings search on the result
     session_file: Path | None = None  # where its choice was written
+    # how the written model's inputs/outputs differ from the original's (only when allowed)
+    interface_changed: list[str] = field(default_factory=list)
+    session_start: SessionSettings | None = None  # the settings the graph search measured at
+
+    @property
+    def session_settings(self) -> SessionSettings | None:
+        """The session settings the written model was measured fastest at."""
+        return self.session.best if self.session is not None else self.session_start
+
+    def open_upgrades(self) -> dict[str, tuple[int, int]]:
+        """The opset upgrades that would let a pass fire which the written model's opset
+        does not reach (an upgrade the chosen variant took is not news)."""
+        opset = self.best.target_opset
+        return {
+            name: (o, n)
+            for name, (o, n) in self.probe.upgrades.items()
+            if self.best.original or opset is None or opset < o
+        }
 
     @property
     def ratio(self) -> float:
@@ -88,7 +123,8 @@ class TuneResult:
             "latency_ratio": self.ratio,
             "noise": None if self.final is None else self.final.noise,
             "budget_spent": self.budget_spent,
-            "opset_upgrades": {k: list(v) for k, v in self.probe.upgrades.items()},
+            "opset_upgrades": {k: list(v) for k, v in self.open_upgrades().items()},
+            "interface_changed": self.interface_changed,
             "trials": [t.to_json() for t in self.trials],
             "warnings": self.warnings,
             "session": None if self.session is None else self.session.to_json(),
@@ -104,6 +140,9 @@ class TuneSettings:
     rtol: float = 1e-4
     atol: float = 1e-5
     static_shapes: bool = False  # try the inputs re-declared with input_shapes
+    layouts: tuple[str, ...] = ()  # the --layout values to try (they change the inputs)
+    # try every variant that changes the model's inputs/outputs (layouts, static shapes)
+    allow_interface_change: bool = False
     # after the graph search, search the session settings from session_start
     session_search: bool = False
     session_start: SessionSettings = SessionSettings()
@@ -136,6 +175,7 @@ class Search:
         self.feeds, self.input_warnings = feeds_and_warnings(
             model_path, settings.input_shapes, settings.inputs_npz
         )
+        self.runtime_ops: dict[Variant, Counter[str] | None] = {}
 
     def build(self, variant: Variant) -> Built:
         if variant not in self.built:
@@ -151,14 +191,29 @@ class Search:
             )
         return self.built[variant]
 
-    def measure(self, variants: Mapping[str, Built]) -> Measurement:
+    def measure(self, variants: Mapping[str, Built], reverse: bool = False) -> Measurement:
         return measure(
             self.model_path,
             {label: b.path for label, b in variants.items()},
             self.runtime,
             seconds=self.settings.bench_seconds,
             feeds=self.feeds,
+            reverse=reverse,
         )
+
+    def ops_at_runtime(self, variant: Variant) -> Counter[str] | None:
+        """The op types of the graph the runtime makes of the variant's file after its own
+        optimizations (None when the runtime cannot tell)."""
+        if variant not in self.runtime_ops:
+            optimized_ops = getattr(self.runtime, "optimized_ops", None)
+            self.runtime_ops[variant] = (
+                None if optimized_ops is None else optimized_ops(self.build(variant).path)
+            )
+        return self.runtime_ops[variant]
+
+    def same_at_runtime(self, a: Variant, b: Variant) -> bool:
+        ops = self.ops_at_runtime(a)
+        return ops is not None and ops == self.ops_at_runtime(b)
 
     def time_left(self) -> bool:
         return self.clock() < self.deadline
@@ -184,16 +239,23 @@ def tune(
         result = _search(search)
         if settings.session_search:
             result.session = _search_sessions(search, result)
+        chosen = search.build(result.best)
+        result.interface_changed = interface_changes(model_path, chosen.path)
         if keep is not None:
-            keep(result, search.build(result.best))
+            keep(result, chosen)
     return result
 
 
 def _search(s: Search) -> TuneResult:
     s.progress("probing which settings match")
-    found = probe(io.load_model(s.model_path))
-    found.static_shapes = s.settings.static_shapes and bool(s.settings.input_shapes)
+    allow = s.settings.allow_interface_change
+    found = probe(
+        io.load_model(s.model_path),
+        layouts=LAYOUTS if allow else tuple(x for x in s.settings.layouts if x in LAYOUTS),
+    )
+    found.static_shapes = (s.settings.static_shapes or allow) and bool(s.settings.input_shapes)
     result = TuneResult(s.runtime.describe(), found, warnings=s.input_warnings)
+    result.session_start = s.settings.session_start
     original = s.build(ORIGINAL)
     result.trials.append(Trial(ORIGINAL, original.nodes, "ok", 1.0, note="the input"))
     s.progress(DEFAULT.label)
@@ -246,21 +308,28 @@ def _search_sessions(s: Search, result: TuneResult) -> SessionSearch:
 
 
 def _try(s: Search, best: Variant, variant: Variant) -> Trial:
-    """Build, verify and measure one flip against the current best. A flip that looks
-    faster is measured a second time and kept only if it is faster again: on a loaded
-    machine one pair of medians can differ by more than the original's two copies did."""
+    """Build, verify and measure one flip against the current best. A flip the runtime
+    would run as the same graph as the best is not measured. A flip that looks faster is
+    measured a second time, the order reversed, and kept only if it is faster again: on a
+    loaded machine one pair of medians can differ by more than the original's two copies
+    did, and the first model of a round can pay for the others' cache misses."""
     built = s.build(variant)
     if not built.ok:
         return Trial(variant, built.nodes, built.failure, note="not measured")
+    if s.same_at_runtime(variant, best):
+        return Trial(variant, built.nodes, "ok", note=SAME_AT_RUNTIME)
     pair = {BEST: s.build(best), CANDIDATE: built}
     try:
         m = s.measure(pair)
         kept = m.faster(CANDIDATE, BEST)
         note = f"{_vs_best(m)} the best"
         if kept:
-            again = s.measure(pair)
+            again = s.measure(pair, reverse=True)
             kept = again.faster(CANDIDATE, BEST)
-            note += f", {'confirmed' if kept else 'not confirmed'} at {_vs_best(again)}"
+            note += (
+                f", {'confirmed' if kept else 'not confirmed'} in reverse order at "
+                f"{_vs_best(again)}"
+            )
     except OpfuseError as exc:  # the runtime refused the variant: that is the trial's result
         return Trial(variant, built.nodes, "ok", note=f"runtime failed: {exc}")
     return Trial(variant, built.nodes, "ok", m.ratio(CANDIDATE), m.noise, kept, note)
@@ -293,16 +362,30 @@ def write_outputs(
     input_shapes: Mapping[str, list[int]] | None = None,
     session_file: str | os.PathLike[str] | None = None,
 ) -> str:
-    """Write the chosen model, its switch file, the session settings chosen (when searched)
-    and the report; return the command line that rebuilds the model."""
+    """Write the chosen model, its switch file, the deployment file (``session_file``:
+    the graph and session settings it was measured at, see ``tuning.deployment``) and the
+    report; return the command line that rebuilds the model."""
     io.save_model(io.load_model(built.path), output, input_path=model_path)
     io.write_text(
         switch_file, json.dumps(result.best.switch_file(), indent=2) + "\n", what="switch file"
     )
     shapes = input_shapes if result.best.static_shapes else None
     command = result.best.command(model_path, output, switch_file, shapes)
-    if result.session is not None and session_file is not None:
-        data = {**result.session.best.to_json(), "measured": result.session.to_json()}
+    settings = result.session_settings
+    if session_file is not None and settings is not None:
+        measured = {
+            "graph": {
+                "runtime": result.runtime,
+                "latency_ratio": result.ratio,
+                "noise": None if result.final is None else result.final.noise,
+                "beat_original": result.beat_original,
+                "interface_changed": result.interface_changed,
+            },
+            "session": None if result.session is None else result.session.to_json(),
+        }
+        data = deployment_json(
+            settings, result.best, shapes, output, model_path, switch_file, command, measured
+        )
         io.write_text(session_file, json.dumps(data, indent=2) + "\n", what="session file")
         result.session_file = Path(session_file)
     if report is not None:

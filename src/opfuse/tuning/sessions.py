@@ -4,7 +4,7 @@ graph optimization level) and, when asked, the runtime itself (OpenVINO).
 
 A coordinate search from the user's settings: one axis at a time, each candidate measured
 paired and interleaved with the best so far on the chosen model, kept only when it beats
-the best by more than the noise twice in a row; then the best measured once more against
+the best by more than the noise twice in a row (the second time in reverse order); then the best measured once more against
 the start (the start is kept unless the best beats it). Each choice's ratio is reported."""
 
 from __future__ import annotations
@@ -139,6 +139,7 @@ def _measure(
     feeds: dict[str, np.ndarray],
     seconds: float,
     make_runtime: Callable[[SessionSettings], Runtime],
+    reverse: bool = False,
 ) -> Measurement:
     return measure_sessions(
         model,
@@ -146,6 +147,7 @@ def _measure(
         {CANDIDATE: make_runtime(candidate)},
         seconds=seconds,
         feeds=feeds,
+        reverse=reverse,
     )
 
 
@@ -162,9 +164,12 @@ def _try(
         kept = m.faster(CANDIDATE, ORIGINAL)
         note = ""
         if kept:
-            again = _measure(model, best, candidate, feeds, seconds, make_runtime)
+            again = _measure(model, best, candidate, feeds, seconds, make_runtime, reverse=True)
             kept = again.faster(CANDIDATE, ORIGINAL)
-            note = f"{'confirmed' if kept else 'not confirmed'} at {again.ratio(CANDIDATE):.3f}x"
+            note = (
+                f"{'confirmed' if kept else 'not confirmed'} in reverse order at "
+                f"{again.ratio(CANDIDATE):.3f}x"
+            )
     except OpfuseError as exc:  # not installed, or the runtime refuses the model
         return SessionTrial(candidate, note=f"not measured: {exc}")
     return SessionTrial(candidate, m.ratio(CANDIDATE), m.noise, kept, note)

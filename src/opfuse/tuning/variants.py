@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -157,18 +157,68 @@ def opset_upgrades(model: ir.Model) -> dict[str, tuple[int, int]]:
     return found
 
 
-def probe(model: ir.Model) -> Probe:
-    """Run the passes in memory (every switchable pass on; each layout) to see what
-    matches; the model is not changed."""
+def probe(model: ir.Model, layouts: Sequence[str] = LAYOUTS) -> Probe:
+    """Run the passes in memory (every switchable pass on; each of ``layouts``) to see
+    what matches; the model is not changed."""
     every = [p.name for p in all_passes()]
     result = optimize_model(io.copy_model(model), enable=every)
     matched = [p.name for p in all_passes() if not p.mandatory and result.log.matched(p.name)]
-    layouts = []
-    for layout in LAYOUTS:
+    found = []
+    for layout in layouts:
         trial = optimize_model(io.copy_model(model), options=Options(layout=layout))
         if any(note.startswith("input ") and " is now " in note for note in trial.notes):
-            layouts.append(layout)
-    return Probe(matched, layouts, opset_upgrades(model))
+            found.append(layout)
+    return Probe(matched, found, opset_upgrades(model))
+
+
+def interface_changes(
+    original: str | os.PathLike[str], written: str | os.PathLike[str]
+) -> list[str]:
+    """How ``written``'s inputs and outputs differ from ``original``'s (names, element
+    types, dims; a symbolic dim and -1 are both dynamic): ``input 'x' is [N,3,224,224],
+    was [N,224,224,3]``; empty when a caller of the original can call it unchanged."""
+    import onnx
+
+    def signature(path: str | os.PathLike[str]) -> tuple[dict[str, str], dict[str, str]]:
+        graph = onnx.load_model(str(path), load_external_data=False).graph
+        inits = {i.name for i in graph.initializer}
+        return (
+            {v.name: _value_text(v) for v in graph.input if v.name not in inits},
+            {v.name: _value_text(v) for v in graph.output},
+        )
+
+    changes = []
+    for kind, before, after in zip(
+        ("input", "output"), signature(original), signature(written), strict=True
+    ):
+        for name in before.keys() | after.keys():
+            was, now = before.get(name), after.get(name)
+            if was == now:
+                continue
+            if now is None:
+                changes.append(f"{kind} {name!r} ({was}) is gone")
+            elif was is None:
+                changes.append(f"{kind} {name!r} ({now}) is new")
+            else:
+                changes.append(f"{kind} {name!r} is {now}, was {was}")
+    return sorted(changes)
+
+
+def _value_text(value) -> str:  # type: ignore[no-untyped-def]
+    """``float[N,3,224,224]``: the element type and dims (``?`` for any dynamic dim)."""
+    import onnx
+
+    t = value.type
+    if t.WhichOneof("value") != "tensor_type":
+        return t.WhichOneof("value") or "?"
+    elem = onnx.helper.tensor_dtype_to_np_dtype(t.tensor_type.elem_type).name
+    if not t.tensor_type.HasField("shape"):
+        return f"{elem}[?rank]"
+    dims = [
+        str(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0 else "?"
+        for d in t.tensor_type.shape.dim
+    ]
+    return f"{elem}[{','.join(dims)}]"
 
 
 def node_count(model: ir.Model) -> int:

@@ -239,7 +239,11 @@ def _sized(use: str, node: onnx.NodeProto, proto: onnx.ModelProto) -> str | None
         if value.name != node.input[0] or not value.type.tensor_type.HasField("shape"):
             continue
         dims = value.type.tensor_type.shape.dim
-        if -len(dims) <= axis < len(dims) and dims[axis].HasField("dim_value"):
+        if (
+            -len(dims) <= axis < len(dims)
+            and dims[axis].HasField("dim_value")
+            and dims[axis].dim_value >= 0  # -1 is a dynamic dim
+        ):
             return f"{use} {dims[axis].dim_value}"
     return None
 
