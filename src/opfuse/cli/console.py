@@ -7,6 +7,7 @@ Read when a console draws, not when it is made, so a changed ``COLUMNS`` counts.
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -59,6 +60,11 @@ def console(**kwargs: Any) -> Console:
 def text_width() -> int:
     """The width for text written to a file (``-o``): COLUMNS, else ``DEFAULT_WIDTH``."""
     return env_columns() or DEFAULT_WIDTH
+
+
+def recorder() -> Console:
+    """A console that records plain text for a file (``-o``), ``text_width()`` wide."""
+    return console(record=True, width=text_width(), file=io.StringIO(), color_system=None)
 
 
 out = console()
