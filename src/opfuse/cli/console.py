@@ -7,6 +7,7 @@ Read when a console draws, not when it is made, so a changed ``COLUMNS`` counts.
 
 from __future__ import annotations
 
+import inspect
 import io
 import os
 from collections.abc import Iterator
@@ -48,7 +49,7 @@ class WidthConsole(Console):
     @size.setter
     def size(self, new_size: tuple[int, int]) -> None:
         self._fixed = new_size[0]
-        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+        inspect.getattr_static(Console, "size").fset(self, new_size)  # rich's own setter
 
 
 def console(**kwargs: Any) -> Console:
