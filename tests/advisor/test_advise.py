@@ -346,7 +346,7 @@ def schema_reports(tmp_path) -> list[dict]:  # type: ignore[no-untyped-def]
     prof = write_json(tmp_path / "pf.json", events)
     cuda = AdviseOptions(provider="CUDAExecutionProvider", warmup=0, compare_onnxruntime=False)
     reports.append(advise(swish, profile_path=prof, options=cuda))
-    return [json.loads(json.dumps(r)) for r in reports]
+    return [json.loads(json.dumps(r.to_json())) for r in reports]
 
 
 def test_json_schema_is_stable_and_documented(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -589,9 +589,8 @@ def test_l2_estimates_above_the_assumed_peak_are_kept_and_marked(swish, tmp_path
 
     from rich.console import Console
 
-    from opfuse.advisor.html import render_html
     from opfuse.advisor.l2 import ABOVE_PEAK
-    from opfuse.advisor.report import render_text
+    from opfuse.advisor.render import render_html, render_text
 
     target = json.loads((FIXTURES.parents[2] / "src/opfuse/targets/cpu.json").read_text())
     target.update(name="ascend-slow", peak_flops=1e3, vector_flops=1e3, bandwidth_bytes_per_s=1e3)
@@ -610,7 +609,7 @@ def test_l2_estimates_above_the_assumed_peak_are_kept_and_marked(swish, tmp_path
     assert f"mac_ratio: {conv1['mac_ratio']:.6f}*;" in text and f"* {ABOVE_PEAK}" in text
     page = html.unescape(render_html(report))
     assert f"{conv1['mac_ratio']:.6f}*" in page and ABOVE_PEAK in page
-    assert "too low" not in text + page + json.dumps(report)
+    assert "too low" not in text + page + json.dumps(report.to_json())
 
 
 def text_of(report: dict) -> str:
@@ -618,7 +617,7 @@ def text_of(report: dict) -> str:
 
     from rich.console import Console
 
-    from opfuse.advisor.report import render_text
+    from opfuse.advisor.render import render_text
 
     buf = StringIO()
     render_text(report, Console(file=buf, width=400, color_system=None))

@@ -16,7 +16,6 @@ from onnx import TensorProto, helper, numpy_helper
 from rich.console import Console
 
 from opfuse.advisor.advise import AdviseOptions, advise
-from opfuse.advisor.html import render_html
 from opfuse.advisor.quantized import (
     channel_counts,
     dequantized_float,
@@ -26,7 +25,7 @@ from opfuse.advisor.quantized import (
     requantizations,
     unfused_qdq,
 )
-from opfuse.advisor.report import render_text
+from opfuse.advisor.render import render_html, render_text
 from opfuse.runtime.cpu import parse_cpuinfo
 from opfuse.runtime.fake import FakeRuntime
 from qdq_models import calibration, cnn, quantize

@@ -222,7 +222,7 @@ def test_profile_and_advise_write_their_files_atomically(tmp_path) -> None:  # t
 
 
 def test_narrow_tables_drop_constant_and_repeated_columns():
-    from opfuse.cli.advise import fit_columns
+    from opfuse.advisor.profile_report import fit_columns
 
     columns = ("Op Name", "Count", "Total", "Avg", "Provider")
     rows = [("a", "1", "5.0", "5.0", "CPU"), ("b", "1", "3.0", "3.0", "CPU")]

@@ -26,7 +26,8 @@ from advisor_models import (
 from onnx import helper
 
 from opfuse.advisor.advise import AdviseOptions, advise
-from opfuse.advisor.html import group_graph, label_lines, render_html, shorten
+from opfuse.advisor.html import group_graph, label_lines, shorten
+from opfuse.advisor.render import render_html
 from opfuse.advisor.report import fold_columns
 
 
@@ -155,7 +156,7 @@ def test_top_limits_every_list(tmp_path) -> None:  # type: ignore[no-untyped-def
 
     from rich.console import Console
 
-    from opfuse.advisor.report import render_text
+    from opfuse.advisor.render import render_text
 
     report = many_groups(tmp_path)
     page = render_html(report, top=3)
@@ -184,7 +185,7 @@ def test_empty_sections_say_so_as_the_text_report_does(tmp_path) -> None:  # typ
 
     from rich.console import Console
 
-    from opfuse.advisor.report import render_text
+    from opfuse.advisor.render import render_text
 
     n = helper.make_node
     path = tmp_path / "lone.onnx"
@@ -256,7 +257,7 @@ def test_cards_side_by_side_do_not_overlap(tmp_path) -> None:  # type: ignore[no
 def test_a_long_group_wraps_onto_rows_of_four() -> None:
     types = ["Conv", "DequantizeLinear", "QLinearGlobalAveragePool", "Mul", "Add", "Relu"]
     group = {"op_types": types, "nodes": [f"n{i}" for i in range(6)], "edges": [[0, 1]]}
-    drawing = group_graph(group)
+    drawing = group_graph(group["op_types"], group["nodes"], group["edges"])
     width = int(re.search(r'width="(\d+)"', drawing)[1])  # type: ignore[index]
     assert width <= 560  # a card's width, at any length
     assert len(set(re.findall(r'<rect x="[\d.]+" y="([\d.]+)"', drawing))) == 2  # two rows

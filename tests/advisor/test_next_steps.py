@@ -142,7 +142,7 @@ def test_first_screen_has_next_steps_and_the_groups_the_runtime_does_not_fuse(tm
     from advisor_models import swish_net
     from rich.console import Console
 
-    from opfuse.advisor.report import render_text
+    from opfuse.advisor.render import render_text
 
     model = tmp_path / "swish.onnx"
     onnx.save(swish_net(), model)
@@ -189,8 +189,7 @@ def test_a_group_a_next_step_fuses_is_labelled_with_it(tmp_path) -> None:  # typ
 
     from rich.console import Console
 
-    from opfuse.advisor.html import render_html
-    from opfuse.advisor.report import render_text
+    from opfuse.advisor.render import render_html, render_text
 
     model = tmp_path / "hsw.onnx"
     onnx.save(hardswish_written_out(), model)

@@ -45,7 +45,7 @@ def test_text_report_has_the_advisor_wording() -> None:
 
     from rich.console import Console
 
-    from opfuse.advisor.report import render_text
+    from opfuse.advisor.render import render_text
 
     buf = StringIO()
     render_text(advise(None, op_summary=CSV), Console(file=buf, width=300, color_system=None))

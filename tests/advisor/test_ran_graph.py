@@ -111,7 +111,7 @@ def test_text_report_shows_the_removal_apart(report) -> None:  # type: ignore[no
 
     from rich.console import Console
 
-    from opfuse.advisor.report import render_text
+    from opfuse.advisor.render import render_text
 
     buf = StringIO()
     render_text(report, Console(file=buf, width=400, color_system=None))

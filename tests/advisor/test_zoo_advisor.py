@@ -9,8 +9,7 @@ import pytest
 
 from opfuse.advisor.advise import AdviseOptions, advise, analyse
 from opfuse.advisor.advise import report as make_report
-from opfuse.advisor.html import render_html
-from opfuse.advisor.report import render_text
+from opfuse.advisor.render import render_html, render_text
 
 pytestmark = pytest.mark.slow
 MATERIALIZED = Path(os.environ.get("OPFUSE_ZOO", "/tmp/zoo"))

@@ -2,7 +2,7 @@
 peaks), opfuse's trial on the model (``Loaded``), the profile (run here, or read), its
 times placed on the graph that ran (the ``Analysis``), then the sections and the report
 (sections.py). Returns the JSON report (schema ``opfuse.advise/2``, see docs/ADVISOR.md);
-report.py and html.py render it."""
+render.py renders it (a text and an HTML renderer per section)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from opfuse.advisor.profile_readers import (
     read_ort_profile,
     run_onnxruntime,
 )
+from opfuse.advisor.report_types import AdviceReport
 from opfuse.advisor.sections import SCHEMA, read_outside, report
 from opfuse.advisor.trial import Trial
 from opfuse.errors import OpfuseError, first_line
@@ -433,8 +434,9 @@ def advise(
     op_summary: str | os.PathLike[str] | None = None,
     options: AdviseOptions | None = None,
     step: Step | None = None,
-) -> dict[str, object]:
-    """The advisor report as a JSON-ready dict (schema opfuse.advise/2)."""
+) -> AdviceReport:
+    """The advisor report, typed (``to_json()``: schema opfuse.advise/2; also a read-only
+    mapping of that JSON, as the dict this returned before)."""
     analysis = analyse(
         model_path, profile_path=profile_path, op_summary=op_summary, options=options, step=step
     )

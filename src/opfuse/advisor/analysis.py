@@ -16,6 +16,7 @@ from opfuse.advisor.executed_graph import RanGraph
 from opfuse.advisor.graph import OpGraph
 from opfuse.advisor.nextsteps import TRIAL_SECONDS
 from opfuse.advisor.profile_readers import OpRecord, Profile
+from opfuse.advisor.report_types import OrtFusion
 from opfuse.advisor.trial import Refusal, Trial
 from opfuse.runtime import Runtime
 from opfuse.runtime.targets import Target
@@ -151,13 +152,13 @@ class Analysis:
                     edges.append([pos[src], pos[m]])
         return edges
 
-    def ort_fuses(self, members: list[int]) -> dict[str, object] | None:
+    def ort_fuses(self, members: list[int]) -> OrtFusion | None:
         if self.runtime_kernels is None:
             return None
         kernels = [k for m in members for k in self.runtime_kernels.get(m, [])]
         absorbed = [self.graph.nodes[m].name for m in members if m not in self.runtime_kernels]
         fuses = "yes" if len(kernels) <= 1 else "partly" if len(kernels) < len(members) else "no"
-        return {"fuses": fuses, "kernels": kernels, "absorbed": absorbed}
+        return OrtFusion(fuses, kernels, absorbed)
 
     def ascend_sections(self) -> bool:
         """L2 fusion (and its AOE advice) is Ascend's: shown for the ascend targets, or when

@@ -1,12 +1,13 @@
 """One self-contained HTML file: the op-time chart and each top group drawn as inline SVG,
-then the tables of every section. No external resources, no network."""
+then the tables of every section. No external resources, no network. One renderer per
+section (``*_html(report, top)``: the page's lines, listed with their text twins in
+render.py's table) and the page around them (``page``)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from html import escape
-from typing import Any
 
 from opfuse.advisor.l2 import ABOVE_PEAK, RATIO_KEYS
 from opfuse.advisor.report import (
@@ -16,6 +17,7 @@ from opfuse.advisor.report import (
     ORIGINAL,
     RUNS_NOTE,
     above_peak,
+    finding_nodes,
     fold_columns,
     fused_text,
     group_verdict,
@@ -24,9 +26,9 @@ from opfuse.advisor.report import (
     nodes_text,
     ort_text,
     ratio_text,
-    split_ub,
     verdict_text,
 )
+from opfuse.advisor.report_types import AdviceReport, L2Chain, NextSteps, UBGroup
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1180px}
@@ -195,12 +197,13 @@ def _fit(text: str, size: float, room: float) -> str:
     return f' textLength="{room:.0f}" lengthAdjust="spacingAndGlyphs"'
 
 
-def group_graph(group: Mapping[str, Any], uid: int = 0) -> str:
+def group_graph(
+    types: Sequence[str], names: Sequence[str], edges: Sequence[Sequence[int]], uid: int = 0
+) -> str:
     """The group's nodes in reading order, ``PER_ROW`` to a row (a long group wraps onto
     more rows, so the drawing keeps its card's width at any length), with the edges
     between them; it also scales down with its card (viewBox). ``uid`` keeps the arrow
     marker's id unique in the page."""
-    types, names = group["op_types"], group["nodes"]
     count = len(types)
     cols = min(count, PER_ROW)
     rows = -(-count // PER_ROW)
@@ -208,8 +211,7 @@ def group_graph(group: Mapping[str, Any], uid: int = 0) -> str:
     xs = [MARGIN + (i % PER_ROW) * (BOX_W + GAP) for i in range(count)]
     ys = [MARGIN + (i // PER_ROW) * (BOX_H + ROW_GAP) for i in range(count)]
     skips = any(  # an arc under the last row needs room below it
-        ys[src] == ys[dst] == ys[-1] and xs[dst] != xs[src] + BOX_W + GAP
-        for src, dst in group.get("edges", [])
+        ys[src] == ys[dst] == ys[-1] and xs[dst] != xs[src] + BOX_W + GAP for src, dst in edges
     )
     height = 2 * MARGIN + rows * BOX_H + (rows - 1) * ROW_GAP + (22 if skips else 0)
     arrow = f"arrow-{uid}"
@@ -219,7 +221,7 @@ def group_graph(group: Mapping[str, Any], uid: int = 0) -> str:
         'markerWidth="8" markerHeight="8" refX="7" refY="4" orient="auto">'
         '<path d="M0,0 L8,4 L0,8 z" fill="#555"/></marker></defs>'
     ]
-    for src, dst in group.get("edges", []):
+    for src, dst in edges:
         same_row = ys[src] == ys[dst]
         if same_row and xs[dst] == xs[src] + BOX_W + GAP:  # neighbours: a short arrow
             y = ys[src] + BOX_H / 2
@@ -322,84 +324,98 @@ def _legend() -> str:
     )
 
 
-def _cards(groups: Sequence[Mapping[str, Any]], top: int) -> str:
+def _cards(groups: Sequence[UBGroup], top: int) -> str:
     """One card per fusion type (the largest group of the type drawn), with how many groups
     of that type there are and their summed time."""
-    by_type: dict[str, list[Mapping[str, Any]]] = {}
+    by_type: dict[str, list[UBGroup]] = {}
     for g in groups:
-        by_type.setdefault(g["fusion_type"], []).append(g)
-    kinds = sorted(by_type.values(), key=lambda gs: -sum(g["duration_us"] for g in gs))
+        by_type.setdefault(g.fusion_type, []).append(g)
+    kinds = sorted(by_type.values(), key=lambda gs: -sum(g.duration_us for g in gs))
     out = ['<div class="cards">']
     for i, gs in enumerate(kinds[:top]):
-        big = max(gs, key=lambda g: g["duration_us"])
-        total = sum(g["duration_us"] for g in gs)
-        acts = ", ".join(a["name"] for a in big["activations"])
+        big = max(gs, key=lambda g: g.duration_us)
+        total = sum(g.duration_us for g in gs)
+        acts = ", ".join(a.name for a in big.activations)
         out.append(
-            f'<div class="group"><div><b>{breakable(big["fusion_type"])}</b> &times; {len(gs)}: '
-            f"{total:.1f} us per run ({100 * sum(g['share'] for g in gs):.1f}% of the time)"
+            f'<div class="group"><div><b>{breakable(big.fusion_type)}</b> &times; {len(gs)}: '
+            f"{total:.1f} us per run ({100 * sum(g.share for g in gs):.1f}% of the time)"
             + (f"; activation {escape(acts)}" if acts else "")
-            + f"</div>{group_graph(big, i)}"
-            f'<div class="dim">largest: {breakable(", ".join(big["nodes"]))} '
-            f"({big['duration_us']:.1f} us)</div></div>"
+            + f"</div>{group_graph(big.op_types, big.nodes, big.edges, i)}"
+            f'<div class="dim">largest: {breakable(", ".join(big.nodes))} '
+            f"({big.duration_us:.1f} us)</div></div>"
         )
     out.append("</div>")
     return "".join(out) + _more(min(top, len(kinds)), len(kinds))
 
 
-def render_html(report: Mapping[str, Any], top: int = 10) -> str:
-    prof, tgt = report["profile"], report["target"]
-    ub = report["ub_fusion"]
-    unfused, fused = split_ub(ub)
-    name = escape(str(report["model"] or "op summary"))
+def page(report: AdviceReport, sections: Sequence[str]) -> str:
+    """The page around the sections' lines (each section's HTML, in the table's order)."""
+    name = escape(str(report.model or "op summary"))
     out = [
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
         f"<title>opfuse advise: {name}</title>",
         f"<style>{CSS}</style><script>{SCRIPT}</script></head><body>",
         f"<h1>opfuse advise: {name}</h1>",
+        *sections,
+        "</body></html>\n",
+    ]
+    return "\n".join(out)
+
+
+# --- the sections, in the order render.py's table prints them ----------------------------
+
+
+def header_html(report: AdviceReport, top: int) -> list[str]:
+    notes = report.profile.notes
+    return [
         '<div class="head">'
         + "".join(
             f'<p class="{"warn" if line.startswith("warning") else "dim"}">{escape(line)}</p>'
             for line in header_lines(report)
         )
-        + "".join(f'<p class="dim">note: {escape(n)}</p>' for n in prof["notes"][:top])
-        + _more(min(top, len(prof["notes"])), len(prof["notes"]))
-        + "</div>",
+        + "".join(f'<p class="dim">note: {escape(n)}</p>' for n in notes[:top])
+        + _more(min(top, len(notes)), len(notes))
+        + "</div>"
     ]
-    if report.get("quantized"):
-        out.append(_title("quantized"))
-        out.append(
-            _table(
-                ["Finding", "Why it costs", "What to do", "Nodes", "Cost (us)"],
-                [
-                    (
-                        f["finding"],
-                        f["why"],
-                        f["what_to_do"],
-                        ", ".join(f["nodes"]) + (" ..." if f["count"] > len(f["nodes"]) else ""),
-                        f["cost_us"],
-                    )
-                    for f in report["quantized"]
-                ],
-            )
-        )
-    out.append(_title("steps"))
-    out.append(_steps(report["next_steps"], top))
-    out.append(_title("ub"))
-    out.append(_legend())
+
+
+def quantized_html(report: AdviceReport, top: int) -> list[str]:
+    if not report.quantized:
+        return []
+    return [
+        _title("quantized"),
+        _table(
+            ["Finding", "Why it costs", "What to do", "Nodes", "Cost (us)"],
+            [
+                (f.finding, f.why, f.what_to_do, finding_nodes(f), f.cost_us)
+                for f in report.quantized
+            ],
+        ),
+    ]
+
+
+def steps_html(report: AdviceReport, top: int) -> list[str]:
+    return [_title("steps"), _steps(report.next_steps, top)]
+
+
+def ub_html(report: AdviceReport, top: int) -> list[str]:
+    unfused, fused = report.unfused_and_fused()
     # the report lists groups of one type together; the chart shows the largest ones the
     # runtime does not already fuse
-    largest = sorted(unfused, key=lambda g: -g["duration_us"])[:top]
-    out.append(
+    largest = sorted(unfused, key=lambda g: -g.duration_us)[:top]
+    out = [
+        _title("ub"),
+        _legend(),
         bar_chart(
             f"Top {len(largest)} UB fusion groups by duration (us per run)",
             [
-                (f"{g['fusion_type']}: {g['nodes'][0]}", g["duration_us"], _color(g["op_types"][0]))
+                (f"{g.fusion_type}: {g.nodes[0]}", g.duration_us, _color(g.op_types[0]))
                 for g in largest
             ],
             "group-chart",
-        )
-    )
-    out.append(_cards(unfused, top))
+        ),
+        _cards(unfused, top),
+    ]
     ub_table = _table(
         [
             "Fusion Type",
@@ -412,13 +428,13 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
         ],
         [
             (
-                g["fusion_type"],
-                ", ".join(g["nodes"]),
-                g["duration_us"],
-                100 * g["share"],
-                g["opfuse_removes_us"] if g["opfuse_removes_us"] is not None else "n/a",
+                g.fusion_type,
+                ", ".join(g.nodes),
+                g.duration_us,
+                100 * g.share,
+                g.opfuse_removes_us if g.opfuse_removes_us is not None else "n/a",
                 group_verdict(g),
-                ort_text(g["onnxruntime"]),
+                ort_text(g.onnxruntime),
             )
             for g in unfused
         ],
@@ -432,163 +448,166 @@ def render_html(report: Mapping[str, Any], top: int = 10) -> str:
             f"already runs as one kernel ({escape(fused_text(fused))} per run): listed in "
             "--format json</p>"
         )
-    out.append(_title("time"))
-    out.append(
+    return out
+
+
+def time_html(report: AdviceReport, top: int) -> list[str]:
+    stats, nodes = report.op_statistic, report.top_nodes
+    out = [
+        _title("time"),
         bar_chart(
             "Time per op type (us per run)",
-            [
-                (s["op_type"], s["total_us"], _color(s["op_type"]))
-                for s in report["op_statistic"][:top]
-            ],
+            [(s.op_type, s.total_us, _color(s.op_type)) for s in stats[:top]],
             "op-chart",
-        )
-    )
-    out.append(
+        ),
         _table(
             ["OP Type", "Count (per run)", "Total (us)", "Mean (us)", "Share (%)"],
-            [
-                (s["op_type"], s["count"], s["total_us"], s["mean_us"], 100 * s["share"])
-                for s in report["op_statistic"]
-            ],
+            [(s.op_type, s.count, s.total_us, s.mean_us, 100 * s.share) for s in stats],
             top=top,
-        )
-    )
-    out.append(f'<p class="dim">{escape(RUNS_NOTE)}; IQR: the spread over the runs</p>')
-    out.append(
+        ),
+        f'<p class="dim">{escape(RUNS_NOTE)}; IQR: the spread over the runs</p>',
         _table(
             ["Op Name", "OP Type", "Duration (us)", "IQR (us)", "Share (%)", ORIGINAL],
             [
                 (
-                    n["name"],
-                    n["op_type"],
-                    n["duration_us"],
-                    n["iqr_us"],
-                    100 * n["share"],
-                    nodes_text(n["name"], n["nodes"]),
+                    n.name,
+                    n.op_type,
+                    n.duration_us,
+                    n.iqr_us,
+                    100 * n.share,
+                    nodes_text(n.name, n.nodes),
                 )
-                for n in report["top_nodes"]
+                for n in nodes
             ],
             top=top,
-        )
-    )
-    if any(nodes_text(n["name"], n["nodes"]) != "=" for n in report["top_nodes"][:top]):
+        ),
+    ]
+    if any(nodes_text(n.name, n.nodes) != "=" for n in nodes[:top]):
         out.append(f'<p class="dim">{escape(CAPTION)}</p>')
-    out.append(_title("aipp"))
-    out.append(
+    return out
+
+
+def aipp_html(report: AdviceReport, top: int) -> list[str]:
+    return [
+        _title("aipp"),
         _table(
             ["#", "Operators", "First Conv", "Normalization", "Duration (us)", "opfuse"],
             [
                 (
                     i,
-                    "+".join(a["nodes"]),
-                    a["first_conv"],
-                    ", ".join(a["normalization"]),
-                    a["duration_us"],
-                    verdict_text(a["opfuse"]),
+                    "+".join(a.nodes),
+                    a.first_conv,
+                    ", ".join(a.normalization),
+                    a.duration_us,
+                    verdict_text(a.opfuse),
                 )
-                for i, a in enumerate(report["aipp_fusion"], 1)
+                for i, a in enumerate(report.aipp_fusion, 1)
             ],
             EMPTY["aipp_fusion"],
             top,
-        )
-    )
-    if report["ascend_sections"]:
-        out.append(_title("l2"))
-        out.append(_l2(report["l2_fusion"], tgt, top))
-    out.append(_title("hints"))
-    out.append(
+        ),
+    ]
+
+
+def l2_html(report: AdviceReport, top: int) -> list[str]:
+    if not report.ascend_sections:
+        return []
+    return [_title("l2"), _l2(report.l2_fusion, report.target.name, top)]
+
+
+def hints_html(report: AdviceReport, top: int) -> list[str]:
+    return [
+        _title("hints"),
         _table(
             ["Kind", "Node", "OP Type", "Duration (us)", "Est. gain (us)", "Hint", "opfuse"],
             [
                 (
-                    HINT_TITLES.get(h["kind"], h["kind"]),
-                    h["node"],
-                    h["op_type"],
-                    h["duration_us"],
-                    h["gain_us"] if h["gain_us"] is not None else "n/a",
-                    h["message"],
-                    verdict_text(h["opfuse"]),
+                    HINT_TITLES.get(h.kind, h.kind),
+                    h.node,
+                    h.op_type,
+                    h.duration_us,
+                    h.gain_us if h.gain_us is not None else "n/a",
+                    h.message,
+                    verdict_text(h.opfuse),
                 )
-                for h in report["hints"]
+                for h in report.hints
             ],
             EMPTY["hints"],
             top,
-        )
-    )
-    if report["graph_fusion"]:
-        out.append(_title("passes"))
-        out.append(
-            _table(
-                ["Pass", "matched", "effected", "not applied because"],
-                [
-                    (
-                        r["pass"],
-                        r["matched"],
-                        r["effected"],
-                        "; ".join(f"{x['reason']} ({x['count']}x)" for x in r["reasons"]),
-                    )
-                    for r in report["graph_fusion"]
-                ],
-                top=top,
-            )
-        )
-    out.append("</body></html>\n")
-    return "\n".join(out)
+        ),
+    ]
 
 
-def _steps(steps: Mapping[str, Any], top: int) -> str:
-    out = []
-    if steps["skipped"]:
-        out.append(f'<p class="dim">No trial: {escape(steps["skipped"])}.</p>')
-    if steps["commands"]:
-        items = []
-        for c in steps["commands"][:top]:
-            if c["error"]:
-                result = f'<span class="warn">fails: {escape(c["error"])}</span>'
-            else:
-                mark = ' class="good"' if c["helps"] else ""
-                result = (
-                    f"<span{mark}>{c['ratio']:.2f}x time</span> "
-                    f'<span class="dim">(noise &plusmn;{c["noise"]:.2f}, {c["runs"]} runs; '
-                    f"{'faster' if c['helps'] else 'no gain beyond the noise'}; "
-                    f"{escape(c['effect'])})</span>"
+def passes_html(report: AdviceReport, top: int) -> list[str]:
+    if not report.graph_fusion:
+        return []
+    return [
+        _title("passes"),
+        _table(
+            ["Pass", "matched", "effected", "not applied because"],
+            [
+                (
+                    r.pass_name,
+                    r.matched,
+                    r.effected,
+                    "; ".join(f"{x.reason} ({x.count}x)" for x in r.reasons),
                 )
-            items.append(f"<li><code>{escape(c['command'])}</code>: {result}</li>")
+                for r in report.graph_fusion
+            ],
+            top=top,
+        ),
+    ]
+
+
+def _steps(steps: NextSteps, top: int) -> str:
+    out = []
+    if steps.skipped:
+        out.append(f'<p class="dim">No trial: {escape(steps.skipped)}.</p>')
+    if steps.commands:
+        items = []
+        for c in steps.commands[:top]:
+            if c.error:
+                result = f'<span class="warn">fails: {escape(c.error)}</span>'
+            else:
+                mark = ' class="good"' if c.helps else ""
+                result = (
+                    f"<span{mark}>{c.ratio:.2f}x time</span> "
+                    f'<span class="dim">(noise &plusmn;{c.noise:.2f}, {c.runs} runs; '
+                    f"{'faster' if c.helps else 'no gain beyond the noise'}; "
+                    f"{escape(str(c.effect))})</span>"
+                )
+            items.append(f"<li><code>{escape(c.command)}</code>: {result}</li>")
         out.append('<ul class="steps">' + "".join(items) + "</ul>")
-        out.append(_more(min(top, len(steps["commands"])), len(steps["commands"])))
-        out.append(f'<p class="dim">{escape(steps["trial"])}</p>')
-    if not steps["helps"]:
-        if steps["commands"]:
+        out.append(_more(min(top, len(steps.commands)), len(steps.commands)))
+        out.append(f'<p class="dim">{escape(str(steps.trial))}</p>')
+    if not steps.helps:
+        if steps.commands:
             out.append(
                 "<p>Nothing opfuse does makes this model faster here. Where the time goes:</p>"
             )
         out.append(
             '<ul class="steps">'
             + "".join(
-                f"<li><b>{escape(d['op_type'])}</b> ({100 * d['share']:.1f}% of the time): "
-                f"{escape(d['suggestion'])}</li>"
-                for d in steps["dominant"][:top]
+                f"<li><b>{escape(d.op_type)}</b> ({100 * d.share:.1f}% of the time): "
+                f"{escape(d.suggestion)}</li>"
+                for d in steps.dominant[:top]
             )
             + "</ul>"
         )
     return "".join(out)
 
 
-def _l2(chains: list[Mapping[str, Any]], tgt: Mapping[str, Any], top: int) -> str:
+def _l2(chains: Sequence[L2Chain], target: str, top: int) -> str:
     if not chains:
         return f'<p class="empty">{escape(EMPTY["l2_fusion"])}</p>'
     out = []
     for i, c in enumerate(chains[:top], 1):
-        split = c["batch_split"]
-        note = (
-            f"; split batch {split['batch']} into {split['runs']} x {split['split_to']}"
-            if split
-            else ""
-        )
+        split = c.batch_split
+        note = f"; split batch {split.batch} into {split.runs} x {split.split_to}" if split else ""
         out.append(
-            f"<p>{i}. {escape(', '.join(c['nodes']))} "
-            f'<span class="dim">({c["duration_us"]:.1f} us per run; ratios: '
-            f"{escape(c['ratios_source'])}{escape(note)})</span></p>"
+            f"<p>{i}. {escape(', '.join(c.nodes))} "
+            f'<span class="dim">({c.duration_us:.1f} us per run; ratios: '
+            f"{escape(c.ratios_source)}{escape(note)})</span></p>"
         )
         out.append(
             _table(
@@ -603,18 +622,18 @@ def _l2(chains: list[Mapping[str, Any]], tgt: Mapping[str, Any], top: int) -> st
                 ],
                 [
                     (
-                        op["name"],
-                        op["op_type"],
-                        op["input_shapes"],
-                        *(ratio_text(op[k]) for k in RATIO_KEYS),
+                        op.name,
+                        op.op_type,
+                        op.input_shapes,
+                        *(ratio_text(op.ratios.get(k)) for k in RATIO_KEYS),
                     )
-                    for op in c["ops"]
+                    for op in c.ops
                 ],
                 top=top,
             )
         )
     out.append(_more(min(top, len(chains)), len(chains)))
     if above_peak(chains[:top]):
-        out.append(f'<p class="dim">* {escape(ABOVE_PEAK)} (target {escape(tgt["name"])}).</p>')
+        out.append(f'<p class="dim">* {escape(ABOVE_PEAK)} (target {escape(target)}).</p>')
     out.append('<p class="dim">ratios: busy fraction of the unit (1 = its peak)</p>')
     return "".join(out)

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
 
 from opfuse.advisor.attribution import Resolver, attribute, original_nodes
 from opfuse.advisor.graph import from_model
@@ -19,6 +22,7 @@ from opfuse.advisor.profile_readers import (
     run_onnxruntime,
     top_nodes,
 )
+from opfuse.advisor.report import CAPTION, ORIGINAL, nodes_text, op_statistic_table
 from opfuse.model.io import check_output_path, load_model, read_model, read_proto
 
 Step = Callable[..., None]  # step(what) shows a phase; step(what, done, total) a count
@@ -123,3 +127,81 @@ def profile(
         slow=slow,
         originals={r.name: original_nodes(r.name, resolver, placed) for r in slow},
     )
+
+
+# the columns ``opfuse profile`` right-aligns
+NUMERIC = ("Count", "Total Time(us)", "Avg Time(us)", "Ratio(%)")
+
+
+def fit_columns(
+    columns: Sequence[str], rows: Sequence[Sequence[str]], width: int, keep: Sequence[str] = ()
+) -> tuple[list[str], list[list[str]], str]:
+    """On a terminal too narrow for the whole table, drop (except ``keep``) the columns
+    whose value is the same in every row, said once instead (``Count 1, Provider
+    CPUExecutionProvider``), and those equal to an earlier column in every row (the
+    average when every count is 1). Returns the columns, the rows and the note."""
+    natural = sum(max([len(c), *(len(r[i]) for r in rows)]) + 3 for i, c in enumerate(columns))
+    if natural <= width or len(rows) < 2:
+        return list(columns), [list(r) for r in rows], ""
+    constant = [
+        i
+        for i, c in enumerate(columns)
+        if c not in keep and len({r[i] for r in rows}) == 1 and rows[0][i]
+    ]
+    kept: list[int] = []
+    for i, c in enumerate(columns):
+        repeats = any(all(r[i] == r[j] for r in rows) for j in kept)
+        if i not in constant and (c in keep or not repeats):
+            kept.append(i)
+    same = ", ".join(f"{columns[i]} {rows[0][i]}" for i in constant)
+    return [columns[i] for i in kept], [[r[i] for i in kept] for r in rows], same
+
+
+def render_profile(report: ProfileReport, console: Console, model: str, provider: str) -> None:
+    """``opfuse profile``'s text: the op statistic (as advise prints it) and the slow nodes."""
+    prof = report.profile
+    total = prof.total_us or 1.0
+    console.print(
+        f"{model}: {report.nodes} nodes (Constant nodes not counted, as advise counts "
+        f"them); {prof.runs} runs after {prof.warmup} warm-up, {prof.total_us:.1f} us per run "
+        f"({provider}, onnxruntime graph optimization level {report.graph_opt})",
+        markup=False,
+    )
+    # per run, as advise prints it: counts per run, each node's median time over the runs
+    console.print(op_statistic_table(report.op_statistic))
+    columns = (
+        "Op Name",
+        "OP Type",
+        "Count",
+        "Total Time(us)",
+        "Avg Time(us)",
+        "Ratio(%)",
+        "Provider",
+        ORIGINAL,
+    )
+    rows = [
+        (
+            r.name,
+            r.op_type,
+            str(r.calls),
+            f"{r.duration_us:.3f}",
+            f"{r.duration_us / r.calls:.3f}",
+            f"{100 * r.duration_us / total:.2f}",
+            r.provider,
+            nodes_text(r.name, report.originals[r.name]),
+        )
+        for r in report.slow
+    ]
+    shown, cells, same = fit_columns(
+        columns, rows, console.width, keep=("Op Name", "Total Time(us)")
+    )
+    table = Table(
+        title=f"Top {len(report.slow)} slow nodes (per run)" + (f"; {same}" if same else ""),
+        title_justify="left",
+        caption=CAPTION,
+    )
+    for col in shown:
+        table.add_column(col, justify="right" if col in NUMERIC else "left", overflow="fold")
+    for row in cells:
+        table.add_row(*row)
+    console.print(table)

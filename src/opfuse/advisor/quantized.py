@@ -17,6 +17,7 @@ import os
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import onnx
@@ -34,6 +35,25 @@ from opfuse.runtime import Runtime
 from opfuse.runtime.cpu import REDUCTION_MULTIPLE, CpuFeatures, cpu_features
 
 MAX_NODES = 8  # node names listed per finding
+
+
+class PairedLatency(Protocol):
+    """What ``int8_pays`` reads of a paired measurement (tuning.measure's ``Measurement``)."""
+
+    @property
+    def runtime(self) -> str: ...
+
+    @property
+    def noise(self) -> float: ...
+
+    @property
+    def threshold(self) -> float: ...
+
+    def ratio(self, label: str) -> float: ...
+
+
+# measure(original, {label: path}, runtime, seconds=..., input_shapes=...)
+MeasurePair = Callable[..., PairedLatency]
 
 
 def is_quantized(model: onnx.ModelProto) -> bool:
@@ -302,7 +322,7 @@ def int8_pays(
     runtime: Runtime,
     seconds: float,
     cpu: CpuFeatures,
-    measure: Callable[..., object] | None = None,
+    measure: MeasurePair | None = None,
     input_shapes: Mapping[str, list[int]] | None = None,
 ) -> list[dict[str, object]]:
     """Measure the QDQ model against its float twin (paired, the original twice); a
@@ -318,9 +338,9 @@ def int8_pays(
         m = measure(
             twin, {"int8": str(model_path)}, runtime, seconds=seconds, input_shapes=input_shapes
         )
-    ratio = m.ratio("int8")  # type: ignore[attr-defined]
-    noise = m.threshold  # type: ignore[attr-defined]
-    figures = f"int8 {ratio:.2f}x the float twin's latency (noise +-{m.noise:.0%}, {m.runtime})"  # type: ignore[attr-defined]
+    ratio = m.ratio("int8")
+    noise = m.threshold
+    figures = f"int8 {ratio:.2f}x the float twin's latency (noise +-{m.noise:.0%}, {m.runtime})"
     if ratio < 1 - noise:
         return []
     if cpu.vnni or cpu.amx:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import statistics
-from collections.abc import Mapping
 
 from opfuse.advisor import constraints
 from opfuse.advisor.aipp import NORMALIZATION, aipp_chains
@@ -20,6 +19,30 @@ from opfuse.advisor.opkinds import Kind, classify
 from opfuse.advisor.pass_verdict import Verdict
 from opfuse.advisor.profile_readers import OpRecord, Profile, iqr, op_statistic, top_nodes
 from opfuse.advisor.quantized import quantized_findings
+from opfuse.advisor.report_types import (
+    Activation,
+    AdviceReport,
+    AippChain,
+    BatchSplit,
+    Finding,
+    GraphInfo,
+    HintRow,
+    L2Chain,
+    L2Op,
+    NextStepLabel,
+    NextSteps,
+    OpTime,
+    PeakShare,
+    ProfileInfo,
+    StepCommand,
+    TargetInfo,
+    TopNode,
+    UBGroup,
+    dominant_of,
+    finding_of,
+    pass_row_of,
+    step_command_of,
+)
 from opfuse.advisor.trial import AIPP_PASS, Refusal, Trial, registered
 from opfuse.advisor.written_activations import find_activations
 from opfuse.rules import all_passes
@@ -31,7 +54,7 @@ VARIANCE_TOTAL = 0.10  # the same for the sum of all nodes per run
 VARIANCE_MIN_SHARE = 0.01  # nodes below this share of the time are not worth a warning
 
 
-def ub_section(a: Analysis) -> tuple[list[Group], list[dict[str, object]]]:
+def ub_section(a: Analysis) -> tuple[list[Group], list[UBGroup]]:
     acts = find_activations(a.graph)
     groups = grow_groups(a.graph, a.target.ub_limits, a.other_unit(), acts)
     for grp in groups:
@@ -52,43 +75,45 @@ def ub_section(a: Analysis) -> tuple[list[Group], list[dict[str, object]]]:
         if hit is not None:  # a pass matched the group (not just one node) and gave up
             opfuse = Verdict(hit.pass_name, available=True, fires=False, reason=hit.reason)
         removed = a.removed_us(grp.members)
-        row: dict[str, object] = {
-            "subgraph": 0,
-            "fusion_type": grp.fusion_type,
-            "kind": grp.kind_name,
-            "nodes": grp.names,
-            "op_types": grp.op_types,
-            "model_nodes": [
-                a.ran.runs[m] if a.ran is not None else [a.graph.nodes[m].name] for m in grp.members
-            ],
-            "activations": [
-                {"name": act.name, "nodes": [a.graph.nodes[i].name for i in act.nodes]}
-                for act in grp.activations
-            ],
-            "edges": a.edges(grp.members),
-            "duration_us": round(grp.duration_us, 3),
-            "share": round(grp.duration_us / total, 6),
-            "opfuse_removes_us": round(removed, 3) if removed is not None else None,
-            "opfuse": opfuse.to_json(),
-            "onnxruntime": a.ort_fuses(grp.members),
-            "next_step": None,  # set once Next steps are measured (label_next_steps)
-        }
-        rows.append(row)
+        rows.append(
+            UBGroup(
+                subgraph=0,
+                fusion_type=grp.fusion_type,
+                kind=grp.kind_name,
+                nodes=list(grp.names),
+                op_types=list(grp.op_types),
+                model_nodes=[
+                    list(a.ran.runs[m]) if a.ran is not None else [a.graph.nodes[m].name]
+                    for m in grp.members
+                ],
+                activations=[
+                    Activation(act.name, [a.graph.nodes[i].name for i in act.nodes])
+                    for act in grp.activations
+                ],
+                edges=a.edges(grp.members),
+                duration_us=round(grp.duration_us, 3),
+                share=round(grp.duration_us / total, 6),
+                opfuse_removes_us=round(removed, 3) if removed is not None else None,
+                opfuse=opfuse,
+                onnxruntime=a.ort_fuses(grp.members),
+                next_step=None,  # set once Next steps are measured (label_next_steps)
+            )
+        )
     # groups the runtime does not fuse first (in rank order), those it fuses last
-    rows.sort(key=lambda r: runtime_fuses(r))
+    rows.sort(key=lambda r: r.runtime_fuses)
     return groups, rows
 
 
-def graph_info(a: Analysis) -> dict[str, object]:
+def graph_info(a: Analysis) -> GraphInfo:
     if a.original is None:
-        return {
-            "analysed": "op summary in execution order (each op assumed to feed the next)",
-            "nodes_original": None,
-            "nodes_analysed": len(a.graph.nodes),
-            "constant_nodes_counted": False,
-            "subgraphs": 0,
-            "quantized": False,
-        }
+        return GraphInfo(
+            analysed="op summary in execution order (each op assumed to feed the next)",
+            nodes_original=None,
+            nodes_analysed=len(a.graph.nodes),
+            constant_nodes_counted=False,
+            subgraphs=0,
+            quantized=False,
+        )
     if a.ran is not None and a.profile.source == "op_summary":
         analysed = "the operators of the op summary, on the model's edges (the graph that ran)"
     elif (
@@ -117,14 +142,14 @@ def graph_info(a: Analysis) -> dict[str, object]:
     else:
         analysed = "the model after opfuse's default passes, times mapped from the profile"
     assert a.original_graph is not None
-    return {
-        "analysed": analysed,
-        "nodes_original": len(a.original_graph.nodes),
-        "nodes_analysed": len(a.graph.nodes),
-        "constant_nodes_counted": False,
-        "subgraphs": sum(1 for _ in a.original.graph.subgraphs()),
-        "quantized": a.quantized,
-    }
+    return GraphInfo(
+        analysed=analysed,
+        nodes_original=len(a.original_graph.nodes),
+        nodes_analysed=len(a.graph.nodes),
+        constant_nodes_counted=False,
+        subgraphs=sum(1 for _ in a.original.graph.subgraphs()),
+        quantized=a.quantized,
+    )
 
 
 def refusal_about(
@@ -145,7 +170,7 @@ def refusal_about(
     return None
 
 
-def aipp_section(a: Analysis) -> list[dict[str, object]]:
+def aipp_section(a: Analysis) -> list[AippChain]:
     g = a.original_graph if a.original_graph is not None else a.graph
     chains = aipp_chains(g)
     if not chains:
@@ -174,16 +199,14 @@ def aipp_section(a: Analysis) -> list[dict[str, object]]:
                 reason="no model given: not tried",
             )
         rows.append(
-            {
-                "nodes": names,
-                "op_types": types,
-                "normalization": [
-                    n for n, t in zip(names, types, strict=True) if t in NORMALIZATION
-                ],
-                "first_conv": conv.name,
-                "duration_us": round(dur, 3),
-                "opfuse": verdict.to_json(),
-            }
+            AippChain(
+                nodes=names,
+                op_types=types,
+                normalization=[n for n, t in zip(names, types, strict=True) if t in NORMALIZATION],
+                first_conv=conv.name,
+                duration_us=round(dur, 3),
+                opfuse=verdict,
+            )
         )
     return rows
 
@@ -202,7 +225,7 @@ def aipp_trial(a: Analysis) -> Trial | None:
     return trial
 
 
-def l2_section(a: Analysis, groups: list[Group]) -> list[dict[str, object]]:
+def l2_section(a: Analysis, groups: list[Group]) -> list[L2Chain]:
     chains = l2_chains(a.graph, groups, a.out_bytes, a.batch, a.target)
     for ch in chains:
         ch.duration_us = sum(a.time(m) for m in ch.members)
@@ -238,37 +261,33 @@ def l2_section(a: Analysis, groups: list[Group]) -> list[dict[str, object]]:
                 source = "estimate"
             sources.add(source if ratios else "none")
             ops.append(
-                {
-                    "name": node.name,
-                    "op_type": node.op_type,
-                    "input_shapes": shapes_text,
-                    **{
+                L2Op(
+                    name=node.name,
+                    op_type=node.op_type,
+                    input_shapes=shapes_text,
+                    ratios={
                         k: (round(ratios[k], 6) if ratios and k in ratios else None)
                         for k in RATIO_KEYS
                     },
-                    "duration_us": round(a.time(m), 3),
-                }
+                    duration_us=round(a.time(m), 3),
+                )
             )
         split = None
         if ch.batch > 1 and ch.split_to < ch.batch:
-            split = {
-                "batch": ch.batch,
-                "split_to": ch.split_to,
-                "runs": ch.batch // ch.split_to,
-            }
+            split = BatchSplit(ch.batch, ch.split_to, ch.batch // ch.split_to)
         rows.append(
-            {
-                "nodes": [a.graph.nodes[m].name for m in ch.members],
-                "duration_us": round(ch.duration_us, 3),
-                "batch": ch.batch,
-                "max_intermediate_bytes": ch.max_bytes,
-                "batch_split": split,
-                "ratios_source": "+".join(sorted(sources)),
-                "ops": ops,
-                "opfuse": Verdict(
+            L2Chain(
+                nodes=[a.graph.nodes[m].name for m in ch.members],
+                duration_us=round(ch.duration_us, 3),
+                batch=ch.batch,
+                max_intermediate_bytes=ch.max_bytes,
+                batch_split=split,
+                ratios_source="+".join(sorted(sources)),
+                ops=ops,
+                opfuse=Verdict(
                     None, available=False, reason="L2 fusion and batch split are the runtime's"
-                ).to_json(),
-            }
+                ),
+            )
         )
     return rows
 
@@ -276,9 +295,9 @@ def l2_section(a: Analysis, groups: list[Group]) -> list[dict[str, object]]:
 def next_steps_section(
     a: Analysis,
     model_path: str | os.PathLike[str] | None,
-    stats: list[dict[str, object]],
+    stats: list[OpTime],
     changes: Changes | None = None,
-) -> dict[str, object]:
+) -> NextSteps:
     o = a.opts
     skipped = None
     if model_path is None or a.original is None:
@@ -289,12 +308,12 @@ def next_steps_section(
         skipped = "turned off (--no-trial)"
     elif o.runtime is None and o.provider not in ort_providers():
         skipped = f"{o.provider} is not available on this machine"
-    commands: list[dict[str, object]] = []
+    commands: list[StepCommand] = []
     runtime: Runtime | None = None
     if skipped is None:
         assert model_path is not None and a.original is not None
         runtime = o.runtime or get_runtime(provider=o.provider, threads=o.threads or 1)
-        commands = trial(
+        rows = trial(
             model_path,
             a.original,
             runtime,
@@ -303,10 +322,11 @@ def next_steps_section(
             input_shapes=o.input_shapes,
             changes=changes,
         )
-        commands.sort(key=lambda c: c["ratio"] if isinstance(c["ratio"], float) else 9e9)
-    helps = any(c["helps"] for c in commands)
-    return {
-        "trial": (
+        commands = [step_command_of(r) for r in rows]
+        commands.sort(key=lambda c: c.ratio if isinstance(c.ratio, float) else 9e9)
+    helps = any(c.helps for c in commands)
+    return NextSteps(
+        trial=(
             f"each command's output (verified) against the model, interleaved rounds of "
             f"about {o.trial_seconds:g} s in all on {runtime.describe()} (ratio: median "
             "time optimized / original; noise: the difference between two copies of the "
@@ -314,49 +334,45 @@ def next_steps_section(
         )
         if runtime is not None
         else None,
-        "skipped": skipped,
-        "commands": commands,
-        "helps": helps,
-        "dominant": dominant(stats, a.quantized),
-    }
+        skipped=skipped,
+        commands=commands,
+        helps=helps,
+        dominant=[dominant_of(d) for d in dominant([s.to_json() for s in stats], a.quantized)],
+    )
 
 
-def label_next_steps(
-    ub: list[dict[str, object]], commands: list[dict[str, object]], changes: Changes
-) -> None:
+def label_next_steps(ub: list[UBGroup], commands: list[StepCommand], changes: Changes) -> None:
     """One truth per report: a group whose nodes a measured Next steps command changes
     (``--target-opset 14`` fusing a written-out HardSwish into one op) gets that command
     (``next_step``: the helping one first, then the fastest) and its pass as its verdict."""
     for row in ub:
-        members = set(row["nodes"])  # type: ignore[call-overload]
-        members.update(n for ns in row["model_nodes"] for n in ns)  # type: ignore[attr-defined]
+        members = set(row.nodes)
+        members.update(n for ns in row.model_nodes for n in ns)
         hits = [
-            c
-            for c in commands
-            if not c["error"] and changes.nodes.get(str(c["command"]), set()) & members
+            c for c in commands if not c.error and changes.nodes.get(c.command, set()) & members
         ]
-        hits.sort(key=lambda c: (not c["helps"], c["ratio"] if c["ratio"] is not None else 9e9))
-        row["next_step"] = None
+        hits.sort(key=lambda c: (not c.helps, c.ratio if c.ratio is not None else 9e9))
+        row.next_step = None
         if not hits:
             continue
         c = hits[0]
-        row["next_step"] = {"command": c["command"], "ratio": c["ratio"], "helps": c["helps"]}
-        passes = changes.passes.get(str(c["command"])) or []
+        row.next_step = NextStepLabel(c.command, c.ratio, c.helps)
+        passes = changes.passes.get(c.command) or []
         measured = (
-            f"{c['ratio']:.2f}x time, {'faster' if c['helps'] else 'no gain beyond the noise'}"
-            if isinstance(c["ratio"], float)
+            f"{c.ratio:.2f}x time, {'faster' if c.helps else 'no gain beyond the noise'}"
+            if isinstance(c.ratio, float)
             else "not measured"
         )
-        reason = f"with {' '.join(c['flags'])} (Next steps: {measured})"  # type: ignore[arg-type]
-        row["opfuse"] = Verdict(
+        reason = f"with {' '.join(c.flags)} (Next steps: {measured})"
+        row.opfuse = Verdict(
             passes[0] if passes else None,
             available=True,
             fires=True if passes else None,
             reason=reason,
-        ).to_json()
+        )
 
 
-def quantized_section(a: Analysis) -> list[dict[str, object]]:
+def quantized_section(a: Analysis) -> list[Finding]:
     """Findings on a QDQ model ([] for a float model, or without a model); the int8 vs
     float measurement runs with the trial (not with --no-trial)."""
     if a.model_path is None or a.original is None or a.profile.source == "op_summary":
@@ -390,7 +406,7 @@ def quantized_section(a: Analysis) -> list[dict[str, object]]:
         for f in findings:
             if f["kind"] == "unfused_qdq":
                 f["cost_us"] = round(float_island_us(a), 3)
-    return findings
+    return [finding_of(f) for f in findings]
 
 
 def float_island_us(a: Analysis) -> float:
@@ -447,7 +463,7 @@ def variance_warning(p: Profile) -> str | None:
     return None
 
 
-def top_node(a: Analysis, r: OpRecord, total: float) -> dict[str, object]:
+def top_node(a: Analysis, r: OpRecord, total: float) -> TopNode:
     if a.ran is not None:
         op = a.graph.by_name.get(a.times.placed.get(r.name, r.name))
         nodes = a.ran.runs[op] if op is not None else []
@@ -465,24 +481,24 @@ def top_node(a: Analysis, r: OpRecord, total: float) -> dict[str, object]:
         if r.input_shapes and r.output_shapes
         else None
     )
-    return {
-        "name": r.name,
-        "op_type": r.op_type,
-        "duration_us": round(r.duration_us, 3),
-        "iqr_us": round(r.iqr_us, 3),
-        "share": round(r.duration_us / total, 6),
-        "provider": r.provider or None,
-        "nodes": nodes,
-        "of_peak": {
-            "flops": round(est["mac_ratio"], 6),
-            "bandwidth": round(est["mte2_ratio"] + est["mte3_ratio"], 6),
-        }
+    return TopNode(
+        name=r.name,
+        op_type=r.op_type,
+        duration_us=round(r.duration_us, 3),
+        iqr_us=round(r.iqr_us, 3),
+        share=round(r.duration_us / total, 6),
+        provider=r.provider or None,
+        nodes=list(nodes),
+        of_peak=PeakShare(
+            flops=round(est["mac_ratio"], 6),
+            bandwidth=round(est["mte2_ratio"] + est["mte3_ratio"], 6),
+        )
         if est is not None and not r.ratios
         else None,
-    }
+    )
 
 
-def hints_section(a: Analysis) -> list[dict[str, object]]:
+def hints_section(a: Analysis) -> list[HintRow]:
     times = a.times.time_us
     if a.ran is not None:  # weights and shapes are the model's: an operator's time
         assert a.original_graph is not None  # goes to each model node it ran
@@ -515,10 +531,21 @@ def hints_section(a: Analysis) -> list[dict[str, object]]:
             hints.append(hint)
     hints += constraints.fallback_hints(a.profile.records, a.profile.provider, a.profile.source)
     hints.sort(key=lambda h: (h.kind, -h.duration_us))
-    return [h.to_json() for h in hints]
+    return [
+        HintRow(
+            kind=h.kind,
+            node=h.node,
+            op_type=h.op_type,
+            message=h.message,
+            duration_us=round(h.duration_us, 3),
+            gain_us=round(h.gain_us, 3) if h.gain_us is not None else None,
+            opfuse=h.verdict or h.no_verdict(),
+        )
+        for h in hints
+    ]
 
 
-def report(a: Analysis) -> dict[str, object]:
+def report(a: Analysis) -> AdviceReport:
     """The JSON report (schema ``opfuse.advise/2``): every section, each a function of the
     analysis."""
     model_path = a.model_path
@@ -530,65 +557,55 @@ def report(a: Analysis) -> dict[str, object]:
     a.step("grouping", 1, 1)
     p = a.profile
     total = p.total_us or 1.0
-    stats: list[dict[str, object]] = [
-        {
-            "op_type": s.op_type,
-            "count": s.count,
-            "total_us": round(s.total_us, 3),
-            "mean_us": round(s.mean_us, 3),
-            "share": round(s.share, 6),
-        }
+    stats = [
+        OpTime(s.op_type, s.count, round(s.total_us, 3), round(s.mean_us, 3), round(s.share, 6))
         for s in op_statistic(p.records)
     ]
     quantized = quantized_section(a)
     changes = Changes()
     next_steps = next_steps_section(a, model_path, stats, changes)
-    label_next_steps(ub, next_steps["commands"], changes)  # type: ignore[arg-type]
+    label_next_steps(ub, next_steps.commands, changes)
     totals = p.run_totals_us()
-    return {
-        "schema": SCHEMA,
-        "model": str(model_path) if model_path is not None else None,
-        "target": {
-            **a.target.to_json(),
-            "peaks": "measured" if a.peaks is not None else "file",
-            "peaks_measured_on": a.peaks.key if a.peaks is not None else None,
-        },
-        "ascend_sections": a.ascend_sections(),
-        "quantized": quantized,
-        "next_steps": next_steps,
-        "graph": graph_info(a),
-        "profile": {
-            "source": p.source,
-            "path": p.path or None,
-            "runs": p.runs,
-            "warmup": p.warmup,
-            "provider": p.provider or None,
-            "graph_opt": p.graph_opt or None,
-            "total_us": round(p.total_us, 3),
-            "run_total_median_us": round(statistics.median(totals), 3) if totals else None,
-            "total_iqr_us": round(iqr(totals), 3),
-            "variance_warning": variance_warning(a.profile),
-            "unmapped_us": round(a.times.unmapped_us, 3),
-            "unmapped_nodes": [r.name for r in a.times.unmapped],
-            "inputs": [i.to_json() for i in p.inputs],
-            "input_shape_hint": p.input_shape_hint(),
-            "missing_columns": p.missing_columns,
-            "notes": p.notes,
-        },
-        "op_statistic": stats,
-        "top_nodes": [top_node(a, r, total) for r in top_nodes(p.records, len(p.records))],
-        "ub_fusion": ub,
-        "aipp_fusion": aipp,
-        "l2_fusion": l2,
-        "hints": hints,
-        "graph_fusion": a.trial.pass_summary() if a.trial is not None else [],
-    }
-
-
-def runtime_fuses(group: Mapping[str, object]) -> bool:
-    """Whether onnxruntime already runs the group as one kernel."""
-    ort = group.get("onnxruntime")
-    return isinstance(ort, dict) and ort.get("fuses") == "yes"
+    return AdviceReport(
+        schema=SCHEMA,
+        model=str(model_path) if model_path is not None else None,
+        target=TargetInfo(
+            a.target,
+            peaks="measured" if a.peaks is not None else "file",
+            peaks_measured_on=a.peaks.key if a.peaks is not None else None,
+        ),
+        ascend_sections=a.ascend_sections(),
+        quantized=quantized,
+        next_steps=next_steps,
+        graph=graph_info(a),
+        profile=ProfileInfo(
+            source=p.source,
+            path=p.path or None,
+            runs=p.runs,
+            warmup=p.warmup,
+            provider=p.provider or None,
+            graph_opt=p.graph_opt or None,
+            total_us=round(p.total_us, 3),
+            run_total_median_us=round(statistics.median(totals), 3) if totals else None,
+            total_iqr_us=round(iqr(totals), 3),
+            variance_warning=variance_warning(a.profile),
+            unmapped_us=round(a.times.unmapped_us, 3),
+            unmapped_nodes=[r.name for r in a.times.unmapped],
+            inputs=list(p.inputs),
+            input_shape_hint=p.input_shape_hint(),
+            missing_columns=list(p.missing_columns),
+            notes=list(p.notes),
+        ),
+        op_statistic=stats,
+        top_nodes=[top_node(a, r, total) for r in top_nodes(p.records, len(p.records))],
+        ub_fusion=ub,
+        aipp_fusion=aipp,
+        l2_fusion=l2,
+        hints=hints,
+        graph_fusion=[pass_row_of(r) for r in a.trial.pass_summary()]
+        if a.trial is not None
+        else [],
+    )
 
 
 def read_outside(g: OpGraph, names: frozenset[str]) -> bool:

@@ -175,11 +175,11 @@ def _sibling(relpath: str, suffix: str) -> str:
 def _advise(job: Job, output: Path) -> None:
     """The advisor's JSON and HTML reports of the input model beside its output."""
     from opfuse.advisor.advise import AdviseOptions, advise
-    from opfuse.advisor.html import render_html
+    from opfuse.advisor.render import render_html
     from opfuse.model.io import write_text
 
     report = advise(job.model, options=AdviseOptions(input_shapes=job.options.input_shape))
-    text = json.dumps(report, indent=2) + "\n"
+    text = json.dumps(report.to_json(), indent=2) + "\n"
     write_text(output.with_suffix(".advise.json"), text, inputs=[job.model])
     write_text(output.with_suffix(".advise.html"), render_html(report), inputs=[job.model])
 

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import io
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from opfuse.advisor.profile_readers import GRAPH_OPT_LEVELS
-from opfuse.advisor.report import CAPTION, ORIGINAL, RUNS_NOTE, nodes_text
-from opfuse.cli.console import console, text_width
+from opfuse.cli.console import console, err, recorder
 from opfuse.errors import EXIT_STATUSES
 
 PathArg = click.Path(path_type=Path)
-NUMERIC = ("Count", "Total Time(us)", "Avg Time(us)", "Ratio(%)")
 
 
 @contextmanager
@@ -27,7 +22,6 @@ def _progress() -> Iterator:  # type: ignore[type-arg]
     """A rich progress bar on stderr (on a terminal only); step(what, done, total)
     advances it, step(what) shows a phase without a count (loading, mapping kernels).
     A new phase hides the phases before it."""
-    err = Console(stderr=True)
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -47,30 +41,6 @@ def _progress() -> Iterator:  # type: ignore[type-arg]
             bar.update(tasks[what], completed=done, total=total)  # type: ignore[arg-type]
 
         yield step
-
-
-def fit_columns(
-    columns: Sequence[str], rows: Sequence[Sequence[str]], width: int, keep: Sequence[str] = ()
-) -> tuple[list[str], list[list[str]], str]:
-    """On a terminal too narrow for the whole table, drop (except ``keep``) the columns
-    whose value is the same in every row, said once instead (``Count 1, Provider
-    CPUExecutionProvider``), and those equal to an earlier column in every row (the
-    average when every count is 1). Returns the columns, the rows and the note."""
-    natural = sum(max([len(c), *(len(r[i]) for r in rows)]) + 3 for i, c in enumerate(columns))
-    if natural <= width or len(rows) < 2:
-        return list(columns), [list(r) for r in rows], ""
-    constant = [
-        i
-        for i, c in enumerate(columns)
-        if c not in keep and len({r[i] for r in rows}) == 1 and rows[0][i]
-    ]
-    kept: list[int] = []
-    for i, c in enumerate(columns):
-        repeats = any(all(r[i] == r[j] for r in rows) for j in kept)
-        if i not in constant and (c in keep or not repeats):
-            kept.append(i)
-    same = ", ".join(f"{columns[i]} {rows[0][i]}" for i in constant)
-    return [columns[i] for i in kept], [[r[i] for i in kept] for r in rows], same
 
 
 def _write(output: Path, text: str, inputs: dict[str, Path | None]) -> None:
@@ -144,70 +114,13 @@ def profile(
             profile_out=output,
             step=step,
         )
-    prof, stats, slow, originals = (
-        report.profile,
-        report.op_statistic,
-        report.slow,
-        report.originals,
-    )
-    total = prof.total_us or 1.0
+    from opfuse.advisor.profile_report import render_profile
+
     out = console()
     if fmt == "json":
         out.print_json(json.dumps(report.to_json()))
         return
-    out.print(
-        f"{model.name}: {report.nodes} nodes (Constant nodes not counted, as advise counts "
-        f"them); {prof.runs} runs after {prof.warmup} warm-up, {prof.total_us:.1f} us per run "
-        f"({provider}, onnxruntime graph optimization level {graph_opt})",
-        markup=False,
-    )
-    # per run, as advise prints it: counts per run, each node's median time over the runs
-    table = Table(title=f"Op Statistic (per run, {RUNS_NOTE})", title_justify="left")
-    for col in ("OP Type", "Count", "Total Time(us)", "Avg Time(us)", "Ratio(%)"):
-        table.add_column(col, justify="left" if col == "OP Type" else "right", overflow="fold")
-    for s in stats:
-        table.add_row(
-            s.op_type,
-            str(s.count),
-            f"{s.total_us:.3f}",
-            f"{s.mean_us:.3f}",
-            f"{100 * s.share:.2f}",
-        )
-    out.print(table)
-    columns = (
-        "Op Name",
-        "OP Type",
-        "Count",
-        "Total Time(us)",
-        "Avg Time(us)",
-        "Ratio(%)",
-        "Provider",
-        ORIGINAL,
-    )
-    rows = [
-        (
-            r.name,
-            r.op_type,
-            str(r.calls),
-            f"{r.duration_us:.3f}",
-            f"{r.duration_us / r.calls:.3f}",
-            f"{100 * r.duration_us / total:.2f}",
-            r.provider,
-            nodes_text(r.name, originals[r.name]),
-        )
-        for r in slow
-    ]
-    shown, cells, same = fit_columns(columns, rows, out.width, keep=("Op Name", "Total Time(us)"))
-    table = Table(
-        title=f"Top {len(slow)} slow nodes (per run)" + (f"; {same}" if same else ""),
-        title_justify="left",
-        caption=CAPTION,
-    )
-    for col in shown:
-        table.add_column(col, justify="right" if col in NUMERIC else "left", overflow="fold")
-    for row in cells:
-        table.add_row(*row)
-    out.print(table)
+    render_profile(report, out, model.name, provider)
     if output is not None:
         out.print(f"profile written to {output}", markup=False)
 
@@ -283,8 +196,7 @@ def advise(
     """Rank the operator groups of MODEL a backend could fuse (UB, first-layer AIPP, L2)."""
     from opfuse.advisor.advise import AdviseOptions
     from opfuse.advisor.advise import advise as run_advise
-    from opfuse.advisor.html import render_html
-    from opfuse.advisor.report import render_text
+    from opfuse.advisor.render import render_html, render_text
     from opfuse.model.io import check_output_path
 
     inputs = {"input model": model, "profile": profile_path, "op summary": op_summary}
@@ -308,7 +220,7 @@ def advise(
             model, profile_path=profile_path, op_summary=op_summary, options=options, step=step
         )
     if fmt == "json":
-        text = json.dumps(report, indent=2) + "\n"
+        text = json.dumps(report.to_json(), indent=2) + "\n"
         if output is None:
             click.echo(text, nl=False)
         else:
@@ -324,6 +236,6 @@ def advise(
     if output is None:
         render_text(report, console(), top)
         return
-    recorder = Console(record=True, width=text_width(), file=io.StringIO(), color_system=None)
-    render_text(report, recorder, top)
-    _write(output, recorder.export_text(), inputs)
+    written = recorder()
+    render_text(report, written, top)
+    _write(output, written.export_text(), inputs)

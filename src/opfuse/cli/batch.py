@@ -16,6 +16,7 @@ from rich.table import Table
 
 from opfuse.batching.jobs import Job
 from opfuse.batching.runner import BatchRun, Progress
+from opfuse.cli.console import console
 from opfuse.cli.options import graph_options
 from opfuse.errors import OpfuseError
 
@@ -234,8 +235,8 @@ def batch(
         timeout=timeout,
         max_memory=parse_size(max_memory),
     )
-    err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 240)
-    out = Console(highlight=False, width=None if sys.stdout.isatty() else 240)
+    err = console(stderr=True)  # COLUMNS, else the terminal's width, else 100 columns
+    out = console()
     if ray_address not in (None, "local", "auto") and Path(ray_address).exists():
         raise OpfuseError(
             f"--ray {ray_address}: that is a file or folder, not a cluster address; put --ray "

@@ -7,6 +7,8 @@ Read when a console draws, not when it is made, so a changed ``COLUMNS`` counts.
 
 from __future__ import annotations
 
+import inspect
+import io
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,7 +49,7 @@ class WidthConsole(Console):
     @size.setter
     def size(self, new_size: tuple[int, int]) -> None:
         self._fixed = new_size[0]
-        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+        inspect.getattr_static(Console, "size").fset(self, new_size)  # rich's own setter
 
 
 def console(**kwargs: Any) -> Console:
@@ -59,6 +61,11 @@ def console(**kwargs: Any) -> Console:
 def text_width() -> int:
     """The width for text written to a file (``-o``): COLUMNS, else ``DEFAULT_WIDTH``."""
     return env_columns() or DEFAULT_WIDTH
+
+
+def recorder() -> Console:
+    """A console that records plain text for a file (``-o``), ``text_width()`` wide."""
+    return console(record=True, width=text_width(), file=io.StringIO(), color_system=None)
 
 
 out = console()
