@@ -7,6 +7,7 @@ in words on the fake runtime."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -95,7 +96,7 @@ def test_the_option_or_node_that_makes_the_quantizer_raise_is_found(monkeypatch)
     def _adjust_weight_scale_for_int32_bias():  # the name onnxruntime's frame has
         raise ValueError("The truth value of an array with more than one element is ambiguous")
 
-    def fake(model, samples, options, exclude, extra):
+    def fake(model, samples, options, exclude, extra, cache=None):
         calls.append((list(exclude), dict(extra)))
         if not extra.get(flow.INT32_BIAS_OPTION):
             _adjust_weight_scale_for_int32_bias()
@@ -217,3 +218,141 @@ def test_a_forced_recipe_and_the_report_list_each_recipe(tmp_path):
         quantize_file(path, tmp_path / "o2.onnx", tmp_path / "c.npz", recipe="minmax,mse")
     with pytest.raises(OpfuseError, match="--recipe 'fast'"):
         quantize_file(path, tmp_path / "o2.onnx", tmp_path / "c.npz", recipe="fast")
+
+
+def measured(original_ms: float, optimized_ms: float, int8_ms: float):  # type: ignore[no-untyped-def]
+    from opfuse.quantization.result import FLOAT_OPT, INT8
+    from opfuse.tuning.measure import AGAIN, ORIGINAL, Measurement
+
+    rounds = 5
+    times = {
+        ORIGINAL: [original_ms / 1000] * rounds,
+        AGAIN: [original_ms / 1000] * rounds,
+        FLOAT_OPT: [optimized_ms / 1000] * rounds,
+        INT8: [int8_ms / 1000] * rounds,
+    }
+    return Measurement("fake 1.0", rounds, times)
+
+
+def verdict(speed, coverage=None, flags=("avx2", "avx512f", "avx512_vnni"), kept=()):  # type: ignore[no-untyped-def]
+    from opfuse.quantization.fallback import KeptFloat
+    from opfuse.quantization.gate import Gate
+    from opfuse.quantization.result import QuantizeResult
+    from opfuse.runtime.cpu import CpuFeatures
+
+    result = QuantizeResult(None, [], Gate(), 8, 4, "samples", [KeptFloat(k, 1.0) for k in kept])  # type: ignore[arg-type]
+    result.speed, result.cpu, result.coverage = speed, CpuFeatures(frozenset(flags)), coverage
+    result.sizes = {"original": 10_400_000, "int8": 2_800_000}
+    return result.speed_verdict()
+
+
+def test_the_speed_verdict_when_int8_pays():
+    text = verdict(measured(20.0, 18.0, 8.0))
+    assert text.startswith("int8 pays on this machine: 8 ms against 20 ms for the float original")
+    assert "2.50x faster" in text and "the float optimized model 18 ms" in text
+    assert "2.8 MB against 10.4 MB" in text and "AVX512-VNNI" in text
+    assert "measure to confirm" not in text
+
+
+def test_the_speed_verdict_names_the_measured_cause():
+    from opfuse.quantization.kernels import KernelCoverage
+
+    hardswish = KernelCoverage(
+        integer_ops={"QLinearConv": 20},
+        float_between_qdq={"HardSigmoid": 11, "Mul": 11},
+        integer_fraction=1.0,
+        total_macs=10**8,
+    )
+    text = verdict(measured(1.0, 0.9, 1.5), hardswish)
+    assert text.startswith("int8 does not pay on this machine: 1.5 ms against 1 ms")
+    assert (
+        "22 float ops stay between DequantizeLinear and QuantizeLinear (HardSigmoid 11, Mul 11)"
+        in text
+    )
+    assert "a decomposed HardSwish (HardSigmoid and Mul): try --target-opset 14" in text
+    assert "The model runs in 1 ms" in text  # small: the Q/DQ costs what int8 saves
+    assert "measure to confirm" not in text and "faster choice here" in text
+    # the multiply-adds left in float, and a CPU without VNNI
+    partial = KernelCoverage(integer_fraction=0.4, total_macs=10**8)
+    text = verdict(measured(30.0, 28.0, 31.0), partial, flags=("avx2",), kept=("conv1", "conv2"))
+    assert "Only 40% of the multiply-adds run in integer kernels (2 parts kept in float" in text
+    assert "This CPU has no VNNI" in text and "The model runs in" not in text
+    # nothing to name: said as measured, with what to try
+    full = KernelCoverage(integer_fraction=1.0, total_macs=10**8)
+    text = verdict(measured(30.0, 28.0, 31.0), full)
+    assert "every multiply-add runs in integer kernels" in text and "--runtime" in text
+
+
+def test_the_speed_verdict_end_to_end_on_the_fake_runtime(tmp_path):
+    """The fake runtime's costs decide: Q/DQ expensive, int8 loses and the text says why."""
+    from opfuse.runtime.fake import FakeRuntime
+
+    path = tmp_path / "m.onnx"
+    onnx.save(gemm_bias_1xn(), str(path))
+    np.savez(tmp_path / "c.npz", x=np.concatenate([f["x"] for f in feeds(16)]))
+    slow = FakeRuntime({"QuantizeLinear": 0.01, "DequantizeLinear": 0.01}, default=0.001)
+    result = quantize_file(path, tmp_path / "o.onnx", tmp_path / "c.npz", runtime=slow,
+                           max_drop="off")  # fmt: skip
+    assert result.pays() is False
+    line = next(x for x in result.lines() if x.startswith("int8 does not pay on this machine"))
+    assert "Measured cause:" in line and "ms against" in line
+    fast = FakeRuntime({"Gemm": 0.05, "Softmax": 0.05}, default=0.0)
+    result = quantize_file(path, tmp_path / "o2.onnx", tmp_path / "c.npz", runtime=fast,
+                           max_drop="off")  # fmt: skip
+    assert result.to_json()["speed"]["verdict"] == result.speed_verdict()
+
+
+def many_classes(path: Path, classes: int = 200) -> Path:
+    """x [N, C] -> MatMul by the identity -> Softmax over C classes: probabilities near
+    1/C, below the 1/255 step of the [0, 1] range onnxruntime's quantizer fixes for a
+    Softmax output, so the requantized top class ties with others."""
+    graph = h.make_graph(
+        [
+            h.make_node("MatMul", ["x", "eye"], ["z"], name="logits"),
+            h.make_node("Softmax", ["z"], ["probs"], name="softmax", axis=-1),
+        ],
+        "classes",
+        [h.make_tensor_value_info("x", T.FLOAT, ["N", classes])],
+        [h.make_tensor_value_info("probs", T.FLOAT, ["N", classes])],
+        initializer=[numpy_helper.from_array(np.eye(classes, dtype=np.float32), "eye")],
+    )
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def class_samples(path: Path, n: int, classes: int = 200, seed: int = 3) -> Path:
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0, 1, (n, 1, classes)).astype(np.float32)
+    x[np.arange(n), 0, rng.integers(0, classes, n)] += 0.1  # a top class, clear in the logits
+    np.savez(path, x=x)
+    return path
+
+
+def test_a_softmax_head_whose_requantization_changes_the_top_class_stays_float(tmp_path):
+    model = many_classes(tmp_path / "m.onnx")
+    result = quantize_file(model, tmp_path / "o.onnx", class_samples(tmp_path / "c.npz", 16),
+                           eval_data=class_samples(tmp_path / "e.npz", 12, seed=4),
+                           benchmark=False, max_drop="off")  # fmt: skip
+    [head] = result.heads
+    assert head.op_type == "Softmax" and head.in_float
+    assert head.float_top1 is not None and head.int8_top1 is not None
+    assert head.float_top1 > head.int8_top1
+    assert "the Softmax head making probs keeps a float output" in result.summary()
+    graph = onnx.load(str(tmp_path / "o.onnx")).graph
+    producer = {o: n.op_type for n in graph.node for o in n.output}
+    assert producer["probs"] == "Softmax"  # no QuantizeLinear/DequantizeLinear after it
+    [acc] = result.accuracy
+    assert acc.top1 is not None and acc.top1 >= 0.8
+
+
+def test_a_head_whose_requantization_keeps_the_top_class_stays_int8(tmp_path):
+    """Two classes far apart: requantizing the probabilities changes no top class."""
+    model = many_classes(tmp_path / "m.onnx", classes=2)
+    rng = np.random.default_rng(5)
+    x = rng.uniform(0, 1, (16, 1, 2)).astype(np.float32)
+    x[:, 0, 0] += 2.0 * (rng.uniform(size=16) > 0.5)
+    np.savez(tmp_path / "c.npz", x=x)
+    result = quantize_file(model, tmp_path / "o.onnx", tmp_path / "c.npz", benchmark=False,
+                           max_drop="off")  # fmt: skip
+    [head] = result.heads
+    assert not head.in_float and "stays requantized: the same top class" in head.describe()

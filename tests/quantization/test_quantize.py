@@ -123,7 +123,7 @@ def test_a_small_cnn_is_fused_quantized_and_deterministic(tmp_path):
     assert ops["BatchNormalization"] == 0  # fused before quantizing
     assert ops["QuantizeLinear"] > 0 and ops["DequantizeLinear"] > 0
     # 16 samples: 4 held back for the figures, 3 of the other 12 for choosing the recipe
-    assert result.calibration_samples == 9 and result.eval_samples == 4
+    assert result.calibration_samples == 12 and result.eval_samples == 4
     assert result.validation_samples == 3 and result.validation_apart
     [acc] = result.accuracy
     assert acc.top1 is not None and acc.top1 >= 0.99 and acc.sqnr_db > 20
@@ -138,12 +138,8 @@ def test_the_gate_keeps_the_sensitive_layer_in_float(tmp_path):
     result = quantize_file(model, tmp_path / "out.onnx", data, max_drop="sqnr=25", benchmark=False)
     assert [k.node for k in result.kept_float] == ["sensitive"]
     assert min(a.sqnr_db for a in result.accuracy) >= 25
-    # the first try missed the gate: where its error grew is traced and reported
-    growth = result.error_growth[0]
-    assert (growth.tensor, growth.op_type) == ("y", "Gemm") and growth.drop_db > 20
-    assert result.to_json()["error_growth"][0]["tensor"] == "y"
-    assert any(line.startswith("the first int8 try's error grew most at: y (Gemm, ")
-               for line in result.lines())  # fmt: skip
+    assert result.error_growth == []  # traced only when the gate is still missed
+    assert any(line.startswith("before the fallback: ") for line in result.lines())
     graph = onnx.load(str(tmp_path / "out.onnx")).graph
     sensitive = next(n for n in graph.node if n.name == "sensitive")
     producers = {o: n.op_type for n in graph.node for o in n.output}
@@ -307,7 +303,7 @@ def test_a_folder_of_images_calibrates(tmp_path):
     result = quantize_file(
         model, tmp_path / "out.onnx", images, preprocess=Preprocess.parse("size=8"), benchmark=False
     )
-    assert result.calibration_samples == 5 and result.eval_samples == 2
+    assert result.calibration_samples == 6 and result.eval_samples == 2
     assert result.validation_samples == 1
     fewer = quantize_file(
         model,

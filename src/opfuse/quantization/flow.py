@@ -118,6 +118,7 @@ def quantize_proto(
     notes: list[str],
     overrides: dict[str, list[dict[str, object]]] | None = None,
     extra_options: dict[str, object] | None = None,
+    calibration_cache: os.PathLike[str] | None = None,
 ) -> onnx.ModelProto:
     """Static QDQ quantization of ``model`` (in memory). ``exclude``: node names kept in
     float; ``overrides``: onnxruntime's ``TensorQuantOverrides`` (activation ranges).
@@ -128,7 +129,9 @@ def quantize_proto(
     the node being quantized kept in float), and the quantization is run again; each
     workaround is appended to ``notes`` and kept in ``extra_options``/``exclude`` (the
     caller's objects) so later quantizations do not meet it again. A failure no
-    workaround gets past is a QuantizeInternalError (exit 3) naming ``name``."""
+    workaround gets past is a QuantizeInternalError (exit 3) naming ``name``.
+    ``calibration_cache``: a file onnxruntime keeps its calibration ranges in (read when
+    it exists: the same float model and samples, not calibrated again)."""
     from opfuse.quantization.workspace import QuantizeInternalError
 
     extra = extra_options if extra_options is not None else {}
@@ -149,6 +152,7 @@ def quantize_proto(
                 options,
                 exclude,
                 {**extra, **({"TensorQuantOverrides": overrides} if overrides else {})},
+                cache=calibration_cache,
             )
         except Exception as exc:  # onnxruntime's quantizer raises plain exceptions
             fix = _workaround(exc, extra, exclude)
@@ -244,6 +248,7 @@ def _quantize_once(
     options: QuantOptions,
     exclude: Sequence[str],
     extra_options: dict[str, object],
+    cache: os.PathLike[str] | None = None,
 ) -> onnx.ModelProto:
     import tempfile
     from pathlib import Path
@@ -294,6 +299,7 @@ def _quantize_once(
                 nodes_to_exclude=list(exclude),
                 calibrate_method=methods[options.calibrate_method],
                 extra_options=dict(extra_options),
+                calibration_cache_path=None if cache is None else str(cache),
             )
             return onnx.load_model(str(out))
     finally:

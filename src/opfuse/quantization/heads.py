@@ -13,6 +13,19 @@ from dataclasses import dataclass
 import onnx
 
 QUANTIZE, DEQUANTIZE = "QuantizeLinear", "DequantizeLinear"
+PASSING_OPS = frozenset(
+    {
+        "Identity",
+        "Reshape",
+        "Flatten",
+        "Squeeze",
+        "Unsqueeze",
+        "Transpose",
+        "Cast",
+        QUANTIZE,
+        DEQUANTIZE,
+    }
+)
 
 
 @dataclass
@@ -56,6 +69,8 @@ def requantized_heads(int8: onnx.ModelProto, outputs: set[str]) -> dict[str, str
         if q is None or q.op_type != QUANTIZE:
             continue
         made = producer.get(q.input[0])
+        while made is not None and made.op_type in PASSING_OPS and made.input:
+            made = producer.get(made.input[0])  # through Reshape, DequantizeLinear...
         found[name] = made.op_type if made is not None else "input"
     return found
 

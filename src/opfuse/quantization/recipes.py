@@ -94,6 +94,7 @@ def build(
         notes=ws.notes,
         overrides=ws.overrides,
         extra_options=base.extra_options,  # a workaround found holds for every recipe
+        calibration_cache=ws.calibration_cache(),
     )
     for name in steps:
         step = STEPS[name]

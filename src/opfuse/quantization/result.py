@@ -147,12 +147,13 @@ class QuantizeResult:
 
     def lines(self) -> list[str]:
         valid = (
-            f"{self.validation_samples} validation samples held apart from them"
+            f"calibrating on {self.calibration_samples - self.validation_samples} of them "
+            f"and validating on the other {self.validation_samples}"
             if self.validation_apart
-            else f"the calibration samples (too few to hold {self.validation_samples} apart)"
+            else "on the calibration samples themselves (too few to hold a validation part apart)"
         )
         out = [
-            f"calibrated on {self.calibration_samples} samples; recipe chosen on {valid}; "
+            f"calibrated on {self.calibration_samples} samples (the recipe chosen {valid}); "
             f"accuracy on {self.eval_samples} {self.eval_source}",
         ]
         if self.recipe_lines:

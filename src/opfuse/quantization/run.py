@@ -37,7 +37,7 @@ from opfuse.quantization.fallback import (
 from opfuse.quantization.gate import Gate
 from opfuse.quantization.kernels import integer_coverage
 from opfuse.quantization.preprocess import Preprocess
-from opfuse.quantization.result import FLOAT_OPT, INT8, QuantizeResult
+from opfuse.quantization.result import FLOAT_OPT, INT8, QuantizeResult, _short
 from opfuse.quantization.steps import parse_recipe
 from opfuse.quantization.trace import error_trace, largest_drops
 from opfuse.quantization.workspace import QuantizeInternalError, Workspace, run_model
@@ -245,6 +245,7 @@ def _quantize(
         exclude=excluded,
         progress=progress,
         started=start,
+        cache_dir=work,
     )
     ws.valid_reference = run_model(str(source), valid, name)
     held_reference = run_model(str(source), held, name)
@@ -273,33 +274,52 @@ def _quantize(
         if keep:
             float_heads.append(out_name)
             model, valid_figures = candidate, figures
-    accuracy = on_held(model)
-    first_accuracy = accuracy
-    growth = []
+    split_model = model
+    # the model written is calibrated on every calibration sample (the validation part
+    # only chooses): the recipe, its heads and what the fallback keeps in float
+    everything = ws.fork()
+    everything.calib = calib_all
+
+    def final(in_float: list[str]) -> onnx.ModelProto:
+        if not apart:
+            return build(in_float) if in_float else model
+        ws.say(f"the recipe on all {len(calib_all)} calibration samples")
+        made = recipes.build(everything, chosen, in_float, tuple(float_heads))
+        assert made.model is not None
+        return made.model
+
+    def build(in_float: list[str]) -> onnx.ModelProto:
+        made = recipes.build(best.ws, chosen, in_float, tuple(float_heads))
+        assert made.model is not None
+        return made.model
+
+    model = first_model = final([])
+    accuracy = first_accuracy = on_held(model)
     kept: list[KeptFloat] = []
     tries, stopped = 0, ""
-    if gate.misses(accuracy):
-        growth = largest_drops(error_trace(best.ws.float_model, best.ws.int8_model or model, held))
-        if fallback_seconds > 0:
-            base = best.ws
-
-            def build(in_float: list[str]) -> onnx.ModelProto:
-                made = recipes.build(base, chosen, in_float, tuple(float_heads))
-                assert made.model is not None
-                return made.model
-
-            found = fallback(base, gate, build, model, valid_figures, fallback_seconds)
-            tries, stopped = found.tries, found.stopped
-            if found.kept:
-                kept = found.kept
-                model = found.model
-                accuracy = on_held(model)
+    if gate.misses(accuracy) and fallback_seconds > 0:
+        found = fallback(best.ws, gate, build, split_model, valid_figures, fallback_seconds)
+        tries, stopped = found.tries, found.stopped
+        if found.kept:
+            candidate = final(found.exclude)
+            figures = on_held(candidate)
+            if gate.standing(figures) >= gate.standing(first_accuracy):
+                kept, model, accuracy = found.kept, candidate, figures
+            else:
+                ws.notes.append(
+                    f"the fallback's choice on the validation part ({', '.join(k.node for k in found.kept)} "
+                    f"in float) scored worse on the evaluation samples ({_short(figures)} against "
+                    f"{_short(first_accuracy)}): the model without it is kept"
+                )
+    growth = []
+    if gate.misses(accuracy):  # where the first model's error grows, for the message
+        growth = largest_drops(error_trace(best.ws.float_model, first_model, held))
     passed = not gate.misses(accuracy)
     result = QuantizeResult(
         fused,
         accuracy,
         gate,
-        len(calib),
+        len(calib_all),
         len(held),
         held_source,
         kept,
@@ -398,8 +418,6 @@ def _write_report(report: str | os.PathLike[str] | None, result: QuantizeResult)
 
 
 def _gate_message(gate: Gate, result: QuantizeResult, growth: list) -> str:  # type: ignore[type-arg]
-    from opfuse.quantization.result import _short
-
     grows = "; ".join(e.describe() for e in growth[:2])
     kept = (
         f"keeping {len(result.kept_float)} parts in float ({', '.join(k.node for k in result.kept_float)})"

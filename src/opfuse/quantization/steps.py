@@ -94,7 +94,7 @@ class Ranges:
             ws.calibrate_method = "minmax"
             return StepReport(self.name, 0, "onnxruntime's MinMax calibration")
         ranges = _module("ranges")
-        key = f"ranges:{self.name}:{id(ws.float_model)}:{ws.activation_type}"
+        key = f"ranges:{self.name}:{id(ws.float_model)}:{id(ws.calib)}:{ws.activation_type}"
         found = ws.cache.get(key)
         if found is None:
             tensors = ranges.quantized_activations(ws.float_model)

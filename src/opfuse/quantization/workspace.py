@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -53,6 +54,16 @@ class Workspace:
     # the float original's outputs on ``valid`` (shared by every fork)
     valid_reference: list[list[np.ndarray]] = field(default_factory=list)
     cache: dict[str, object] = field(default_factory=dict)  # shared by every fork
+    # where onnxruntime's calibration ranges are kept between quantizations of one float
+    # model on one sample set (its calibration_cache_path): a fallback try does not
+    # calibrate again
+    cache_dir: Path | None = None
+
+    def calibration_cache(self) -> Path | None:
+        if self.cache_dir is None:
+            return None
+        key = f"{id(self.float_model)}-{id(self.calib)}-{self.calibrate_method}"
+        return self.cache_dir / f"calibration-{key}.json"
 
     def fork(self) -> Workspace:
         """A copy for one recipe: models and lists copied, samples and caches shared."""
