@@ -108,6 +108,8 @@ def test_a_graph_input_gets_an_inserted_mul(tmp_path: Path):
     model = build([h.make_node("Gemm", ["x", "w"], ["y"], name="fc")], inits)
     calib = feeds(16, outliers=True)
     out, count = smooth(model, calib)
+    assert count == 0 and unchanged(model, out)  # by default only where it folds
+    out, count = smooth(model, calib, insert_mul=True)
     assert count == 1
     assert [n.op_type for n in out.graph.node] == ["Mul", "Gemm"]
     assert (
@@ -162,6 +164,8 @@ def test_another_reader_keeps_the_unsmoothed_tensor():
     model.graph.node.append(h.make_node("Add", ["ln", "x"], ["res"], name="residual"))
     model.graph.output.append(h.make_tensor_value_info("res", T.FLOAT, None))
     out, count = smooth(model, feeds(8))
+    assert count == 0 and unchanged(model, out)
+    out, count = smooth(model, feeds(8), insert_mul=True)
     assert count == 1
     assert [n.op_type for n in out.graph.node] == ["LayerNormalization", "Mul", "MatMul", "Add"]
     assert np.array_equal(consts(out)["gamma"], consts(model)["gamma"])
