@@ -348,6 +348,24 @@ def test_a_second_equalization_changes_nothing():
     assert again == 0 and unchanged(once, twice)
 
 
+def test_a_second_equalization_with_bias_absorption_changes_little():
+    model = conv_pair("Relu", pads2=0)
+    b1 = next(t for t in model.graph.initializer if t.name == "b1")
+    b1.CopyFrom(numpy_helper.from_array(np.full(16, 8.0, np.float32), "b1"))
+    calib = feeds([1, 8, 10, 10], n=8)
+    once, count = equalize(model, calib)
+    plain, _ = equalize(model)
+    absorbed = weights(once)["b1"] < weights(plain)["b1"]
+    assert count == 1 and absorbed.sum() >= 4
+    twice, again = equalize(once, calib)
+    assert again == 0
+    w1, w2 = weights(once), weights(twice)
+    for name in w1:
+        np.testing.assert_allclose(
+            w2[name], w1[name], rtol=1e-3, atol=1e-3 * np.abs(w1[name]).max()
+        )
+
+
 # ----------------------------------------------------------------------- bias absorption
 
 

@@ -538,6 +538,7 @@ def _absorb(
         scale = pair.total  # layer 1's channel c was divided by total[c]
         mean, std, low = st.mean / scale, st.std / scale, st.min / scale
         h = np.maximum(0.0, np.minimum(mean - SIGMAS * std, low))
+        h[h <= 1e-4 * np.abs(st.max_abs / scale)] = 0.0  # a second call: nothing left to move
         if not np.any(h > 0):
             continue
         pair.first.add_to_bias(g, -h)
@@ -568,20 +569,23 @@ def run_with_outputs(
 
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
+    fed = {i.name for i in probe.graph.input}  # read from the feed itself
     have = {o.name for o in probe.graph.output}
     for name in tensors:
-        if name not in have:
+        if name not in have and name not in fed:
             probe.graph.output.append(helper.make_empty_tensor_value_info(name))
             have.add(name)
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.log_severity_level = 4
     sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    wanted = list(dict.fromkeys(tensors))
+    wanted = [t for t in dict.fromkeys(tensors) if t not in fed]
     names = {i.name for i in sess.get_inputs()}
     for feed in samples:
-        values = sess.run(wanted, {k: v for k, v in feed.items() if k in names})
-        yield dict(zip(wanted, values, strict=True))
+        values = sess.run(wanted, {k: v for k, v in feed.items() if k in names}) if wanted else []
+        found = dict(zip(wanted, values, strict=True))
+        found.update({t: np.asarray(feed[t]) for t in tensors if t in fed and t in feed})
+        yield found
 
 
 def channel_stats(
