@@ -407,3 +407,29 @@ def run_tensor(model, name, data):
     probe.CopyFrom(model)
     probe.graph.output.append(h.make_empty_tensor_value_info(name))
     return np.concatenate([r[-1] for r in run(probe, data)])
+
+
+def test_not_into_a_grouped_conv_transpose_or_a_transposed_gemm_input():
+    inits = {
+        "w1": RNG.standard_normal((8, 4, 1, 1)) * spread(8)[:, None, None, None],
+        "wt": RNG.standard_normal((8, 3, 2, 2)),  # group 2: (C_in, C_out / group, k, k)
+    }
+    nodes = [
+        h.make_node("Conv", ["x", "w1"], ["t"], name="c1"),
+        h.make_node("Relu", ["t"], ["a"], name="r1"),
+        h.make_node("ConvTranspose", ["a", "wt"], ["y"], name="up", group=2),
+    ]
+    model = build(nodes, inits, [1, 4, 5, 5])
+    out, count = equalize(model)
+    assert count == 0 and unchanged(model, out)
+    inits = {
+        "w1": RNG.standard_normal((6, 6)) * spread(6)[None, :],
+        "w2": RNG.standard_normal((4, 5)),
+    }
+    nodes = [
+        h.make_node("MatMul", ["x", "w1"], ["t"], name="mm"),
+        h.make_node("Gemm", ["t", "w2"], ["y"], name="fc", transA=1),  # reads t's rows
+    ]
+    model = build(nodes, inits, [6, 6])
+    out, count = equalize(model)
+    assert count == 0 and unchanged(model, out)
