@@ -28,7 +28,7 @@ h_c through layer 2's weights). Layer 2 must have no padding (a zero-padded bord
 see the constant) and not be a ConvTranspose.
 
 The statistics run the model one sample at a time under onnxruntime with its optimizations off
-(running per-channel sums, never a list of activations).
+(quantization._stats; running per-channel sums, minima and maxima, never a list of activations).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
 
-Feed = dict[str, np.ndarray]
+from opfuse.quantization._stats import Feed, tensor_values
 
 CONV_FAMILY = ("Conv", "ConvTranspose")
 DENSE_FAMILY = ("Gemm", "MatMul")
@@ -560,34 +560,6 @@ class ChannelStats:
     max_abs: np.ndarray
 
 
-def run_with_outputs(
-    model: onnx.ModelProto, samples: Sequence[Feed], tensors: Sequence[str]
-) -> Iterator[dict[str, np.ndarray]]:
-    """Each sample's values of ``tensors`` (main-graph tensors made extra outputs), one
-    sample at a time, under onnxruntime CPU with its graph optimizations off."""
-    import onnxruntime as ort
-
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    fed = {i.name for i in probe.graph.input}  # read from the feed itself
-    have = {o.name for o in probe.graph.output}
-    for name in tensors:
-        if name not in have and name not in fed:
-            probe.graph.output.append(helper.make_empty_tensor_value_info(name))
-            have.add(name)
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    opts.log_severity_level = 4
-    sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    wanted = [t for t in dict.fromkeys(tensors) if t not in fed]
-    names = {i.name for i in sess.get_inputs()}
-    for feed in samples:
-        values = sess.run(wanted, {k: v for k, v in feed.items() if k in names}) if wanted else []
-        found = dict(zip(wanted, values, strict=True))
-        found.update({t: np.asarray(feed[t]) for t in tensors if t in fed and t in feed})
-        yield found
-
-
 def channel_stats(
     model: onnx.ModelProto, samples: Sequence[Feed], axes: dict[str, int]
 ) -> dict[str, ChannelStats]:
@@ -595,7 +567,7 @@ def channel_stats(
     each tensor over every sample and position: running sums, one sample at a time."""
     sums: dict[str, list[np.ndarray]] = {}
     counts: dict[str, int] = {}
-    for values in run_with_outputs(model, samples, list(axes)):
+    for values in tensor_values(model, list(axes), samples):
         for name, value in values.items():
             v = np.moveaxis(np.asarray(value, np.float64), axes[name], -1)
             v = v.reshape(-1, v.shape[-1])

@@ -26,8 +26,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from opfuse.quantization._stats import Feed
 from opfuse.quantization.equalize import (
-    Feed,
     Graph,
     Layer,
     as_layer,
