@@ -135,7 +135,9 @@ def test_a_small_cnn_is_fused_quantized_and_deterministic(tmp_path):
 def test_the_gate_keeps_the_sensitive_layer_in_float(tmp_path):
     model = sensitive_mlp(tmp_path / "mlp.onnx")
     data = mlp_samples(tmp_path / "x.npz")
-    result = quantize_file(model, tmp_path / "out.onnx", data, max_drop="sqnr=25", benchmark=False)
+    result = quantize_file(
+        model, tmp_path / "out.onnx", data, max_drop="sqnr=25", benchmark=False, recipe="minmax"
+    )
     assert [k.node for k in result.kept_float] == ["sensitive"]
     assert min(a.sqnr_db for a in result.accuracy) >= 25
     assert result.error_growth == []  # traced only when the gate is still missed
@@ -166,7 +168,8 @@ def test_the_fallback_keeps_only_layers_that_help(tmp_path, monkeypatch):
 
     class FakeWorkspace:
         exclude: list[str] = []
-        float_model = calib = None
+        float_model = None
+        calib: list[dict[str, np.ndarray]] = []
         per_channel = True
         lines: list[str] = []
 
@@ -197,7 +200,7 @@ def test_a_gate_no_mix_meets_writes_nothing_and_exits_1(tmp_path):
     out = tmp_path / "out.onnx"
     run = subprocess.run(
         [sys.executable, "-m", "opfuse", "quantize", str(model), "-o", str(out),
-         "--calibration", str(data), "--max-drop", "sqnr=300", "--no-benchmark",
+         "--calibration", str(data), "--max-drop", "sqnr=300", "--no-benchmark", "--recipe", "minmax",
          "--report", str(tmp_path / "r.json")],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -301,10 +304,15 @@ def test_a_folder_of_images_calibrates(tmp_path):
     for i in range(8):
         write_png(images / f"{i}.png", RNG.integers(0, 255, (12, 12, 3)))
     result = quantize_file(
-        model, tmp_path / "out.onnx", images, preprocess=Preprocess.parse("size=8"), benchmark=False
+        model,
+        tmp_path / "out.onnx",
+        images,
+        preprocess=Preprocess.parse("size=8"),
+        benchmark=False,
+        max_drop="off",  # 2 held-back samples of a random network: the reading is tested
     )
     assert result.calibration_samples == 6 and result.eval_samples == 2
-    assert result.validation_samples == 1
+    assert not result.validation_apart  # 6: too few to hold 2 apart
     fewer = quantize_file(
         model,
         tmp_path / "out4.onnx",
@@ -312,6 +320,7 @@ def test_a_folder_of_images_calibrates(tmp_path):
         samples_count=4,
         preprocess=Preprocess.parse("size=8"),
         benchmark=False,
+        max_drop="off",
     )
     assert fewer.calibration_samples == 3 and fewer.eval_samples == 1  # the first 4, split
     assert not fewer.validation_apart  # too few to hold a validation part: said

@@ -175,7 +175,8 @@ def split(samples: list[Sample], eval_share: float = 0.25) -> tuple[list[Sample]
     return kept, held
 
 
-MIN_VALIDATION_SPLIT = 4  # calibration samples below which no validation part is held
+MIN_VALIDATION_SPLIT = 8  # calibration samples below which no validation part is held
+# (from 8 on, at least 2 validation samples: one alone chooses by noise)
 
 
 def validation_split(samples: list[Sample]) -> tuple[list[Sample], list[Sample], bool]:

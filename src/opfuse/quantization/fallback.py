@@ -35,6 +35,7 @@ from opfuse.quantization.workspace import Workspace
 
 MAX_FLOAT_LAYERS = 8  # candidates the fallback may keep in float before giving up
 MAX_FALLBACK_TRIES = 16  # candidates it tries, one by one
+RANK_SAMPLES = 4  # calibration samples the candidates are ranked on
 
 
 @dataclass
@@ -78,12 +79,12 @@ def fallback(
     layers = [n for n in flow.weighted_nodes(ws.float_model) if n not in ws.exclude]
     tensors = [
         KeptFloat(c.label, c.sqnr_db, c.how, c.nodes)
-        for c in activation_candidates(ws.float_model, first, ws.calib)
+        for c in activation_candidates(ws.float_model, first, ws.calib[:RANK_SAMPLES])
         if not set(c.nodes) & set(ws.exclude)
     ]
     weights = [
         KeptFloat(c.label, c.sqnr_db, c.how, c.nodes)
-        for c in weight_candidates(ws.float_model, layers, ws.calib, ws.per_channel)
+        for c in weight_candidates(ws.float_model, layers, ws.calib[:RANK_SAMPLES], ws.per_channel)
     ]
     # both figures are the SQNR of one rounding at one tensor: one ranking, worst first
     ranked = sorted([*tensors, *weights], key=lambda k: k.sqnr_db)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-FALLBACK_SECONDS = 60.0  # the time the mixed-precision fallback may take
+FALLBACK_SECONDS = 30.0  # the time the mixed-precision fallback may take
 KEYS_HELP = (
     "floors: top1=99% (top-1 agreement with the float model >= 99% where an output "
     "scores classes), sqnr=25 (SQNR >= 25 dB on every output), both with a comma; auto "

@@ -313,7 +313,7 @@ def _quantize(
                 )
     growth = []
     if gate.misses(accuracy):  # where the first model's error grows, for the message
-        growth = largest_drops(error_trace(best.ws.float_model, first_model, held))
+        growth = largest_drops(error_trace(best.ws.float_model, first_model, held[:4]))
     passed = not gate.misses(accuracy)
     result = QuantizeResult(
         fused,
