@@ -269,7 +269,7 @@ def test_the_speed_verdict_names_the_measured_cause():
         "22 float ops stay between DequantizeLinear and QuantizeLinear (HardSigmoid 11, Mul 11)"
         in text
     )
-    assert "a decomposed HardSwish (HardSigmoid and Mul): try --target-opset 14" in text
+    assert "a decomposed HardSwish (x * HardSigmoid(x)): try --target-opset 14" in text
     assert "The model runs in 1 ms" in text  # small: the Q/DQ costs what int8 saves
     assert "measure to confirm" not in text and "faster choice here" in text
     # the multiply-adds left in float, and a CPU without VNNI
@@ -356,3 +356,26 @@ def test_a_head_whose_requantization_keeps_the_top_class_stays_int8(tmp_path):
                            max_drop="off")  # fmt: skip
     [head] = result.heads
     assert not head.in_float and "stays requantized: the same top class" in head.describe()
+
+
+def test_a_softmax_written_out_scores_classes():
+    """Div(Exp(x), ReduceSum(Exp(x))) (tf2onnx, jax2tf) is a classifier head; a Div of
+    anything else is not."""
+    from opfuse.quantization.accuracy import scoring_outputs
+
+    axes = numpy_helper.from_array(np.array([-1], np.int64), "axes")
+    nodes = [
+        h.make_node("Exp", ["x"], ["e"]),
+        h.make_node("ReduceSum", ["e", "axes"], ["s"], keepdims=1),
+        h.make_node("Div", ["e", "s"], ["probs"]),
+        h.make_node("Div", ["x", "s"], ["ratio"]),
+    ]
+    graph = h.make_graph(
+        nodes,
+        "softmax",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 5])],
+        [h.make_tensor_value_info(n, T.FLOAT, [1, 5]) for n in ("probs", "ratio")],
+        initializer=[axes],
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    assert scoring_outputs(model) == {"probs"}

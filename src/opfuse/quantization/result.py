@@ -26,8 +26,8 @@ FLOAT_OPT, INT8 = "float-optimized", "int8"
 SMALL_MODEL_S = 0.002  # below: Q/DQ around small layers can cost more than int8 saves
 # float ops between DQ and Q that a float pass removes: the op types and what to try
 DECOMPOSED = {
-    frozenset({"HardSigmoid", "Mul"}): (
-        "a decomposed HardSwish (HardSigmoid and Mul)",
+    frozenset({"HardSigmoid"}): (
+        "the HardSigmoid of a decomposed HardSwish (x * HardSigmoid(x))",
         "--target-opset 14 (opfuse then fuses it into one HardSwish op, which has an int8 kernel path)",
     ),
     frozenset({"Sigmoid", "Mul"}): (
