@@ -179,6 +179,7 @@ def test_the_residual_add_keeps_both_inputs_quantized_unless_told(tmp_path: Path
     form = openvino_form(qdq)
     inputs = quantized_inputs(form)
     assert ("residual", 0) in inputs and ("residual", 1) in inputs
+    assert ("residual", 0) not in quantized_inputs(openvino_form(qdq, ops=COMPUTE_INPUTS))
     compute_only = openvino_form(qdq, ops=COMPUTE_INPUTS)
     inputs = quantized_inputs(compute_only)
     assert ("residual", 0) not in inputs and ("residual", 1) not in inputs
