@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from opfuse.quantization.openvino_form import (
     COMPUTE_INPUTS,
+    DEFAULT_OPS,
     QUANTIZE_EXTRA_OPTIONS,
     openvino_form,
     openvino_form_report,
@@ -173,17 +174,19 @@ def test_with_the_activations_kept_no_clamp_is_needed(tmp_path: Path) -> None:
     assert np.abs(run(form, feeds) - ref).max() <= bound
 
 
-def test_the_residual_add_keeps_both_inputs_quantized_unless_told(tmp_path: Path) -> None:
+def test_the_residual_add_is_float_unless_asked(tmp_path: Path) -> None:
     model = conv_pool_model()
     qdq = quantize(model, tmp_path, extra=dict(QUANTIZE_EXTRA_OPTIONS))
-    form = openvino_form(qdq)
-    inputs = quantized_inputs(form)
-    assert ("residual", 0) in inputs and ("residual", 1) in inputs
-    assert ("residual", 0) not in quantized_inputs(openvino_form(qdq, ops=COMPUTE_INPUTS))
-    compute_only = openvino_form(qdq, ops=COMPUTE_INPUTS)
-    inputs = quantized_inputs(compute_only)
+    inputs = quantized_inputs(openvino_form(qdq))
     assert ("residual", 0) not in inputs and ("residual", 1) not in inputs
     assert ("conv2", 0) in inputs and ("pool", 0) not in inputs
+    with_add = openvino_form(qdq, ops=DEFAULT_OPS | {"Add"})
+    inputs = quantized_inputs(with_add)
+    assert ("residual", 0) in inputs and ("residual", 1) in inputs
+    feeds = calibration(model, 1, seed=3)[0]
+    ref = run(model, feeds)
+    bound = np.abs(run(qdq, feeds) - ref).max() + 2 * output_scale(qdq)
+    assert np.abs(run(with_add, feeds) - ref).max() <= bound
 
 
 def test_asymmetric_weights_are_made_symmetric(tmp_path: Path) -> None:
