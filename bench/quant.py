@@ -306,7 +306,11 @@ def cases(names: list[str], work: Path, calibration_count: int | None = None) ->
                 note + converted,
             )
         elif name in OTHER_MODELS:
-            case = other_case(name, dl, pics, calibration_count)
+            try:
+                case = other_case(name, dl, pics, calibration_count)
+            except MissingTool as exc:  # one model left out, not the run
+                print(f"== {name}: left out: {exc}", file=sys.stderr, flush=True)
+                continue
         elif name.startswith("keras_"):
             zoo = work / "zoo"
             if not (zoo / f"{name}.onnx").exists():
@@ -339,12 +343,18 @@ def cases(names: list[str], work: Path, calibration_count: int | None = None) ->
         yield case
 
 
+class MissingTool(Exception):
+    """A program a model's inputs need is not installed."""
+
+
 def other_case(name: str, dl: Path, pics: list[Any], count: int | None) -> Case:
     """magika, silero_vad, layout: the model from its wheel, the inputs made by
     bench/quant_data.py; calibration and held-back from different files / sentences /
     pages."""
     from bench import quant_data as qd
 
+    if name == "silero_vad" and not qd.espeak_available():  # before any download
+        raise MissingTool("its speech is made by espeak-ng (apt-get install espeak-ng)")
     package, member = OTHER_MODELS[name]
     path = extract(download(package, dl), member, dl / "models" / package)
     if name == "magika":
@@ -362,8 +372,6 @@ def other_case(name: str, dl: Path, pics: list[Any], count: int | None) -> Case:
         )
         return Case(name, path, calib, held, True, note)
     if name == "silero_vad":
-        if not qd.espeak_available():
-            raise SystemExit("silero_vad needs espeak-ng (apt-get install espeak-ng)")
         n = max(12, count or 0)
         calib = [qd.vad_feed(a) for a in qd.utterances(range(n))]
         held_idx = [12 + i for i in range(12)] if count is None else []

@@ -291,3 +291,13 @@ def test_recipes_become_opfuse_columns() -> None:
         quant.parse_args(["--scale-samples", "ten"])
     with pytest.raises(SystemExit):
         quant.parse_args(["--scale-models", "nosuch"])
+
+
+def test_a_model_whose_inputs_need_a_missing_program_is_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench import quant_data as qd
+
+    monkeypatch.setattr(qd, "espeak_available", lambda: False)
+    with pytest.raises(quant.MissingTool, match="espeak-ng"):
+        quant.other_case("silero_vad", tmp_path, [], None)
