@@ -379,3 +379,25 @@ def test_a_softmax_written_out_scores_classes():
     )
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
     assert scoring_outputs(model) == {"probs"}
+
+
+def test_runtime_openvino_writes_openvinos_qdq_form(tmp_path):
+    """--runtime openvino: Q/DQ on the compute ops' inputs, the output not requantized."""
+    from opfuse.runtime.settings import RuntimeSettings
+
+    path = tmp_path / "m.onnx"
+    onnx.save(gemm_bias_1xn(), str(path))
+    np.savez(tmp_path / "c.npz", x=np.concatenate([f["x"] for f in feeds(16)]))
+    result = quantize_file(path, tmp_path / "o.onnx", tmp_path / "c.npz", benchmark=False,
+                           max_drop="off", recipe="minmax",
+                           runtime=RuntimeSettings(runtime="openvino"))  # fmt: skip
+    assert result.form == "openvino" and result.to_json()["form"] == "openvino"
+    assert any("written in OpenVINO's QDQ form" in n for n in result.notes)
+    graph = onnx.load(str(tmp_path / "o.onnx")).graph
+    producer = {o: n.op_type for n in graph.node for o in n.output}
+    dense = next(n for n in graph.node if n.name == "dense")
+    assert producer[dense.input[0]] == "DequantizeLinear"  # the input quantized
+    assert producer[dense.output[0]] == "Gemm" and producer["probs"] != "DequantizeLinear"
+    plain = quantize_file(path, tmp_path / "o2.onnx", tmp_path / "c.npz", benchmark=False,
+                          max_drop="off", recipe="minmax")  # fmt: skip
+    assert plain.form == "onnxruntime"

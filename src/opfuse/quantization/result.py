@@ -73,6 +73,7 @@ class QuantizeResult:
     sizes: dict[str, int] = field(default_factory=dict)  # bytes: original, int8
     model: onnx.ModelProto | None = field(default=None, repr=False)
     seconds: float = 0.0
+    form: str = "onnxruntime"  # the QDQ form written: the runtime's ("openvino": NNCF's)
 
     @property
     def speedup(self) -> float | None:
@@ -117,6 +118,7 @@ class QuantizeResult:
             "eval_source": self.eval_source,
             "gate": self.gate.describe(),
             "recipe": self.recipe,
+            "form": self.form,
             "recipes": self.recipes,
             "recipes_skipped": self.skipped,
             "heads": [h.to_json() for h in self.heads],

@@ -314,6 +314,22 @@ def _quantize(
     growth = []
     if gate.misses(accuracy):  # where the first model's error grows, for the message
         growth = largest_drops(error_trace(best.ws.float_model, first_model, held[:4]))
+    form = "onnxruntime"
+    if isinstance(runtime, RuntimeSettings) and runtime.runtime == "openvino":
+        # the runtime it ships on: OpenVINO runs in int8 the compute ops whose inputs are
+        # quantized (NNCF's convention); onnxruntime's form would requantize every output
+        from opfuse.quantization.openvino_form import openvino_form_report
+
+        form = "openvino"
+        model, done = openvino_form_report(model)
+        accuracy = on_held(model)
+        ws.notes.append(
+            "written in OpenVINO's QDQ form (--runtime openvino): Q/DQ on the inputs of the "
+            f"compute ops and pooling ({done.kept_activation_pairs} activation pairs kept, "
+            f"{done.removed_activation_pairs} removed, {done.float_constants} biases and "
+            "constants in float); the figures are this form's"
+        )
+        ws.say("the model in OpenVINO's QDQ form")
     passed = not gate.misses(accuracy)
     result = QuantizeResult(
         fused,
@@ -338,6 +354,7 @@ def _quantize(
         fallback_stopped=stopped,
         passed=passed,
     )
+    result.form = form
     say("cleaning up the QDQ graph")
     model = flow.clean_up_proto(model, calib[0], name)
     result.model = model
