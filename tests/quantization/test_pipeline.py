@@ -234,7 +234,7 @@ def measured(original_ms: float, optimized_ms: float, int8_ms: float):  # type: 
     return Measurement("fake 1.0", rounds, times)
 
 
-def verdict(speed, coverage=None, flags=("avx2", "avx512f", "avx512_vnni"), kept=()):  # type: ignore[no-untyped-def]
+def verdict(speed, coverage=None, flags=("avx2", "avx512f", "avx512_vnni"), kept=(), hardswish=0):  # type: ignore[no-untyped-def]
     from opfuse.quantization.fallback import KeptFloat
     from opfuse.quantization.gate import Gate
     from opfuse.quantization.result import QuantizeResult
@@ -243,6 +243,7 @@ def verdict(speed, coverage=None, flags=("avx2", "avx512f", "avx512_vnni"), kept
     result = QuantizeResult(None, [], Gate(), 8, 4, "samples", [KeptFloat(k, 1.0) for k in kept])  # type: ignore[arg-type]
     result.speed, result.cpu, result.coverage = speed, CpuFeatures(frozenset(flags)), coverage
     result.sizes = {"original": 10_400_000, "int8": 2_800_000}
+    result.hardswish_written_out = hardswish
     return result.speed_verdict()
 
 
@@ -263,13 +264,15 @@ def test_the_speed_verdict_names_the_measured_cause():
         integer_fraction=1.0,
         total_macs=10**8,
     )
-    text = verdict(measured(1.0, 0.9, 1.5), hardswish)
+    text = verdict(measured(1.0, 0.9, 1.5), hardswish, hardswish=11)
     assert text.startswith("int8 does not pay on this machine: 1.5 ms against 1 ms")
     assert (
         "22 float ops stay between DequantizeLinear and QuantizeLinear (HardSigmoid 11, Mul 11)"
         in text
     )
-    assert "a decomposed HardSwish (x * HardSigmoid(x)): try --target-opset 14" in text
+    assert "11 of them are HardSwish written out" in text and "try --target-opset 14" in text
+    # a HardSigmoid gating another tensor (squeeze-excite) is not a HardSwish: no advice
+    assert "--target-opset" not in verdict(measured(1.0, 0.9, 1.5), hardswish)
     assert "The model runs in 1 ms" in text  # small: the Q/DQ costs what int8 saves
     assert "measure to confirm" not in text and "faster choice here" in text
     # the multiply-adds left in float, and a CPU without VNNI
@@ -401,3 +404,24 @@ def test_runtime_openvino_writes_openvinos_qdq_form(tmp_path):
     plain = quantize_file(path, tmp_path / "o2.onnx", tmp_path / "c.npz", benchmark=False,
                           max_drop="off", recipe="minmax")  # fmt: skip
     assert plain.form == "onnxruntime"
+
+
+def test_hardswish_written_out_is_counted():
+    from opfuse.quantization.result import decomposed_hardswish
+
+    three = numpy_helper.from_array(np.array(3.0, np.float32), "three")
+    lo, hi = (
+        numpy_helper.from_array(np.array(v, np.float32), n) for v, n in ((0.0, "lo"), (6.0, "hi"))
+    )
+    nodes = [
+        h.make_node("HardSigmoid", ["x"], ["hs"]),
+        h.make_node("Mul", ["x", "hs"], ["a"]),  # x * HardSigmoid(x): one
+        h.make_node("HardSigmoid", ["a"], ["gate"]),
+        h.make_node("Mul", ["x", "gate"], ["b"]),  # a gate on another tensor: none
+        h.make_node("Add", ["b", "three"], ["b3"]),
+        h.make_node("Clip", ["b3", "lo", "hi"], ["c"]),
+        h.make_node("Mul", ["b", "c"], ["y"]),  # b * Clip(b + 3, 0, 6): two
+    ]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 4])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [1, 4])], [three, lo, hi])  # fmt: skip
+    assert decomposed_hardswish(h.make_model(graph)) == 2

@@ -24,17 +24,32 @@ if TYPE_CHECKING:
 
 FLOAT_OPT, INT8 = "float-optimized", "int8"
 SMALL_MODEL_S = 0.002  # below: Q/DQ around small layers can cost more than int8 saves
-# float ops between DQ and Q that a float pass removes: the op types and what to try
-DECOMPOSED = {
-    frozenset({"HardSigmoid"}): (
-        "the HardSigmoid of a decomposed HardSwish (x * HardSigmoid(x))",
-        "--target-opset 14 (opfuse then fuses it into one HardSwish op, which has an int8 kernel path)",
-    ),
-    frozenset({"Sigmoid", "Mul"}): (
-        "a decomposed Swish/SiLU (Sigmoid and Mul)",
-        "--exclude Sigmoid keeps them out of the Q/DQ chain",
-    ),
-}
+HARDSWISH_OPSET = 14  # HardSwish is an op from opset 14 (opfuse folds the written-out form)
+
+
+def decomposed_hardswish(model: onnx.ModelProto) -> int:
+    """How many HardSwish are written out in ``model`` as x * HardSigmoid(x) or
+    x * Clip(x + 3, 0, 6) (/ 6): float ops between DQ and Q in int8 that ``--target-opset
+    14`` folds into one HardSwish (a HardSigmoid gating another tensor, a squeeze-excite's,
+    is not one)."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    count = 0
+    for node in model.graph.node:
+        if node.op_type != "Mul" or len(node.input) != 2:
+            continue
+        for a, b in (node.input, node.input[::-1]):
+            made = producer.get(b)
+            if made is None or not made.input:
+                continue
+            if made.op_type == "HardSigmoid" and made.input[0] == a:
+                count += 1
+                break
+            if made.op_type == "Clip":
+                add = producer.get(made.input[0])
+                if add is not None and add.op_type == "Add" and a in add.input:
+                    count += 1
+                    break
+    return count
 
 
 @dataclass
@@ -74,6 +89,7 @@ class QuantizeResult:
     model: onnx.ModelProto | None = field(default=None, repr=False)
     seconds: float = 0.0
     form: str = "onnxruntime"  # the QDQ form written: the runtime's ("openvino": NNCF's)
+    hardswish_written_out: int = 0  # x * HardSigmoid(x) below opset 14: --target-opset 14
 
     @property
     def speedup(self) -> float | None:
@@ -227,9 +243,12 @@ class QuantizeResult:
             ops = ", ".join(f"{op} {n}" for op, n in sorted(cov.float_between_qdq.items()))
             count = sum(cov.float_between_qdq.values())
             text = f"{count} float ops stay between DequantizeLinear and QuantizeLinear ({ops}), each a conversion to float and back."
-            for types, (what, fix) in DECOMPOSED.items():
-                if types <= set(cov.float_between_qdq):
-                    text += f" They include {what}: try {fix}."
+            if self.hardswish_written_out:
+                text += (
+                    f" {self.hardswish_written_out} of them are HardSwish written out (x * "
+                    "HardSigmoid(x) or x * Clip(x + 3, 0, 6) / 6) below opset 14: try "
+                    "--target-opset 14 (opfuse then folds each into one HardSwish op)."
+                )
             causes.append(text)
         if cov is not None and cov.total_macs and cov.integer_fraction < 0.9:
             kept = (

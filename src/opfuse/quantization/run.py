@@ -37,7 +37,14 @@ from opfuse.quantization.fallback import (
 from opfuse.quantization.gate import Gate
 from opfuse.quantization.kernels import integer_coverage
 from opfuse.quantization.preprocess import Preprocess
-from opfuse.quantization.result import FLOAT_OPT, INT8, QuantizeResult, _short
+from opfuse.quantization.result import (
+    FLOAT_OPT,
+    HARDSWISH_OPSET,
+    INT8,
+    QuantizeResult,
+    _short,
+    decomposed_hardswish,
+)
 from opfuse.quantization.steps import parse_recipe
 from opfuse.quantization.trace import error_trace, largest_drops
 from opfuse.quantization.workspace import QuantizeInternalError, Workspace, run_model
@@ -355,6 +362,8 @@ def _quantize(
         passed=passed,
     )
     result.form = form
+    if (flow.default_opset(fused_path) or 0) < HARDSWISH_OPSET:
+        result.hardswish_written_out = decomposed_hardswish(fused_model)
     say("cleaning up the QDQ graph")
     model = flow.clean_up_proto(model, calib[0], name)
     result.model = model
