@@ -425,3 +425,29 @@ def test_hardswish_written_out_is_counted():
     graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 4])],
                          [h.make_tensor_value_info("y", T.FLOAT, [1, 4])], [three, lo, hi])  # fmt: skip
     assert decomposed_hardswish(h.make_model(graph)) == 2
+
+
+def test_auto_tries_each_change_in_cost_order_and_keeps_the_best(tmp_path, monkeypatch):
+    """The recipes tried are minmax, then one change at a time to the best so far; a
+    change that scores no better is not kept; the budget skips what would not fit, said,
+    without running the step to see whether it applies."""
+    from opfuse.quantization import recipes, steps
+
+    path = tmp_path / "m.onnx"
+    onnx.save(gemm_bias_1xn(), str(path))
+    np.savez(tmp_path / "c.npz", x=np.concatenate([f["x"] for f in feeds(24)]))
+    result = quantize_file(path, None, tmp_path / "c.npz", benchmark=False, max_drop="off")
+    names = [r["recipe"] for r in result.recipes]
+    assert names[0] == "minmax" and "mean-minmax" in names[1]
+    assert sum(r["kept"] for r in result.recipes) == 1
+    kept = next(r for r in result.recipes if r["kept"])
+    assert kept["recipe"] == result.recipe and f"kept: {result.recipe}" in result.summary()
+    monkeypatch.setattr(recipes, "RECIPE_SECONDS", 0.0)
+
+    def never(ws):  # type: ignore[no-untyped-def]
+        raise AssertionError("applies() ran although the budget was spent")
+
+    monkeypatch.setattr(steps.STEPS["cle"], "applies", never)
+    result = quantize_file(path, None, tmp_path / "c.npz", benchmark=False, max_drop="off")
+    assert [r["recipe"] for r in result.recipes] == ["minmax"]
+    assert any(s.startswith("cle,minmax (would not end within the 0 s") for s in result.skipped)

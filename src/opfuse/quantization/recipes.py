@@ -140,9 +140,11 @@ def search(
     base: Workspace,
     gate: Gate,
     forced: tuple[str, ...] | None,
-    seconds: float = RECIPE_SECONDS,
+    seconds: float | None = None,
 ) -> tuple[Built, list[Built], list[str]]:
-    """The kept recipe, every recipe tried (in order) and what was skipped (said)."""
+    """The kept recipe, every recipe tried (in order) and what was skipped (said);
+    ``seconds``: the budget (RECIPE_SECONDS)."""
+    seconds = RECIPE_SECONDS if seconds is None else seconds
     if forced is not None:
         made = scored(base, forced)
         if made.error:
@@ -156,17 +158,21 @@ def search(
     skipped: list[str] = []
     best: Built | None = None
 
+    def fits(steps: tuple[str, ...]) -> bool:
+        if not tried or any(t.steps == steps for t in tried):
+            return True
+        cost = tried[0].seconds * max(COST.get(s, 1.0) for s in steps)
+        if time.perf_counter() - start + cost <= seconds:
+            return True
+        skipped.append(
+            f"{recipe_name(steps)} (would not end within the {seconds:.0f} s recipe budget)"
+        )
+        return False
+
     def attempt(steps: tuple[str, ...]) -> None:
         nonlocal best
-        if any(t.steps == steps for t in tried):
+        if any(t.steps == steps for t in tried) or not fits(steps):
             return
-        if tried:
-            cost = tried[0].seconds * max(COST.get(s, 1.0) for s in steps)
-            if time.perf_counter() - start + cost > seconds:
-                skipped.append(
-                    f"{recipe_name(steps)} (would not end within the {seconds:.0f} s recipe budget)"
-                )
-                return
         made = scored(base, steps)
         tried.append(made)
         if not made.error and (
@@ -188,8 +194,9 @@ def search(
             f"{base.name}: no recipe quantized the model ({'; '.join(t.line() for t in tried)})"
         )
     for name in CHANGES:  # each applied to the best recipe so far
-        if applies(name):
-            attempt(with_step(best.steps, name))
+        steps = with_step(best.steps, name)
+        if fits(steps) and applies(name):  # the budget first: applies() runs the step
+            attempt(steps)
     assert best is not None
     best.kept = True
     return best, tried, skipped
