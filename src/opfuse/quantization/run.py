@@ -289,14 +289,15 @@ def _quantize(
 
     def final(in_float: list[str]) -> onnx.ModelProto:
         if not apart:
-            return build(in_float) if in_float else model
+            return build(in_float) if in_float else split_model
         ws.say(f"the recipe on all {len(calib_all)} calibration samples")
         made = recipes.build(everything, chosen, in_float, tuple(float_heads))
         assert made.model is not None
         return made.model
 
     def build(in_float: list[str]) -> onnx.ModelProto:
-        made = recipes.build(best.ws, chosen, in_float, tuple(float_heads))
+        # from the workspace before any step (a float step runs once: its result is cached)
+        made = recipes.build(ws, chosen, in_float, tuple(float_heads))
         assert made.model is not None
         return made.model
 

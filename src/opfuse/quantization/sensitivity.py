@@ -1,10 +1,10 @@
 """Which parts of a quantized model to try keeping in float, worst first.
 
-Two measures, both in dB (lower: more error), so that one list ranks them:
+Two measures, both the SQNR in dB of one rounding at one tensor (lower: more error), so
+that one list ranks them (``fallback.py``):
 
-- a weighted layer (Conv, MatMul, Gemm) quantized *alone*: the output SQNR of the model
-  with only that layer's weights quantized (``run._quantize_gated`` measures it: one
-  quantization per layer);
+- a weighted layer (Conv, MatMul, Gemm): its weight's int8 rounding at its own output,
+  on the float model's values (``weight_candidates``: one float run for all of them);
 - an activation tensor: the SQNR of the tensor against its own quantize-dequantize with the
   scale and zero point the quantizer chose, on the float model's values (one float run for
   all of them, as onnxruntime's ``qdq_loss_debug`` compares activations). A tensor with
@@ -14,7 +14,8 @@ Two measures, both in dB (lower: more error), so that one list ranks them:
 
 On PP-OCR's recognizer most of the error is in ops without weights (236 Add, Mul, MatMul,
 Softmax... run between DequantizeLinear and QuantizeLinear), which the first measure
-never sees."""
+never sees. (Until this release a layer was measured by the model's output SQNR with only
+that layer quantized: one quantization per layer, minutes on the recognizer.)"""
 
 from __future__ import annotations
 
