@@ -451,3 +451,19 @@ def test_auto_tries_each_change_in_cost_order_and_keeps_the_best(tmp_path, monke
     result = quantize_file(path, None, tmp_path / "c.npz", benchmark=False, max_drop="off")
     assert [r["recipe"] for r in result.recipes] == ["minmax"]
     assert any(s.startswith("cle,minmax (would not end within the 0 s") for s in result.skipped)
+
+
+def test_no_temporary_file_is_named():
+    import tempfile
+
+    from opfuse.quantization.run import _no_temporary
+
+    tmp = tempfile.gettempdir()
+    text = (
+        f"stored in {tmp}/ort.quant.ab12/x.data, but; {tmp}/.opfuse-quant-1/model.onnx: bad; "
+        f"{tmp}/pytest-of-me/calib.npz stays"
+    )
+    assert _no_temporary(text, f"{tmp}/.opfuse-quant-1/model.onnx", "the model given") == (
+        "stored in <a temporary file>, but; the model given: bad; "
+        f"{tmp}/pytest-of-me/calib.npz stays"
+    )

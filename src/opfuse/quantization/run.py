@@ -155,12 +155,22 @@ def quantize_file(
                 work,
             )
         except OpfuseError as exc:
-            text = str(exc)
-            if tmp in text:  # never a temporary file in a message
-                exc.args = (text.replace(str(source), name).replace(tmp, "<work>"),)
+            exc.args = (_no_temporary(str(exc), str(source), name),)
             raise
+    result.notes = [_no_temporary(n, str(source), name) for n in result.notes]
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _no_temporary(text: str, source: str, name: str) -> str:
+    """``text`` naming the user's model instead of its temporary copy, and no other
+    temporary file (ours or onnxruntime's quantizer's)."""
+    import re
+
+    text = text.replace(source, name)
+    temp = re.escape(tempfile.gettempdir().rstrip("/"))
+    made = "|".join(re.escape(p) for p in (io.STAGING_PREFIX, "ort.quant.", "opfuse-"))
+    return re.sub(temp + r"/(?:" + made + r")[^\s'\",:;)]*", "<a temporary file>", text)
 
 
 def _quantize(
