@@ -467,3 +467,23 @@ def test_no_temporary_file_is_named():
         "stored in <a temporary file>, but; the model given: bad; "
         f"{tmp}/pytest-of-me/calib.npz stays"
     )
+
+
+def test_figures_are_better_only_beyond_their_noise():
+    from opfuse.quantization.accuracy import OutputAccuracy
+    from opfuse.quantization.gate import Gate
+
+    def fig(top1: float, sqnr: float, rows: int = 160) -> list[OutputAccuracy]:
+        return [OutputAccuracy("y", sqnr, 1.0, 0.0, top1, 1.0, rows)]
+
+    gate = Gate()
+    # 4 rows of 160 near 95%: within the noise, so the SQNR decides
+    assert not gate.better(fig(0.969, 13.4), fig(0.944, 14.2))
+    assert gate.better(fig(0.944, 14.2), fig(0.969, 13.4))
+    # the same shares on 1600 rows: a difference
+    assert gate.better(fig(0.969, 13.4, 1600), fig(0.944, 14.2, 1600))
+    # fewer outputs missing the gate first, whatever else
+    assert gate.better(fig(0.995, 5.0), fig(0.98, 30.0))
+    # equal figures: not better (the cheaper recipe stays)
+    assert not gate.better(fig(0.95, 14.0), fig(0.95, 14.0))
+    assert not Gate.parse("off").better(fig(0.95, 14.0), fig(0.95, 14.05))

@@ -22,6 +22,7 @@ class OutputAccuracy:
     max_abs: float
     top1: float | None = None  # agreement, 0..1; None: the output does not score classes
     top5: float | None = None
+    rows: int = 0  # the rows (samples x steps) the agreement is counted over
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -109,6 +110,7 @@ def compare_output(
         k = min(5, rows_got.shape[1])
         best = np.argpartition(-rows_got, k - 1, axis=1)[:, :k]
         top5 = float(np.mean([w in b for w, b in zip(want, best, strict=True)]))
+        return OutputAccuracy(name, sqnr, cosine, max_abs, top1, top5, len(want))
     return OutputAccuracy(name, sqnr, cosine, max_abs, top1, top5)
 
 

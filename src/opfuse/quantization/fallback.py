@@ -72,7 +72,7 @@ def fallback(
     seconds: float = FALLBACK_SECONDS,
 ) -> FallbackResult:
     """Keep candidates in float (``build(exclude)`` makes the int8 model with those node
-    names in float, on top of ``ws.exclude``) while each improves the gate's standing on
+    names in float, on top of ``ws.exclude``) while each improves the figures (``Gate.better``) on
     the validation part; stop when the gate holds there, or at MAX_FLOAT_LAYERS kept,
     MAX_FALLBACK_TRIES tried or ``seconds`` spent."""
     start = time.perf_counter()
@@ -89,7 +89,7 @@ def fallback(
     # both figures are the SQNR of one rounding at one tensor: one ranking, worst first
     ranked = sorted([*tensors, *weights], key=lambda k: k.sqnr_db)
     found = FallbackResult(first, accuracy)
-    best = gate.standing(accuracy)
+    best = accuracy
     for k in ranked:
         if len(found.kept) >= MAX_FLOAT_LAYERS:
             found.stopped = f"{MAX_FLOAT_LAYERS} parts kept in float"
@@ -106,8 +106,7 @@ def fallback(
         found.tries += 1
         model = build(in_float)
         figures = ws.score(model)
-        standing = gate.standing(figures)
-        helped = standing > best
+        helped = gate.better(figures, best)
         ws.say(
             f"fallback try {found.tries}: {k.node} in float ({k.sqnr_db:.1f} dB {k.how}): "
             f"{_figures(figures)} on validation, {'kept' if helped else 'no help'}"
@@ -115,7 +114,7 @@ def fallback(
         if not helped:
             continue
         found.kept.append(k)
-        found.model, found.accuracy, best = model, figures, standing
+        found.model, found.accuracy, best = model, figures, figures
         if not gate.misses(figures):
             found.stopped = "the gate holds on the validation part"
             break

@@ -7,8 +7,8 @@ change at a time to the best recipe so far, cheapest first (``CHANGES``): NNCF's
 ``mean-minmax`` ranges, the fast bias correction, ``mse`` ranges (each tensor's own
 quantization error), cross-layer equalization (``cle``) and ``smoothquant`` (each verified
 against the float model, dropped and said when it fails), the full bias correction. A
-change is kept only when it scores strictly better, so equal figures keep the cheaper
-recipe. No new recipe starts after ``RECIPE_SECONDS`` (what was not tried is said)."""
+change is kept only when it scores better beyond the noise of the figures
+(``Gate.better``), so equal figures keep the cheaper recipe. No new recipe starts after ``RECIPE_SECONDS`` (what was not tried is said)."""
 
 from __future__ import annotations
 
@@ -175,9 +175,7 @@ def search(
             return
         made = scored(base, steps)
         tried.append(made)
-        if not made.error and (
-            best is None or gate.standing(made.accuracy) > gate.standing(best.accuracy)
-        ):
+        if not made.error and (best is None or gate.better(made.accuracy, best.accuracy)):
             best = made
 
     def applies(name: str) -> bool:

@@ -321,7 +321,7 @@ def _quantize(
         if found.kept:
             candidate = final(found.exclude)
             figures = on_held(candidate)
-            if gate.standing(figures) >= gate.standing(first_accuracy):
+            if not gate.better(first_accuracy, figures):
                 kept, model, accuracy = found.kept, candidate, figures
             else:
                 ws.notes.append(
