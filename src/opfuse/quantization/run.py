@@ -321,13 +321,13 @@ def _quantize(
         if found.kept:
             candidate = final(found.exclude)
             figures = on_held(candidate)
-            if not gate.better(first_accuracy, figures):
+            if gate.better(figures, first_accuracy):
                 kept, model, accuracy = found.kept, candidate, figures
-            else:
+            else:  # parts in float cost speed: only for a gain that holds
                 ws.notes.append(
                     f"the fallback's choice on the validation part ({', '.join(k.node for k in found.kept)} "
-                    f"in float) scored worse on the evaluation samples ({_short(figures)} against "
-                    f"{_short(first_accuracy)}): the model without it is kept"
+                    f"in float) did not score better on the evaluation samples ({_short(figures)} "
+                    f"against {_short(first_accuracy)}): the model without it is kept"
                 )
     growth = []
     if gate.misses(accuracy):  # where the first model's error grows, for the message
