@@ -202,6 +202,24 @@ def test_quantized_activations_are_what_the_quantizer_quantizes(tmp_path: Path) 
     assert set(listed) - quantized == {"c1"}
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_a_softmax_keeps_onnxruntimes_fixed_range(method: str, tmp_path: Path) -> None:
+    """onnxruntime's quantizer gives a Softmax's output [0, 1]; every method keeps it (with
+    minmax the overrides then give exactly onnxruntime's own scales)."""
+    model = conv_net()
+    model.graph.node.append(h.make_node("Softmax", ["y"], ["prob"], name="softmax", axis=-1))
+    model.graph.output[0].name = "prob"
+    calib = normal_samples(4, 18)
+    tensors = quantized_activations(model)
+    assert "prob" in tensors
+    computed = activation_ranges(model, calib, tensors, method)
+    assert computed["prob"] == (0.0, 1.0)
+    got = activation_qparams(quantize(model, calib, tmp_path, to_overrides(computed)))
+    assert got["prob"] == (float(np.float32(1 / 255)), 0)
+    if method == "minmax":
+        assert got == activation_qparams(quantize(model, calib, tmp_path))
+
+
 def test_ranges_of_graph_inputs_and_unknown_tensors() -> None:
     model = conv_net()
     calib = normal_samples(2, 4)
