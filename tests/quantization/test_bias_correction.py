@@ -365,6 +365,20 @@ def test_one_sample_and_none(tmp_path: Path) -> None:
         assert none == 0 and untouched.SerializeToString() == qm.SerializeToString()
 
 
+def test_initializers_listed_as_inputs(tmp_path: Path) -> None:
+    """A float model that lists its initializers among its inputs (IR 3 style): full mode
+    copies its nodes beside the quantized ones under other names all the same."""
+    model = biased_net()
+    model.graph.input.extend(
+        h.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in model.graph.initializer
+    )
+    calib = positive_samples(6, 11)
+    qm = quantize(biased_net(), calib, tmp_path)
+    corrected, count = correct_bias(model, qm, calib, full=True)
+    assert count >= 2
+    assert abs(compare(model, corrected, "c2", calib)[1]) < abs(compare(model, qm, "c2", calib)[1])
+
+
 # --- memory: per-channel sums, one sample at a time ---------------------------------------
 
 

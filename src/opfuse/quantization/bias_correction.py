@@ -18,7 +18,15 @@ against the float model's node of the same name (the quantizer keeps node names)
 - full (``full=True``): layer by layer in graph order on the quantized model itself, each
   correction applied before the next layer is measured, so that a layer also cancels the
   mean shift its quantized inputs bring (the layers that do not depend on each other are
-  measured in one pass; each pass runs only the part of the model its layers need).
+  measured in one pass; each pass runs only the part of the quantized model its layers
+  need, beside the part of the float model their references need, in one model; where the
+  two models' opsets differ, fast mode is used instead).
+
+A channel's shift is folded in only where it is consistent across samples: its mean over
+samples at least ``SIGNIFICANCE`` standard errors of the per-sample shifts from zero (with
+one sample, as measured). Whether the correction pays on data it was not measured on is for
+the caller to measure: on PP-OCR's classifier it raised the calibration samples' SQNR and
+lowered the held-out ones'.
 
 The correction is bookkeeping only: new values of the bias initializers (the int32 values on
 the same scale; a float bias; an 8-bit bias requantized, its scale and zero point
@@ -36,7 +44,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from opfuse.quantization._stats import PREFIX, Feed, add_channel_sums, session
+from opfuse.quantization._stats import PREFIX, Feed, add_channel_sums, main_opset, session
 
 WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 OUTPUT_SUFFIX = "_QuantizeLinear_Input"  # the name onnxruntime gives a graph output's producer
@@ -81,8 +89,9 @@ def correct_bias(
     layers = _layers(float_model, out)
     if not layers or not samples:
         return out, 0
-    if full:
+    if full and main_opset(float_model) == main_opset(out):
         return out, _correct_in_order(float_model, out, layers, samples)
+    # (full mode runs float nodes inside the quantized model: with another opset, fast)
     shifts = _fast_shifts(float_model, out, layers, samples)
     return out, sum(_apply(out, layer, shifts[layer.output]) for layer in layers)
 
@@ -356,7 +365,8 @@ def _beside(
     """``pruned`` (a copy) with the float model's nodes the level's references need added
     under prefixed names (the graph inputs shared), and each reference's name there."""
     refs = _pruned(float_model, [layer.reference for layer in level])
-    inputs = {i.name for i in float_model.graph.input}
+    inits = {t.name for t in float_model.graph.initializer}
+    inputs = {i.name for i in float_model.graph.input if i.name not in inits}
     prefix = f"{PREFIX}float_"
 
     def name(n: str) -> str:
