@@ -18,7 +18,7 @@ from onnx import helper as h
 from onnx import numpy_helper
 
 from opfuse.errors import OpfuseError
-from opfuse.quantization import ranges
+from opfuse.quantization import _stats, ranges
 from opfuse.quantization._stats import tensor_values
 from opfuse.quantization.ranges import (
     BINS,
@@ -436,3 +436,24 @@ def test_the_statistics_do_not_grow_with_the_samples(histogram: bool) -> None:
     for k in range(200):
         stats.add(rng.normal(0, 1 + k, 1000).astype(np.float32))  # ranges keep growing
     assert state_size(stats) == first == (2 * BINS * 8 if histogram else 0)
+
+
+# --- the shared statistics helper (_stats) --------------------------------------------------
+
+
+def test_channel_moments_against_numpy() -> None:
+    """Per-channel count, mean and std reduced inside onnxruntime (axis 1 of a Conv output
+    and the last axis of a Gemm output), equal to numpy's over all samples."""
+    model = conv_net()
+    calib = normal_samples(5, 19)
+    values = list(tensor_values(model, ["c1", "y"], calib))
+    moments = _stats.channel_moments(model, {"c1": 1, "y": -1}, calib)
+    c1 = np.concatenate([v["c1"] for v in values])  # [5, 8, 16, 16]
+    y = np.concatenate([v["y"] for v in values])  # [5, 10]
+    assert moments["c1"].count.tolist() == [5 * 16 * 16] * 8
+    assert moments["c1"].mean == pytest.approx(c1.mean(axis=(0, 2, 3)), abs=1e-5)
+    assert moments["c1"].std == pytest.approx(c1.std(axis=(0, 2, 3)), abs=1e-4)
+    assert moments["y"].mean == pytest.approx(y.mean(axis=0), abs=1e-5)
+    assert moments["y"].std == pytest.approx(y.std(axis=0), abs=1e-4)
+    with pytest.raises(OpfuseError, match="no tensor"):
+        _stats.channel_moments(model, {"nope": 1}, calib)
