@@ -463,6 +463,12 @@ def find_pairs(g: Graph) -> list[Pair]:
     return pairs
 
 
+def equalizable_pairs(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """The (first, second) node names of the pairs ``equalize`` would consider (cheap: no
+    session; for a step's ``applies``). A pair already equalized is listed too."""
+    return [(p.first.node.name, p.second.node.name) for p in find_pairs(Graph(model))]
+
+
 # ------------------------------------------------------------------------ equalization
 
 
