@@ -172,7 +172,7 @@ def test_a_systematic_rounding_bias_is_cancelled(full: bool, tmp_path: Path) -> 
     assert abs(before_shift) > 0.05
     assert abs(after_shift) < abs(before_shift) / 20
     assert after_db > before_db + 6.0, (before_db, after_db)
-    assert compare(model, corrected, "y", held_out)[0] > compare(model, qm, "y", held_out)[0]
+    assert compare(model, corrected, "g", held_out)[0] > compare(model, qm, "g", held_out)[0] + 3
 
 
 @pytest.mark.parametrize("full", [False, True])
@@ -198,7 +198,8 @@ def test_full_also_cancels_what_a_layer_inherits(tmp_path: Path) -> None:
     base = compare(model, qm, "c2", held_out)
     fast, fast_count = correct_bias(model, qm, calib)
     full, full_count = correct_bias(model, qm, calib, full=True)
-    assert fast_count == full_count == 3  # conv1 has no bias
+    assert fast_count <= 3 and full_count <= 3  # conv1 has no bias
+    assert "b2_quantized" in changed_initializers(qm, fast) & changed_initializers(qm, full)
     fast_db, fast_shift = compare(model, fast, "c2", held_out)
     full_db, full_shift = compare(model, full, "c2", held_out)
     assert abs(full_shift) < abs(fast_shift) / 5 < abs(base[1]) / 5
@@ -364,6 +365,20 @@ def test_one_sample_and_none(tmp_path: Path) -> None:
         assert none == 0 and untouched.SerializeToString() == qm.SerializeToString()
 
 
+def test_initializers_listed_as_inputs(tmp_path: Path) -> None:
+    """A float model that lists its initializers among its inputs (IR 3 style): full mode
+    copies its nodes beside the quantized ones under other names all the same."""
+    model = biased_net()
+    model.graph.input.extend(
+        h.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in model.graph.initializer
+    )
+    calib = positive_samples(6, 11)
+    qm = quantize(biased_net(), calib, tmp_path)
+    corrected, count = correct_bias(model, qm, calib, full=True)
+    assert count >= 2
+    assert abs(compare(model, corrected, "c2", calib)[1]) < abs(compare(model, qm, "c2", calib)[1])
+
+
 # --- memory: per-channel sums, one sample at a time ---------------------------------------
 
 
@@ -395,4 +410,4 @@ def test_only_per_channel_sums_leave_onnxruntime(
     assert runs and all(fed == 1 and size <= 32 for fed, size in runs)
     passes = len(runs) // len(calib)
     assert len(runs) == passes * len(calib)
-    assert passes == (1 if not full else 1 + 4)  # the float means, then one pass per level
+    assert passes == (1 if not full else 4)  # full: one pass per level (4 layers in a chain)

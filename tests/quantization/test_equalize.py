@@ -13,7 +13,7 @@ from onnx import helper as h
 from onnx import numpy_helper
 from recovery import deviations, int8_sqnr, run
 
-from opfuse.quantization.equalize import equalize
+from opfuse.quantization.equalize import equalizable_pairs, equalize
 
 RNG = np.random.default_rng(0)
 
@@ -127,6 +127,7 @@ def test_equalized_model_gives_the_same_outputs(make):
 
 def test_depthwise_chain_ranges_are_equalized():
     model = depthwise_block()
+    assert equalizable_pairs(model) == [("expand", "dw"), ("dw", "project")]
     out, count = equalize(model)
     assert count == 2  # expand->dw, dw->project
     w = weights(out)
@@ -243,6 +244,7 @@ def test_not_across_a_non_homogeneous_activation(act, inputs, attrs):
         model.graph.initializer.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
     out, count = equalize(model, feeds([1, 8, 10, 10]))
     assert count == 0 and unchanged(model, out)
+    assert equalizable_pairs(model) == []
 
 
 def test_clip_with_min_zero_and_no_max_is_relu():

@@ -18,7 +18,7 @@ from onnx import helper as h
 from onnx import numpy_helper
 
 from opfuse.errors import OpfuseError
-from opfuse.quantization import ranges
+from opfuse.quantization import _stats, ranges
 from opfuse.quantization._stats import tensor_values
 from opfuse.quantization.ranges import (
     BINS,
@@ -200,6 +200,24 @@ def test_quantized_activations_are_what_the_quantizer_quantizes(tmp_path: Path) 
     # input, which the quantizer merges into the Relu's output (it drops the Relu)
     assert quantized <= set(listed)
     assert set(listed) - quantized == {"c1"}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_softmax_keeps_onnxruntimes_fixed_range(method: str, tmp_path: Path) -> None:
+    """onnxruntime's quantizer gives a Softmax's output [0, 1]; every method keeps it (with
+    minmax the overrides then give exactly onnxruntime's own scales)."""
+    model = conv_net()
+    model.graph.node.append(h.make_node("Softmax", ["y"], ["prob"], name="softmax", axis=-1))
+    model.graph.output[0].name = "prob"
+    calib = normal_samples(4, 18)
+    tensors = quantized_activations(model)
+    assert "prob" in tensors
+    computed = activation_ranges(model, calib, tensors, method)
+    assert computed["prob"] == (0.0, 1.0)
+    got = activation_qparams(quantize(model, calib, tmp_path, to_overrides(computed)))
+    assert got["prob"] == (float(np.float32(1 / 255)), 0)
+    if method == "minmax":
+        assert got == activation_qparams(quantize(model, calib, tmp_path))
 
 
 def test_ranges_of_graph_inputs_and_unknown_tensors() -> None:
@@ -418,3 +436,24 @@ def test_the_statistics_do_not_grow_with_the_samples(histogram: bool) -> None:
     for k in range(200):
         stats.add(rng.normal(0, 1 + k, 1000).astype(np.float32))  # ranges keep growing
     assert state_size(stats) == first == (2 * BINS * 8 if histogram else 0)
+
+
+# --- the shared statistics helper (_stats) --------------------------------------------------
+
+
+def test_channel_moments_against_numpy() -> None:
+    """Per-channel count, mean and std reduced inside onnxruntime (axis 1 of a Conv output
+    and the last axis of a Gemm output), equal to numpy's over all samples."""
+    model = conv_net()
+    calib = normal_samples(5, 19)
+    values = list(tensor_values(model, ["c1", "y"], calib))
+    moments = _stats.channel_moments(model, {"c1": 1, "y": -1}, calib)
+    c1 = np.concatenate([v["c1"] for v in values])  # [5, 8, 16, 16]
+    y = np.concatenate([v["y"] for v in values])  # [5, 10]
+    assert moments["c1"].count.tolist() == [5 * 16 * 16] * 8
+    assert moments["c1"].mean == pytest.approx(c1.mean(axis=(0, 2, 3)), abs=1e-5)
+    assert moments["c1"].std == pytest.approx(c1.std(axis=(0, 2, 3)), abs=1e-4)
+    assert moments["y"].mean == pytest.approx(y.mean(axis=0), abs=1e-5)
+    assert moments["y"].std == pytest.approx(y.std(axis=0), abs=1e-4)
+    with pytest.raises(OpfuseError, match="no tensor"):
+        _stats.channel_moments(model, {"nope": 1}, calib)

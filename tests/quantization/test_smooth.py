@@ -13,7 +13,7 @@ from onnx import helper as h
 from onnx import numpy_helper
 from recovery import deviations, int8_sqnr
 
-from opfuse.quantization.smooth import smooth
+from opfuse.quantization.smooth import smooth, smoothable
 
 RNG = np.random.default_rng(0)
 K, N = 32, 16
@@ -78,6 +78,7 @@ def unchanged(before, after):
 def test_folded_into_layer_norm_exact_and_int8_sqnr_rises(tmp_path: Path):
     model = layer_norm_matmul()
     calib, held = feeds(16), feeds(8, seed=9)
+    assert smoothable(model) == ["ln"]
     out, count = smooth(model, calib)
     assert count == 1
     assert [(n.name, n.op_type) for n in out.graph.node] == [
@@ -109,6 +110,7 @@ def test_a_graph_input_gets_an_inserted_mul(tmp_path: Path):
     calib = feeds(16, outliers=True)
     out, count = smooth(model, calib)
     assert count == 0 and unchanged(model, out)  # by default only where it folds
+    assert smoothable(model) == [] and smoothable(model, insert_mul=True) == ["x"]
     out, count = smooth(model, calib, insert_mul=True)
     assert count == 1
     assert [n.op_type for n in out.graph.node] == ["Mul", "Gemm"]

@@ -39,7 +39,6 @@ def session(model: onnx.ModelProto, outputs: Sequence[str]):  # type: ignore[no-
     copy.graph.output.extend(onnx.ValueInfoProto(name=n) for n in dict.fromkeys(outputs))
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    opts.intra_op_num_threads = 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(copy.SerializeToString(), opts, ["CPUExecutionProvider"])
 

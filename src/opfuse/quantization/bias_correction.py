@@ -18,7 +18,15 @@ against the float model's node of the same name (the quantizer keeps node names)
 - full (``full=True``): layer by layer in graph order on the quantized model itself, each
   correction applied before the next layer is measured, so that a layer also cancels the
   mean shift its quantized inputs bring (the layers that do not depend on each other are
-  measured in one pass; each pass runs only the part of the model its layers need).
+  measured in one pass; each pass runs only the part of the quantized model its layers
+  need, beside the part of the float model their references need, in one model; where the
+  two models' opsets differ, fast mode is used instead).
+
+A channel's shift is folded in only where it is consistent across samples: its mean over
+samples at least ``SIGNIFICANCE`` standard errors of the per-sample shifts from zero (with
+one sample, as measured). Whether the correction pays on data it was not measured on is for
+the caller to measure: on PP-OCR's classifier it raised the calibration samples' SQNR and
+lowered the held-out ones'.
 
 The correction is bookkeeping only: new values of the bias initializers (the int32 values on
 the same scale; a float bias; an 8-bit bias requantized, its scale and zero point
@@ -36,10 +44,15 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from opfuse.quantization._stats import PREFIX, Feed, add_channel_sums, session
+from opfuse.quantization._stats import PREFIX, Feed, add_channel_sums, main_opset, session
 
 WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 OUTPUT_SUFFIX = "_QuantizeLinear_Input"  # the name onnxruntime gives a graph output's producer
+# a channel's shift is folded in when its mean over samples is this many standard errors
+# (of the per-sample shifts) from zero: a shift that changes sign from sample to sample is
+# the calibration data's, not the quantization's (on the PP-OCR classifier, folding every
+# channel's shift raised the calibration samples' SQNR by 1.7 dB and cut the held-out's by 3)
+SIGNIFICANCE = 2.0
 
 
 @dataclass
@@ -76,8 +89,9 @@ def correct_bias(
     layers = _layers(float_model, out)
     if not layers or not samples:
         return out, 0
-    if full:
+    if full and main_opset(float_model) == main_opset(out):
         return out, _correct_in_order(float_model, out, layers, samples)
+    # (full mode runs float nodes inside the quantized model: with another opset, fast)
     shifts = _fast_shifts(float_model, out, layers, samples)
     return out, sum(_apply(out, layer, shifts[layer.output]) for layer in layers)
 
@@ -265,8 +279,7 @@ def _fast_shifts(
     qinits = {t.name: t for t in qm.graph.initializer}
     available = {i.name for i in graph.input} | {o for n in graph.node for o in n.output}
     copied: set[str] = set()
-    sums: dict[str, list[str]] = {}
-    pairs: dict[str, tuple[str, str]] = {}  # layer output -> (its copy's, the float model's)
+    pairs: dict[str, tuple[list[str], list[str]]] = {}  # layer output -> (copy's, float's sums)
     for k, layer in enumerate(layers):
         prefix = f"{PREFIX}bc{k}_"
         rename = _replica_names(layer.nodes, prefix, qinits, available)
@@ -286,22 +299,12 @@ def _fast_shifts(
             copy.input[:] = [rename.get(i, i) for i in node.input]
             copy.output[:] = [prefix + o if o else o for o in node.output]
             graph.node.append(copy)
-        mine = prefix + layer.output
-        pairs[layer.output] = (mine, layer.reference)
-        sums[mine] = add_channel_sums(model, mine, layer.axis, f"q{k}", squares=False)
-        if layer.reference not in sums:
-            sums[layer.reference] = add_channel_sums(
-                model, layer.reference, layer.axis, f"f{k}", squares=False
-            )
-    means = _run_means(model, sums, samples) if sums else {}
-    return {
-        layer.output: (
-            means[pairs[layer.output][0]] - means[pairs[layer.output][1]]
-            if layer.output in pairs
-            else np.zeros(layer.channels)
+        pairs[layer.output] = (
+            add_channel_sums(model, prefix + layer.output, layer.axis, f"q{k}", squares=False),
+            add_channel_sums(model, layer.reference, layer.axis, f"f{k}", squares=False),
         )
-        for layer in layers
-    }
+    shifts = _run_shifts(model, pairs, samples) if pairs else {}
+    return {layer.output: shifts.get(layer.output, np.zeros(layer.channels)) for layer in layers}
 
 
 def _replica_names(
@@ -337,28 +340,57 @@ def _correct_in_order(
     samples: Sequence[Feed],
 ) -> int:
     """Layer by layer on the quantized model ``qm`` (corrected in place as it goes): the
-    shift of each layer's mean against the float model's, the independent layers in one
-    pass; returns how many layers changed."""
-    model = onnx.ModelProto()
-    model.CopyFrom(float_model)
-    sums: dict[str, list[str]] = {}
-    for k, layer in enumerate(layers):
-        if layer.reference not in sums:
-            sums[layer.reference] = add_channel_sums(
-                model, layer.reference, layer.axis, f"f{k}", squares=False
-            )
-    reference = _run_means(model, sums, samples)
+    shift of each layer against the float model, the independent layers in one pass (the
+    part of the quantized model they need beside the part of the float model their
+    references need, one model: the shift of every sample); returns how many changed."""
     changed = 0
     for level in _levels(qm, layers):
-        pruned = _pruned(qm, [layer.output for layer in level])
-        sums = {
-            layer.output: add_channel_sums(pruned, layer.output, layer.axis, f"q{k}", False)
+        model, refs = _beside(_pruned(qm, [layer.output for layer in level]), float_model, level)
+        pairs = {
+            layer.output: (
+                add_channel_sums(model, layer.output, layer.axis, f"q{k}", squares=False),
+                add_channel_sums(model, refs[layer.reference], layer.axis, f"f{k}", False),
+            )
             for k, layer in enumerate(level)
         }
-        means = _run_means(pruned, sums, samples)
+        shifts = _run_shifts(model, pairs, samples)
         for layer in level:
-            changed += _apply(qm, layer, means[layer.output] - reference[layer.reference])
+            changed += _apply(qm, layer, shifts[layer.output])
     return changed
+
+
+def _beside(
+    pruned: onnx.ModelProto, float_model: onnx.ModelProto, level: list[_Layer]
+) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """``pruned`` (a copy) with the float model's nodes the level's references need added
+    under prefixed names (the graph inputs shared), and each reference's name there."""
+    refs = _pruned(float_model, [layer.reference for layer in level])
+    inits = {t.name for t in float_model.graph.initializer}
+    inputs = {i.name for i in float_model.graph.input if i.name not in inits}
+    prefix = f"{PREFIX}float_"
+
+    def name(n: str) -> str:
+        return n if not n or n in inputs else prefix + n
+
+    out = onnx.ModelProto()
+    out.CopyFrom(pruned)
+    for init in refs.graph.initializer:
+        copy = onnx.TensorProto()
+        copy.CopyFrom(init)
+        copy.name = name(init.name)
+        out.graph.initializer.append(copy)
+    for node in refs.graph.node:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.name = name(node.name)
+        copy.input[:] = [name(i) for i in node.input]
+        copy.output[:] = [name(o) for o in node.output]
+        out.graph.node.append(copy)
+    have = {(o.domain or "ai.onnx") for o in out.opset_import}
+    out.opset_import.extend(
+        o for o in float_model.opset_import if (o.domain or "ai.onnx") not in have
+    )
+    return out, {layer.reference: name(layer.reference) for layer in level}
 
 
 def _levels(qm: onnx.ModelProto, layers: list[_Layer]) -> list[list[_Layer]]:
@@ -408,28 +440,44 @@ def _pruned(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:
     return out
 
 
-def _run_means(
-    model: onnx.ModelProto, sums: dict[str, list[str]], samples: Sequence[Feed]
+def _run_shifts(
+    model: onnx.ModelProto,
+    pairs: dict[str, tuple[list[str], list[str]]],
+    samples: Sequence[Feed],
 ) -> dict[str, np.ndarray]:
-    """Per tensor, the mean per channel over all samples of the sums ``sums`` added."""
-    outputs = [o for outs in sums.values() for o in outs]
+    """Per key, from its (quantized, float) per-channel sums (``add_channel_sums`` outputs
+    of one model): the mean over samples of each sample's per-channel shift (quantized
+    mean - float mean), where it is consistent across samples (at least SIGNIFICANCE
+    standard errors from zero; with one sample, as measured), else 0 for that channel.
+    Running sums only: memory independent of the number of samples."""
+    outputs = list(dict.fromkeys(o for q, f in pairs.values() for o in (*q, *f)))
     sess = session(model, outputs)
     needed = {i.name for i in sess.get_inputs()}
-    totals: dict[str, np.ndarray] = {}
-    counts: dict[str, float] = dict.fromkeys(sums, 0.0)
+    first: dict[str, np.ndarray] = {}
+    second: dict[str, np.ndarray] = {}
+    n = 0
     for sample in samples:
-        got = dict(
-            zip(
-                outputs,
-                sess.run(outputs, {k: v for k, v in sample.items() if k in needed}),
-                strict=True,
-            )
-        )
-        for name, (total, count) in sums.items():
-            value = np.asarray(got[total], np.float64).ravel()
-            totals[name] = totals[name] + value if name in totals else value
-            counts[name] += float(got[count]) / max(value.size, 1)
-    return {name: totals[name] / max(counts[name], 1.0) for name in sums}
+        feed = {k: v for k, v in sample.items() if k in needed}
+        got = dict(zip(outputs, sess.run(outputs, feed), strict=True))
+        n += 1
+        for key, (q, f) in pairs.items():
+            d = _channel_mean(got[q[0]], got[q[-1]]) - _channel_mean(got[f[0]], got[f[-1]])
+            first[key] = first[key] + d if key in first else d
+            second[key] = second[key] + d * d if key in second else d * d
+    shifts = {}
+    for key in pairs:
+        mean = first[key] / n
+        if n < 2:
+            shifts[key] = mean
+            continue
+        spread = np.sqrt(np.maximum(second[key] / n - mean**2, 0.0) * n / (n - 1))
+        shifts[key] = np.where(np.abs(mean) >= SIGNIFICANCE * spread / np.sqrt(n), mean, 0.0)
+    return shifts
+
+
+def _channel_mean(total: np.ndarray, count: np.ndarray) -> np.ndarray:
+    value = np.asarray(total, np.float64).ravel()
+    return value / max(float(count) / max(value.size, 1), 1.0)
 
 
 # --- folding the shift into the bias --------------------------------------------------------

@@ -4,7 +4,8 @@ quantization.
 
 Two consecutive linear layers joined through a positively homogeneous activation f
 (f(x / s) = f(x) / s for s > 0: Relu, LeakyRelu with alpha > 0, PRelu with all slopes > 0,
-Clip with min 0 and no max, MaxPool, or nothing at all) compute the same function when output
+Clip with min 0 and no max, MaxPool, Identity, or nothing at all; PRelu and LeakyRelu are
+homogeneous for a negative slope too, left out as the interface asks; Relu6 is not) compute the same function when output
 channel c of the first is divided by s_c and input channel c of the second multiplied by s_c.
 With s_c = sqrt(r1_c / r2_c) (r1_c: the largest |weight| of channel c's output row of layer 1,
 r2_c: of channel c's input column of layer 2) both get the range sqrt(r1_c * r2_c): one
@@ -460,6 +461,12 @@ def find_pairs(g: Graph) -> list[Pair]:
             continue
         pairs.append(Pair(first, second, between, np.ones(first.out_channels(w1))))
     return pairs
+
+
+def equalizable_pairs(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """The (first, second) node names of the pairs ``equalize`` would consider (cheap: no
+    session; for a step's ``applies``). A pair already equalized is listed too."""
+    return [(p.first.node.name, p.second.node.name) for p in find_pairs(Graph(model))]
 
 
 # ------------------------------------------------------------------------ equalization

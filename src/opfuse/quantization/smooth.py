@@ -113,6 +113,43 @@ def fold_plan(g: Graph, tensor: str, s: np.ndarray, depth: int = 0) -> list[Edit
     return None
 
 
+def _groups(g: Graph) -> dict[str, list[Layer]]:
+    """Activation tensor -> the MatMul/Gemm layers reading it that smoothing can scale."""
+    groups: dict[str, list[Layer]] = {}
+    for node in g.nodes:
+        layer = readers_of(g, node)
+        if layer is None or not node.input[0] or node.input[0] in node.input[1:]:
+            continue
+        if layer.in_channels(layer.weight(g)) < 2:
+            continue
+        groups.setdefault(node.input[0], []).append(layer)
+    return groups
+
+
+def _foldable(g: Graph, tensor: str, layers: list[Layer]) -> bool:
+    """Every reader of ``tensor`` is one of ``layers`` and it is not a graph output."""
+    readers = g.consumers.get(tensor, [])
+    return (
+        tensor not in g.outputs
+        and len(readers) == len(layers)
+        and g.uses.get(tensor) == len(layers)
+    )
+
+
+def smoothable(model: onnx.ModelProto, *, insert_mul: bool = False) -> list[str]:
+    """The activations ``smooth`` could smooth if the samples show outliers (cheap: no
+    session; for a step's ``applies``)."""
+    g = Graph(model)
+    found = []
+    for tensor, layers in _groups(g).items():
+        k = layers[0].in_channels(layers[0].weight(g))
+        if insert_mul or (
+            _foldable(g, tensor, layers) and fold_plan(g, tensor, np.ones(k)) is not None
+        ):
+            found.append(tensor)
+    return found
+
+
 def smooth(
     model: onnx.ModelProto,
     samples: Sequence[Feed],
@@ -126,15 +163,7 @@ def smooth(
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = Graph(out)
-    groups: dict[str, list[Layer]] = {}
-    for node in g.nodes:
-        layer = readers_of(g, node)
-        if layer is None or not node.input[0] or node.input[0] in node.input[1:]:
-            continue
-        w = layer.weight(g)
-        if layer.in_channels(w) < 2:
-            continue
-        groups.setdefault(node.input[0], []).append(layer)
+    groups = _groups(g)
     if not groups or not samples:
         return out, 0
     stats = channel_stats(model, samples, dict.fromkeys(groups, -1))
@@ -157,14 +186,7 @@ def smooth(
         ok = (amax > 0) & (wmax > 0)
         s[ok] = amax[ok] ** alpha / wmax[ok].astype(np.float64) ** (1 - alpha)
         s = np.clip(s, 1 / SCALE_LIMIT, SCALE_LIMIT)
-        readers = g.consumers.get(tensor, [])
-        plan = None
-        if (
-            tensor not in g.outputs
-            and len(readers) == len(layers)
-            and g.uses.get(tensor) == len(layers)
-        ):
-            plan = fold_plan(g, tensor, s)
+        plan = fold_plan(g, tensor, s) if _foldable(g, tensor, layers) else None
         if plan is not None:
             for edit in plan:
                 g.write(edit.node, edit.slot, edit.value)
