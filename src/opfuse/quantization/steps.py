@@ -112,8 +112,16 @@ class FloatChange:
 
     phase = "float"
 
-    def __init__(self, name: str, module: str, function: str, what: str) -> None:
+    def __init__(
+        self, name: str, module: str, function: str, what: str, candidates: str = ""
+    ) -> None:
         self.name, self.module, self.function, self.what = name, module, function, what
+        self.candidates = candidates  # the module's cheap check (no session), if any
+
+    def _none_to_consider(self, ws: Workspace) -> bool:
+        module = _module(self.module)
+        check = getattr(module, self.candidates, None) if self.candidates else None
+        return check is not None and not check(ws.float_model)
 
     def _result(self, ws: Workspace) -> tuple[onnx.ModelProto, int] | StepReport:
         key = f"{self.name}:{id(ws.float_model)}"
@@ -135,6 +143,8 @@ class FloatChange:
         return ws.cache[key]  # type: ignore[return-value]
 
     def applies(self, ws: Workspace) -> bool:
+        if self._none_to_consider(ws):  # cheap: nothing of the kind in the graph
+            return False
         found = self._result(ws)
         return isinstance(found, tuple) and found[1] > 0
 
@@ -182,8 +192,8 @@ STEPS: dict[str, Step] = {
     "mean-minmax": Ranges("mean-minmax"),
     "percentile": Ranges("percentile"),
     "mse": Ranges("mse"),
-    "cle": FloatChange("cle", "equalize", "equalize", "layer pairs equalized"),
-    "smoothquant": FloatChange("smoothquant", "smooth", "smooth", "layers smoothed"),
+    "cle": FloatChange("cle", "equalize", "equalize", "layer pairs equalized", "equalizable_pairs"),
+    "smoothquant": FloatChange("smoothquant", "smooth", "smooth", "layers smoothed", "smoothable"),
     "bias-correction": BiasCorrection(full=False),
     "bias-correction-full": BiasCorrection(full=True),
 }
