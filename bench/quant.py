@@ -374,8 +374,7 @@ def other_case(name: str, dl: Path, pics: list[Any], count: int | None) -> Case:
     if name == "silero_vad":
         n = max(12, count or 0)
         calib = [qd.vad_feed(a) for a in qd.utterances(range(n))]
-        held_idx = [12 + i for i in range(12)] if count is None else []
-        held = [qd.vad_feed(a) for a in qd.utterances(held_idx)]
+        held = [qd.vad_feed(a) for a in qd.utterances([12 + i for i in range(12)])]
         if count is None:
             calib = calib[:12]
         note = (
@@ -601,7 +600,7 @@ def quantize_in_child(
             "result": str(Path(tmp) / "result.json"),
         }
         np.savez(spec["calibration"], **stack(case.calibration))
-        np.savez(spec["evaluation"], **stack(case.evaluation))
+        np.savez(spec["evaluation"], **stack(case.evaluation or case.calibration[-1:]))
         (Path(tmp) / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
         if out.exists():
             out.unlink()
@@ -857,7 +856,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"   {runtime_name}: {lat}", flush=True)
         row["note"] = case.note  # with what the tools had to do to it
         results["models"][case.name] = row
-    results["scale"] = scale(args) if args.scale_models and args.scale_samples else {}
+    try:  # the accuracy table above is kept whatever happens here
+        results["scale"] = scale(args) if args.scale_models and args.scale_samples else {}
+    except Exception as exc:
+        results["scale_error"] = error(exc)
+        print(f"   scale: {results['scale_error']}", flush=True)
     return results
 
 
@@ -873,7 +876,13 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
                 case.calibration = full[:count]
                 out = args.out / "int8" / f"{case.name}.{tool.replace(':', '-')}.{count}.onnx"
                 out.parent.mkdir(parents=True, exist_ok=True)
-                done = quantize_in_child(case, tool, out.resolve())
+                try:
+                    done = quantize_in_child(case, tool, out.resolve())
+                except Exception as exc:  # one cell, not the run
+                    found.setdefault(case.name, {}).setdefault(tool, {})[str(count)] = {
+                        "error": f"the harness: {error(exc)}"
+                    }
+                    continue
                 cell = {"wall_s": done.wall_s, "peak_mb": done.peak_mb,
                         "quantize_s": done.quantize_s, "error": done.error}  # fmt: skip
                 found.setdefault(case.name, {}).setdefault(tool, {})[str(count)] = cell
