@@ -53,7 +53,9 @@ bench: $(VENV)/.bench $(VENV)/.bench-quant
 	$(BIN)/python -m bench.run
 	$(BIN)/python -m bench.quant --docs docs/BENCHMARKS.md
 
+# silero_vad's speech is synthesized by espeak-ng (left out, with a message, without it)
 bench-quant: $(VENV)/.bench-quant
+	@command -v espeak-ng >/dev/null || echo "espeak-ng is not installed (apt-get install espeak-ng): silero_vad is left out"
 	$(BIN)/python -m bench.quant --docs docs/BENCHMARKS.md
 
 bench-quick: $(VENV)/.bench

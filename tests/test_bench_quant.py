@@ -112,3 +112,196 @@ def test_probability_map_iou_at_the_detectors_threshold() -> None:
     assert acc["map_iou"] == pytest.approx(1 / 3)
     assert quant.top1_text(acc) == "map IoU 33.3%"
     assert "map_iou" not in quant.accuracy([ref * 3], [got * 3], classes=False)  # not a map
+
+
+# ------------------------------------------------------------ the models of other kinds
+
+
+def test_samples_stack_on_a_new_axis_and_come_back() -> None:
+    samples = [
+        {"x": np.full((1, 3), i, np.float32), "h": np.zeros((2, 1), np.int32)} for i in range(4)
+    ]
+    arrays = quant.stack(samples)
+    assert arrays["x"].shape == (4, 1, 3) and arrays["h"].shape == (4, 2, 1)
+    back = quant.unstack(arrays)
+    assert len(back) == 4 and all(
+        np.array_equal(a["x"], b["x"]) for a, b in zip(back, samples, strict=True)
+    )
+
+
+def test_magika_features_as_magika_reads_a_file(tmp_path: Path) -> None:
+    from bench import quant_data as qd
+
+    small = tmp_path / "small.txt"
+    small.write_bytes(b"  \n hello world \n\n")
+    x = qd.magika_features(small)
+    assert x is not None and x.shape == (1, 2048) and x.dtype == np.int32
+    # the start: lstrip only, padded after; the end: rstrip only, padded before
+    assert list(x[0, :14]) == list(b"hello world \n\n") and x[0, 14] == 256
+    assert list(x[0, 2048 - 15 :]) == list(b"  \n hello world") and x[0, 2048 - 16] == 256
+    big = tmp_path / "big.bin"
+    big.write_bytes(bytes(range(256)) * 40)  # 10240 bytes: only the first and last 4096 read
+    y = qd.magika_features(big)
+    assert y is not None and list(y[0, :3]) == [0, 1, 2] and list(y[0, -2:]) == [254, 255]
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_bytes(b"   ab   ")
+    assert qd.magika_features(tiny) is None  # too few bytes: magika runs no model
+
+
+def test_vad_windows_carry_64_samples_of_context() -> None:
+    from bench import quant_data as qd
+
+    audio = np.arange(512 * 3, dtype=np.float32)
+    w = qd.vad_windows(audio)
+    assert w.shape == (3, 576)
+    assert np.all(w[0, :64] == 0) and w[0, 64] == 0.0 and w[0, -1] == 511
+    assert w[1, 0] == 512 - 64 and w[1, -1] == 1023
+    feed = qd.vad_feed(audio)
+    assert feed["h"].shape == (1, 1, 128) and feed["c"].shape == (1, 1, 128)
+
+
+def layout_outputs(boxes: list[tuple[int, int, int, float]]) -> list[np.ndarray]:
+    """The layout model's 8 outputs with one confident cell per (level, cell, class, score);
+    every side 2 bins (of 8) away from the cell's centre, in the level's stride."""
+    from bench import quant_data as qd
+
+    sizes = [
+        int(np.ceil(qd.LAYOUT_SIZE[0] / s)) * int(np.ceil(qd.LAYOUT_SIZE[1] / s))
+        for s in qd.STRIDES
+    ]
+    scores = [np.zeros((1, n, 10), np.float32) for n in sizes]
+    dists = [np.full((1, n, 32), -20.0, np.float32) for n in sizes]
+    for level, cell, cls, score in boxes:
+        scores[level][0, cell, cls] = score
+        dists[level][0, cell] = -20.0
+        dists[level][0, cell].reshape(4, 8)[:, 2] = 20.0
+    return scores + dists
+
+
+def test_layout_boxes_and_their_agreement() -> None:
+    from bench import quant_data as qd
+
+    ref = layout_outputs([(0, 0, 0, 0.9), (1, 100, 4, 0.8)])
+    boxes = qd.layout_boxes(ref)
+    assert sorted(boxes[:, 0].tolist()) == [0, 4]
+    first = boxes[boxes[:, 0] == 0][0]
+    assert np.allclose(first[2:], [4 - 16, 4 - 16, 4 + 16, 4 + 16], atol=1e-3)  # stride 8
+    assert qd.box_agreement([boxes], [boxes]) == 1.0
+    moved = layout_outputs([(0, 0, 1, 0.9), (1, 100, 4, 0.8)])  # the first box's class changes
+    assert qd.box_agreement([boxes], [qd.layout_boxes(moved)]) == 0.5
+    weak = layout_outputs([(0, 0, 0, 0.3), (1, 100, 4, 0.8)])  # below 0.5: not a box
+    assert len(qd.layout_boxes(weak)) == 1
+    assert qd.box_agreement([np.zeros((0, 6))], [np.zeros((0, 6))]) == 1.0
+    acc = quant.accuracy([ref], [moved], False, "boxes")
+    assert acc["box_f1"] == 0.5 and acc["boxes"] == 2
+    assert quant.top1_text(acc) == "box F1 50.0%"
+
+
+def test_vad_agreement_by_hand() -> None:
+    ref = [np.array([[0.9], [0.1], [0.6], [0.4]])]
+    got = [np.array([[0.8], [0.2], [0.4], [0.4]])]
+    acc = quant.accuracy(ref, got, False, "vad")
+    assert acc["vad_agreement"] == 0.75 and acc["speech_share"] == 0.5
+    assert quant.top1_text(acc) == "speech decision 75.0%"
+
+
+def test_a_tool_in_its_own_process(tmp_path: Path) -> None:
+    model = cnn()
+    path = tmp_path / "cnn.onnx"
+    onnx.save_model(model, str(path))
+    samples = calibration(model, 6)
+    case = quant.Case("cnn", path, samples[:4], samples[4:], True, "a built CNN")
+    done = quant.quantize_in_child(case, "onnxruntime-movingavg", tmp_path / "int8.onnx")
+    assert done.out is not None and done.error == "", done.error
+    assert done.peak_mb > 0 and done.quantize_s is not None
+    acc = quant.accuracy(
+        quant.outputs(path, case.evaluation), quant.outputs(done.out, case.evaluation), True
+    )
+    assert acc["cosine"] > 0.97
+    # the scale runs' cases may hold no held-back sample: the child still gets one to read
+    case.evaluation = []
+    again = quant.quantize_in_child(case, "onnxruntime", tmp_path / "again.onnx")
+    assert again.out is not None, again.error
+    failed = quant.quantize_in_child(case, "opfuse:no-such-recipe", tmp_path / "bad.onnx")
+    assert failed.out is None and failed.error  # a failure is the cell's, with its reason
+
+
+def test_openvino_form_rows_and_latency(tmp_path: Path) -> None:
+    pytest.importorskip("openvino")
+    model = cnn()
+    path = tmp_path / "cnn.onnx"
+    onnx.save_model(model, str(path))
+    samples = calibration(model, 6)
+    case = quant.Case("cnn", path, samples[:4], samples[4:], True, "a built CNN")
+    int8 = tmp_path / "int8.onnx"
+    quant.ort_quantize(case, int8, tmp_path)
+    form = tmp_path / "int8.ov.onnx"
+    quant.ov_form(int8, form)
+    lat = quant.openvino_latency(case, {"onnxruntime": int8, "onnxruntime+ov": form}, 0.05)
+    assert set(lat["ratio"]) == {"onnxruntime", "onnxruntime+ov"}
+    assert set(lat["ratio_default"]) == set(lat["ratio"])
+    assert lat["default_precision"] in ("f32", "bf16", "f16") and lat["rounds"] > 0
+
+
+def test_the_report_with_ov_rows_and_the_scale_table() -> None:
+    acc = {"sqnr_db": 20.0, "cosine": 0.99, "max_abs": 0.1, "top1": 1.0}
+    results = {
+        "cpu": "AVX2; no VNNI, no AMX",
+        "models": {
+            "m": {
+                "note": "a model",
+                "float_nodes": 7,
+                "tools": {
+                    "onnxruntime": {"wall_s": 3.0, "peak_mb": 120.0, "nodes": 20, "accuracy": acc},
+                    "onnxruntime+ov": {"derived": True, "nodes": 12, "accuracy": acc},
+                },
+                "latency": {
+                    "openvino": {
+                        "float_ms": 2.0,
+                        "noise": 0.02,
+                        "default_precision": "bf16",
+                        "default_ratio": 0.5,
+                        "ratio": {"onnxruntime": 0.9, "onnxruntime+ov": 0.4},
+                        "ratio_default": {"onnxruntime": 1.8, "onnxruntime+ov": 0.8},
+                    }
+                },
+            }
+        },
+        "scale": {
+            "m": {
+                "onnxruntime": {
+                    "10": {"wall_s": 2.0, "peak_mb": 100.0, "error": ""},
+                    "200": {"wall_s": 9.0, "peak_mb": 300.0, "error": ""},
+                },
+                "nncf": {"10": {"error": "RuntimeError: nncf is not installed"}, "200": {}},
+                "note": "m repeated",
+            }
+        },
+    }
+    section = quant.table(results, "python -m bench.quant")
+    assert "| m | onnxruntime | 100.0% | 20.0 | - | 0.90x | 1.80x |" in section
+    assert "| m | onnxruntime+ov | 100.0% | 20.0 | - | 0.40x | 0.80x |" in section
+    assert "| 12 (7) | - | - |" in section  # a derived row has no quantize time of its own
+    assert "OpenVINO's default precision here: bf16, the float model at it 0.50x" in section
+    assert "| m | onnxruntime | 2.0 s, 100 MB | 9.0 s, 300 MB |" in section
+    assert "| m | nncf | RuntimeError: nncf is not installed |" in section
+
+
+def test_recipes_become_opfuse_columns() -> None:
+    args = quant.parse_args(["--recipes", "mean-minmax,cle", "--tools", "onnxruntime"])
+    assert args.tools == ["onnxruntime", "opfuse:mean-minmax", "opfuse:cle"]
+    assert "opfuse:cle" in args.scale_tools
+    with pytest.raises(SystemExit):
+        quant.parse_args(["--scale-samples", "ten"])
+    with pytest.raises(SystemExit):
+        quant.parse_args(["--scale-models", "nosuch"])
+
+
+def test_a_model_whose_inputs_need_a_missing_program_is_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench import quant_data as qd
+
+    monkeypatch.setattr(qd, "espeak_available", lambda: False)
+    with pytest.raises(quant.MissingTool, match="espeak-ng"):
+        quant.other_case("silero_vad", tmp_path, [], None)

@@ -28,12 +28,13 @@ import onnxruntime as ort
 
 from opfuse.advisor.advise import AdviseOptions, advise
 from opfuse.batching import batch
-from opfuse.errors import EngineError, OpfuseError, VerificationError
+from opfuse.errors import EngineError, GateError, OpfuseError, VerificationError
 from opfuse.model import io
 from opfuse.pipeline import run as pipeline
 from opfuse.pipeline.options import make_options
 from opfuse.pipeline.phases import Phases
 from opfuse.pipeline.run import OptimizeResult
+from opfuse.quantization.result import QuantizeResult
 from opfuse.rewrite.context import DEFAULT_FOLD_SIZE_LIMIT, Options
 from opfuse.rewrite.registry import PassInfo
 from opfuse.rules import all_passes
@@ -56,17 +57,17 @@ from opfuse.verification.compare import OutputDiff, VerifyReport, check_feeds, c
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from opfuse.quantization.run import QuantizeResult
-
 __all__ = [
     "AdviseOptions",
     "EngineError",
+    "GateError",
     "InferenceSession",
     "OpfuseError",
     "OptimizeResult",
     "Options",
     "OutputDiff",
     "PassInfo",
+    "QuantizeResult",
     "TuneResult",
     "VerificationError",
     "VerifyReport",
@@ -381,15 +382,16 @@ def tune(
 
 
 def quantize(
-    model: str | os.PathLike[str],
-    output: str | os.PathLike[str],
+    model: str | os.PathLike[str] | onnx.ModelProto,
+    output: str | os.PathLike[str] | None = None,
     *,
-    calibration: str | os.PathLike[str],
-    eval: str | os.PathLike[str] | None = None,  # noqa: A002 - the CLI's --eval
+    calibration: str | os.PathLike[str] | Mapping[str, Any] | Iterable[Mapping[str, Any]],
+    eval: str | os.PathLike[str] | Mapping[str, Any] | Iterable[Mapping[str, Any]] | None = None,  # noqa: A002 - the CLI's --eval
     samples: int | None = None,
     preprocess: str | None = None,
     exclude: Sequence[str] = (),
     max_drop: str = "auto",
+    recipe: str = "auto",
     min_speedup: float | None = None,
     benchmark: bool = True,
     calibrate_method: str = "minmax",
@@ -398,21 +400,50 @@ def quantize(
     fusion_switch_file: str | os.PathLike[str] | None = None,
     enable: Sequence[str] = (),
     disable: Sequence[str] = (),
+    target_opset: int | None = None,
+    fallback_seconds: float | None = None,
     report: str | os.PathLike[str] | None = None,
     runtime_settings: RuntimeSettings | None = None,
+    progress: Callable[[str], None] | None = None,
+    _command: Sequence[str] | None = None,
 ) -> QuantizeResult:
-    """``opfuse quantize``: fuse the model file ``model``, quantize it to int8 (QDQ) with
-    the ``calibration`` samples, measure its accuracy against the float model on held-back
-    samples (``eval``, or every 4th calibration sample; ``samples``: use the first N of
-    ``calibration``, fewer is bad input), keep the most sensitive layers in
-    float until ``max_drop`` holds, measure the speed, and write it to ``output``. Raises
-    ``GateError`` (exit 1, nothing written) when the gate or ``min_speedup`` fails, and
-    ``OpfuseError`` for bad input. Returns the figures (``QuantizeResult``)."""
+    """``opfuse quantize``: fuse ``model`` (a path or an ``onnx.ModelProto``), quantize it
+    to int8 (QDQ) with the ``calibration`` samples, choose the accuracy recovery
+    (``recipe``: ``auto`` tries the recipes that apply and keeps the most accurate on a
+    validation part of the calibration data), measure its accuracy against the float model
+    on held-back samples (``eval``, or every 4th calibration sample; ``samples``: use the
+    first N of ``calibration``), keep the most sensitive parts in float until ``max_drop``
+    holds (floors: ``top1=99%``, ``sqnr=25``), measure the speed.
+
+    ``calibration``/``eval``: a path (``.npz``, a folder of ``.npz`` or images with
+    ``preprocess``), ``"random"`` (calibration only), a mapping of input name -> array with
+    N samples on axis 0, or an iterable of feeds (input name -> array, one per sample).
+
+    Returns a ``QuantizeResult``: ``result.model`` is the int8 ``onnx.ModelProto``
+    (``output``, when given, is also written), ``result.summary()`` the text ``opfuse
+    quantize`` prints, ``result.to_json()`` the report. Raises ``GateError`` (nothing
+    written; ``exc.report`` holds the figures and the command that writes the best model
+    anyway) when the gate or ``min_speedup`` fails, and ``OpfuseError`` for bad input."""
     from opfuse.pipeline.switch import parse_switch_file
     from opfuse.quantization import flow
+    from opfuse.quantization.names import FALLBACK_SECONDS
     from opfuse.quantization.preprocess import Preprocess
     from opfuse.quantization.run import quantize_file
 
+    if not isinstance(model, str | os.PathLike | onnx.ModelProto):
+        raise OpfuseError(
+            f"model: expected a path or an onnx.ModelProto, got {type(model).__name__}"
+        )
+    if output is not None and not isinstance(output, str | os.PathLike):
+        raise OpfuseError(f"output: expected a path or None, got {type(output).__name__}")
+    for label, value in (("samples", samples), ("target_opset", target_opset)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise OpfuseError(f"{label}: expected an int, got {type(value).__name__}")
+    for label, text in (("max_drop", max_drop), ("recipe", recipe), ("preprocess", preprocess)):
+        if text is not None and not isinstance(text, str):
+            raise OpfuseError(f"{label}: expected a string, got {type(text).__name__}")
+    if isinstance(exclude, str) or not all(isinstance(e, str) for e in exclude):
+        raise OpfuseError("exclude: expected a list of op types or node names")
     return quantize_file(
         model,
         output,
@@ -420,7 +451,7 @@ def quantize(
         eval_data=eval,
         samples_count=samples,
         preprocess=Preprocess.parse(preprocess) if preprocess else None,
-        exclude=exclude,
+        exclude=list(exclude),
         max_drop=max_drop,
         min_speedup=min_speedup,
         benchmark=benchmark,
@@ -430,6 +461,11 @@ def quantize(
         enable=enable,
         disable=disable,
         report=report,
+        recipe=recipe,
+        target_opset=target_opset,
+        fallback_seconds=FALLBACK_SECONDS if fallback_seconds is None else fallback_seconds,
+        progress=progress,
+        command=_command,
     )
 
 

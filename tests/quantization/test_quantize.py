@@ -122,7 +122,9 @@ def test_a_small_cnn_is_fused_quantized_and_deterministic(tmp_path):
     ops = Counter(n.op_type for n in onnx.load(str(tmp_path / "int8_0.onnx")).graph.node)
     assert ops["BatchNormalization"] == 0  # fused before quantizing
     assert ops["QuantizeLinear"] > 0 and ops["DequantizeLinear"] > 0
+    # 16 samples: 4 held back for the figures, 3 of the other 12 for choosing the recipe
     assert result.calibration_samples == 12 and result.eval_samples == 4
+    assert result.validation_samples == 3 and result.validation_apart
     [acc] = result.accuracy
     assert acc.top1 is not None and acc.top1 >= 0.99 and acc.sqnr_db > 20
     assert result.kept_float == []
@@ -133,15 +135,13 @@ def test_a_small_cnn_is_fused_quantized_and_deterministic(tmp_path):
 def test_the_gate_keeps_the_sensitive_layer_in_float(tmp_path):
     model = sensitive_mlp(tmp_path / "mlp.onnx")
     data = mlp_samples(tmp_path / "x.npz")
-    result = quantize_file(model, tmp_path / "out.onnx", data, max_drop="sqnr=25", benchmark=False)
+    result = quantize_file(
+        model, tmp_path / "out.onnx", data, max_drop="sqnr=25", benchmark=False, recipe="minmax"
+    )
     assert [k.node for k in result.kept_float] == ["sensitive"]
     assert min(a.sqnr_db for a in result.accuracy) >= 25
-    # the first try missed the gate: where its error grew is traced and reported
-    growth = result.error_growth[0]
-    assert (growth.tensor, growth.op_type) == ("y", "Gemm") and growth.drop_db > 20
-    assert result.to_json()["error_growth"][0]["tensor"] == "y"
-    assert any(line.startswith("the first int8 try's error grew most at: y (Gemm, ")
-               for line in result.lines())  # fmt: skip
+    assert result.error_growth == []  # traced only when the gate is still missed
+    assert any(line.startswith("before the fallback: ") for line in result.lines())
     graph = onnx.load(str(tmp_path / "out.onnx")).graph
     sensitive = next(n for n in graph.node if n.name == "sensitive")
     producers = {o: n.op_type for n in graph.node for o in n.output}
@@ -149,47 +149,49 @@ def test_the_gate_keeps_the_sensitive_layer_in_float(tmp_path):
 
 
 def test_the_fallback_keeps_only_layers_that_help(tmp_path, monkeypatch):
-    """The layer worst alone ("a") makes the whole model worse when kept in float (as on
-    PP-OCR's recognizer): it is tried and dropped, "b" is kept and the gate holds."""
-    from opfuse.quantization import run as qrun
+    """The layer whose rounding is worst ("a") makes the whole model worse when kept in
+    float (as on PP-OCR's recognizer): it is tried and dropped, "b" is kept and the gate
+    holds; a gate nothing meets stops at the candidates' end with the best reached."""
+    from opfuse.quantization import fallback as fb
+    from opfuse.quantization.accuracy import OutputAccuracy
+    from opfuse.quantization.sensitivity import Candidate
 
-    layers = ["a", "b", "c"]
-    alone_sqnr = {"a": 5.0, "b": 10.0, "c": 30.0}  # quantized alone: a is the worst
-    in_float_sqnr = {(): 20.0, ("a",): 15.0, ("b",): 26.0, ("a", "b"): 22.0}
-    excluded: dict[str, list[str]] = {}
+    in_float_sqnr = {(): 20.0, ("a",): 15.0, ("b",): 26.0, ("a", "b"): 22.0, ("b", "c"): 25.0}
+    monkeypatch.setattr(fb.flow, "weighted_nodes", lambda model: ["a", "b", "c"])
+    monkeypatch.setattr(fb, "activation_candidates", lambda f, q, s: [])
+    monkeypatch.setattr(
+        fb,
+        "weight_candidates",
+        lambda m, layers, s, pc: [Candidate(n, (n,), db, "weight rounding")
+                                  for n, db in (("a", 5.0), ("b", 10.0), ("c", 30.0))],
+    )  # fmt: skip
 
-    def fake_quantize(fused, qdq, calib, options, exclude):
-        excluded[Path(qdq).name.replace(".qdq", "")] = list(exclude)
+    class FakeWorkspace:
+        exclude: list[str] = []
+        float_model = None
+        calib: list[dict[str, np.ndarray]] = []
+        per_channel = True
+        lines: list[str] = []
 
-    def fake_compare(names, reference, got, scoring=None):
-        names_out = got  # _run returns the file name
-        floats = excluded[Path(names_out).name]
-        if len(floats) == len(layers) - 1:  # one layer quantized alone
-            (alone,) = set(layers) - set(floats)
-            sqnr = alone_sqnr[alone]
-        else:
-            sqnr = in_float_sqnr[tuple(sorted(floats))]
-        return [qrun.OutputAccuracy("y", sqnr, 1.0, 0.0)]
+        def score(self, model):
+            return [OutputAccuracy("y", in_float_sqnr[tuple(sorted(model))], 1.0, 0.0)]
 
-    monkeypatch.setattr(qrun.flow, "quantize", fake_quantize)
-    monkeypatch.setattr(qrun.flow, "clean_up", lambda qdq, out, sample=None: None)
-    monkeypatch.setattr(qrun.flow, "weighted_nodes", lambda fused: layers)
-    monkeypatch.setattr(qrun.flow, "quantized_nodes", lambda qdq: layers)
-    monkeypatch.setattr(qrun, "compare_outputs", fake_compare)
-    monkeypatch.setattr(qrun, "_run", lambda out, held: out)
-    monkeypatch.setattr(qrun, "_output_names", lambda fused: ["y"])
-    monkeypatch.setattr(qrun, "_scoring", lambda fused: set())
-    monkeypatch.setattr(qrun, "activation_candidates", lambda fused, qdq, calib: [])
-    monkeypatch.setattr(qrun, "error_trace", lambda fused, qdq, held: [])
-    gate = Gate.parse("sqnr=25")
-    path, accuracy, kept, _ = qrun._quantize_gated(tmp_path, [], [], [], None, [], gate)
-    assert [k.node for k in kept] == ["b"]
-    assert accuracy[0].sqnr_db == 26.0 and excluded[path.name] == ["b"]
-    # a gate nothing meets: every try reported, nothing that did not help kept
-    with pytest.raises(
-        GateError, match=r"trying its 3 most sensitive layers in float \(b helped\)"
-    ):
-        qrun._quantize_gated(tmp_path, [], [], [], None, [], Gate.parse("sqnr=40"))
+        def say(self, text):
+            self.lines.append(text)
+
+    ws = FakeWorkspace()
+    first = [OutputAccuracy("y", 20.0, 1.0, 0.0)]
+    found = fb.fallback(ws, Gate.parse("sqnr=25"), lambda names: names, [], first)
+    assert [k.node for k in found.kept] == ["b"] and found.accuracy[0].sqnr_db == 26.0
+    assert found.tries == 2 and "gate holds" in found.stopped
+    assert [line.split(":")[0] for line in ws.lines] == ["fallback try 1", "fallback try 2"]
+    assert "no help" in ws.lines[0] and "kept" in ws.lines[1]
+    nothing = fb.fallback(ws, Gate.parse("sqnr=40"), lambda names: names, [], first)
+    assert [k.node for k in nothing.kept] == ["b"] and nothing.tries == 3
+    assert nothing.stopped == "no candidate left"
+    # the time budget stops it: no try after it is spent
+    late = fb.fallback(ws, Gate.parse("sqnr=40"), lambda names: names, [], first, seconds=0)
+    assert late.tries == 0 and "budget" in late.stopped
 
 
 def test_a_gate_no_mix_meets_writes_nothing_and_exits_1(tmp_path):
@@ -198,13 +200,32 @@ def test_a_gate_no_mix_meets_writes_nothing_and_exits_1(tmp_path):
     out = tmp_path / "out.onnx"
     run = subprocess.run(
         [sys.executable, "-m", "opfuse", "quantize", str(model), "-o", str(out),
-         "--calibration", str(data), "--max-drop", "sqnr=300", "--no-benchmark"],
+         "--calibration", str(data), "--max-drop", "sqnr=300", "--no-benchmark", "--recipe", "minmax",
+         "--report", str(tmp_path / "r.json")],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert run.returncode == 1, run.stderr
-    assert "misses --max-drop" in run.stderr and len(run.stderr.strip().splitlines()) == 1
-    assert "the error grows most at y (Gemm, " in run.stderr
+    [error] = [line for line in run.stderr.splitlines() if line.startswith("opfuse: error:")]
+    assert "misses --max-drop" in error and "the error grows most at y (Gemm, " in error
+    # the first and the best figures, and the command that writes that best model
+    assert "recipe minmax reached top-1 100.0%, SQNR 0.0 dB" in error
+    assert (
+        "the best after the fallback" in error and "(keeping 1 parts in float (sensitive)" in error
+    )
+    command = error.split("To write that best model anyway: ")[1]
+    assert "--max-drop off" in command and "--exclude sensitive" in command
+    # a progress line per try on stderr, the report written on exit 1 too
+    assert "fallback try 1: sensitive in float" in run.stderr
     assert not out.exists()
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["passed"] is False and report["command"] == command
+    # the command writes that model
+    again = subprocess.run(
+        [sys.executable, "-m", "opfuse", *command.split()[1:], "--no-benchmark"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert out.exists()
 
 
 def write_png(path: Path, pixels: np.ndarray) -> Path:
@@ -283,9 +304,15 @@ def test_a_folder_of_images_calibrates(tmp_path):
     for i in range(8):
         write_png(images / f"{i}.png", RNG.integers(0, 255, (12, 12, 3)))
     result = quantize_file(
-        model, tmp_path / "out.onnx", images, preprocess=Preprocess.parse("size=8"), benchmark=False
+        model,
+        tmp_path / "out.onnx",
+        images,
+        preprocess=Preprocess.parse("size=8"),
+        benchmark=False,
+        max_drop="off",  # 2 held-back samples of a random network: the reading is tested
     )
     assert result.calibration_samples == 6 and result.eval_samples == 2
+    assert not result.validation_apart  # 6: too few to hold 2 apart
     fewer = quantize_file(
         model,
         tmp_path / "out4.onnx",
@@ -293,8 +320,10 @@ def test_a_folder_of_images_calibrates(tmp_path):
         samples_count=4,
         preprocess=Preprocess.parse("size=8"),
         benchmark=False,
+        max_drop="off",
     )
     assert fewer.calibration_samples == 3 and fewer.eval_samples == 1  # the first 4, split
+    assert not fewer.validation_apart  # too few to hold a validation part: said
 
 
 def test_the_speed_logic_on_a_fake_runtime(tmp_path):
@@ -362,12 +391,34 @@ def test_which_outputs_score_classes():
     assert compare_output("probs", ref, ref, scores=True).top1 == 1.0
 
 
-def test_gate_parsing():
-    assert Gate.parse("top1=1%").top1_drop == pytest.approx(0.01)
-    assert Gate.parse("sqnr=25").sqnr_db == 25
+def test_gate_keys_are_floors():
+    """top1=99% and sqnr=25 are both floors; a floor that turns the gate off in effect is
+    refused (top1=1% meant a drop of one point before: now it is refused, not a 1% floor)."""
+    assert Gate.parse("top1=97%").top1 == pytest.approx(0.97)
+    assert Gate.parse("top1=0.97").top1 == pytest.approx(0.97)
+    assert Gate.parse("sqnr=25").sqnr_db == 25 and Gate.parse("sqnr=25").top1 is None
+    both = Gate.parse("top1=99%,sqnr=30")
+    probs = np.array([[0.1, 0.9], [0.8, 0.2], [0.3, 0.7], [0.6, 0.4]], np.float32)
+    flipped = probs.copy()
+    flipped[0] = [0.9, 0.1]  # 3 of 4 rows agree: 75%
+    figures = [compare_output("p", probs, flipped)]
+    assert Gate.parse("top1=75%").misses(figures) == []  # agreement >= 75% passes
+    assert Gate.parse("top1=76%").misses(figures) == ["p: top-1 agreement 75.0% < 76.0%"]
+    assert any("SQNR" in m for m in both.misses(figures))
+    assert Gate.parse("auto").misses([compare_output("p", probs, probs)]) == []
     assert Gate.parse("off").misses([compare_output("y", np.ones(3), -np.ones(3))]) == []
-    with pytest.raises(OpfuseError, match="--max-drop"):
-        Gate.parse("accuracy=3")
+    for text, message in [
+        ("top1=1%", "turns the gate off in effect"),
+        ("top1=49%", "turns the gate off in effect"),
+        ("sqnr=0", "turns the gate off in effect"),
+        ("sqnr=-3", "turns the gate off in effect"),
+        ("top1=150%", "between 0 and 100%"),
+        ("accuracy=3", "floors: top1=99%"),
+        (",", "floors"),
+    ]:
+        with pytest.raises(OpfuseError, match=message):
+            Gate.parse(text)
+    assert Gate.parse("top1=50%").option() == "top1=50%"
 
 
 def test_calibration_split_holds_back_every_fourth():

@@ -81,9 +81,13 @@ def test_the_gate_keeps_a_tensor_without_weights_in_float(tmp_path):
     model = two_branch_model(tmp_path / "m.onnx")
     data = tmp_path / "x.npz"
     np.savez(data, x=np.random.default_rng(1).standard_normal((64, 8)).astype(np.float32))
-    plain = quantize_file(model, tmp_path / "plain.onnx", data, max_drop="off", benchmark=False)
+    plain = quantize_file(
+        model, tmp_path / "plain.onnx", data, max_drop="off", benchmark=False, recipe="minmax"
+    )
     assert plain.accuracy[0].sqnr_db < 30
-    gated = quantize_file(model, tmp_path / "out.onnx", data, max_drop="sqnr=30", benchmark=False)
+    gated = quantize_file(
+        model, tmp_path / "out.onnx", data, max_drop="sqnr=30", benchmark=False, recipe="minmax"
+    )
     assert gated.accuracy[0].sqnr_db >= 30
     assert [(k.node, k.in_float, k.how) for k in gated.kept_float] == [
         ("tensor b", ("spiky", "out"), "own rounding")

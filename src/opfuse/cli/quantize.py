@@ -10,7 +10,8 @@ import click
 
 from opfuse.cli.console import err, out
 from opfuse.cli.options import PathArg, runtime_options, settings_from
-from opfuse.errors import EXIT_STATUSES
+from opfuse.errors import EXIT_STATUSES, GateError
+from opfuse.quantization.names import FALLBACK_SECONDS, KEYS_HELP, RECIPE_HELP
 
 
 @click.command(epilog=EXIT_STATUSES)
@@ -44,7 +45,22 @@ from opfuse.errors import EXIT_STATUSES
     "--max-drop",
     default="auto",
     show_default=True,
-    help="Accuracy gate: top1=1% (agreement with float), sqnr=25 (dB), auto, or off.",
+    help=f"Accuracy gate on the held-back samples, {KEYS_HELP}.",
+)
+@click.option(
+    "--recipe", default="auto", show_default=True, help=f"Accuracy recovery: {RECIPE_HELP}."
+)
+@click.option(
+    "--fallback-seconds",
+    type=float,
+    default=FALLBACK_SECONDS,
+    show_default=True,
+    help="Time the fallback may spend keeping sensitive parts in float (0: none).",
+)
+@click.option(
+    "--target-opset",
+    type=int,
+    help="Convert to this opset before fusing (e.g. 14: a decomposed HardSwish becomes one op).",
 )
 @click.option("--min-speedup", type=float, help="Exit 1, nothing written, below this speed-up.")
 @click.option("--no-benchmark", is_flag=True, help="Do not measure the speed.")
@@ -85,6 +101,9 @@ def quantize(
     preprocess: str | None,
     exclude: tuple[str, ...],
     max_drop: str,
+    recipe: str,
+    fallback_seconds: float,
+    target_opset: int | None,
     min_speedup: float | None,
     no_benchmark: bool,
     calibrate_method: str,
@@ -102,29 +121,68 @@ def quantize(
     to OUTPUT."""
     from opfuse import api
 
-    result = api.quantize(
-        model,
-        output,
-        calibration=calibration,
-        eval=eval_data,
-        samples=samples,
-        preprocess=preprocess,
-        exclude=list(exclude),
-        max_drop=max_drop,
-        min_speedup=min_speedup,
-        benchmark=not no_benchmark,
-        calibrate_method=calibrate_method,
-        per_channel=not per_tensor,
-        activation_type=activation_type,
-        fusion_switch_file=fusion_switch_file,
-        enable=list(enable),
-        disable=list(disable),
-        report=report,
-        runtime_settings=settings_from(runtime),
-    )
+    command = ["opfuse", "quantize", str(model), "-o", str(output), "--calibration", calibration]
+    for flag, value in (
+        ("--eval", eval_data),
+        ("--samples", samples),
+        ("--preprocess", preprocess),
+        ("--calibrate-method", None if calibrate_method == "minmax" else calibrate_method),
+        ("--activation-type", None if activation_type == "uint8" else activation_type),
+        ("--fusion-switch-file", fusion_switch_file),
+        ("--target-opset", target_opset),
+    ):
+        if value is not None:
+            command += [flag, str(value)]
+    command += ["--per-tensor"] if per_tensor else []
+    for name in enable:
+        command += ["--enable", name]
+    for name in disable:
+        command += ["--disable", name]
+
+    def progress(line: str) -> None:
+        err.print(f"opfuse: {line}", markup=False, soft_wrap=True)
+
+    try:
+        result = api.quantize(
+            model,
+            output,
+            calibration=calibration,
+            eval=eval_data,
+            samples=samples,
+            preprocess=preprocess,
+            exclude=list(exclude),
+            max_drop=max_drop,
+            min_speedup=min_speedup,
+            benchmark=not no_benchmark,
+            calibrate_method=calibrate_method,
+            per_channel=not per_tensor,
+            activation_type=activation_type,
+            fusion_switch_file=fusion_switch_file,
+            enable=list(enable),
+            disable=list(disable),
+            report=report,
+            runtime_settings=settings_from(runtime),
+            recipe=recipe,
+            fallback_seconds=fallback_seconds,
+            target_opset=target_opset,
+            progress=progress,
+            _command=command,
+        )
+    except GateError as exc:
+        if exc.report is not None:  # the figures, on exit 1 too
+            _show(exc.report, model, output, fmt)
+        raise
+    _show(result, model, output, fmt)
+
+
+def _show(result: object, model: Path, output: Path, fmt: str) -> None:
+    from opfuse.quantization.result import QuantizeResult
+
+    assert isinstance(result, QuantizeResult)
     if fmt == "json":
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
-        out.print(f"{model.name} -> {output.name}: nodes {result.nodes}", markup=False)
+        written = output.name if result.output is not None else "nothing written"
+        out.print(f"{model.name} -> {written}: nodes {result.nodes}", markup=False)
         for line in result.lines():
             (err if line.startswith("warning:") else out).print(line, markup=False, soft_wrap=True)

@@ -22,6 +22,7 @@ class OutputAccuracy:
     max_abs: float
     top1: float | None = None  # agreement, 0..1; None: the output does not score classes
     top5: float | None = None
+    rows: int = 0  # the rows (samples x steps) the agreement is counted over
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -56,7 +57,8 @@ _PASSING_OPS = frozenset(
 
 def scoring_outputs(model: onnx.ModelProto) -> set[str]:
     """The main graph's outputs a classifier head makes (SCORING_OPS, through data-moving
-    ops; an Add only as the bias of a MatMul or Gemm): the ones whose top-1 agreement
+    ops; an Add only as the bias of a MatMul or Gemm; a Softmax written out as
+    Div(Exp, ReduceSum(Exp))): the ones whose top-1 agreement
     means something. A recurrent state (LSTM, GRU, an If's output) or a pooled embedding
     is not one, whatever its shape."""
     graph = model.graph
@@ -66,6 +68,9 @@ def scoring_outputs(model: onnx.ModelProto) -> set[str]:
         node = producer.get(out.name)
         while node is not None and node.op_type in _PASSING_OPS and node.input:
             node = producer.get(node.input[0])
+        if node is not None and node.op_type == "Div" and _decomposed_softmax(node, producer):
+            found.add(out.name)
+            continue
         if node is None or node.op_type not in SCORING_OPS:
             continue
         if node.op_type == "Add" and not any(
@@ -75,6 +80,14 @@ def scoring_outputs(model: onnx.ModelProto) -> set[str]:
             continue
         found.add(out.name)
     return found
+
+
+def _decomposed_softmax(node: onnx.NodeProto, producer: dict[str, onnx.NodeProto]) -> bool:
+    """Div(Exp(...), ReduceSum(Exp(...))): a Softmax written out (tf2onnx, jax2tf)."""
+    made = [producer.get(i) for i in node.input[:2]]
+    if len(made) < 2 or made[0] is None or made[1] is None:
+        return False
+    return made[0].op_type == "Exp" and made[1].op_type == "ReduceSum"
 
 
 def compare_output(
@@ -97,6 +110,7 @@ def compare_output(
         k = min(5, rows_got.shape[1])
         best = np.argpartition(-rows_got, k - 1, axis=1)[:, :k]
         top5 = float(np.mean([w in b for w, b in zip(want, best, strict=True)]))
+        return OutputAccuracy(name, sqnr, cosine, max_abs, top1, top5, len(want))
     return OutputAccuracy(name, sqnr, cosine, max_abs, top1, top5)
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from opfuse.errors import OpfuseError
 from opfuse.quantization.preprocess import Preprocess
@@ -28,11 +29,15 @@ class ModelInput:
     shape: tuple[int | str | None, ...]
 
 
-def model_inputs(path: str | os.PathLike[str]) -> list[ModelInput]:
+def model_inputs(path: str | os.PathLike[str] | onnx.ModelProto) -> list[ModelInput]:
     """The graph inputs that are not initializers, with their dtypes and shapes."""
     import onnx
 
-    proto = onnx.load_model(str(path), load_external_data=False)
+    proto = (
+        path
+        if isinstance(path, onnx.ModelProto)
+        else onnx.load_model(str(path), load_external_data=False)
+    )
     inits = {i.name for i in proto.graph.initializer}
     found = []
     for value in proto.graph.input:
@@ -80,6 +85,12 @@ def _npz_samples(path: Path, inputs: Sequence[ModelInput]) -> list[Sample]:
             arrays = {k: data[k] for k in data.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise OpfuseError(f"{path}: not a readable .npz ({exc})") from None
+    return _arrays_samples(arrays, inputs, path)
+
+
+def _arrays_samples(
+    arrays: dict[str, np.ndarray], inputs: Sequence[ModelInput], path: Path
+) -> list[Sample]:
     names = [i.name for i in inputs]
     missing = [n for n in names if n not in arrays]
     extra = [k for k in arrays if k not in names]
@@ -145,18 +156,91 @@ def first(samples: list[Sample], count: int | None, where: str) -> list[Sample]:
     return samples[:count]
 
 
+FEW_EVAL_SAMPLES = 10  # accuracy on fewer samples than this is warned about
+
+
 def split(samples: list[Sample], eval_share: float = 0.25) -> tuple[list[Sample], list[Sample]]:
     """(calibration, held back for evaluation): every k-th sample held back, so both
-    parts span the data; at least one sample each."""
+    parts span the data; at least one sample each, and a held-back sample is never a
+    calibration sample (2 samples: 1 and 1; 3: 2 and 1). One sample is refused."""
     if len(samples) < 2:
         raise OpfuseError(
             "--calibration holds 1 sample: give at least 2 (one is held back to measure "
             "accuracy), or give --eval"
         )
     step = max(2, round(1 / eval_share))
-    held = samples[step - 1 :: step] or samples[-1:]
-    kept = [s for i, s in enumerate(samples) if (i + 1) % step != 0] if len(held) > 0 else samples
+    held_at = set(range(step - 1, len(samples), step)) or {len(samples) - 1}
+    kept = [s for i, s in enumerate(samples) if i not in held_at]
+    held = [s for i, s in enumerate(samples) if i in held_at]
     return kept, held
+
+
+MIN_VALIDATION_SPLIT = 8  # calibration samples below which no validation part is held
+# (from 8 on, at least 2 validation samples: one alone chooses by noise)
+
+
+def validation_split(samples: list[Sample]) -> tuple[list[Sample], list[Sample], bool]:
+    """(calibration part, validation part, whether they are apart): the recipes are
+    chosen on the validation part, never on the evaluation data. Below
+    MIN_VALIDATION_SPLIT samples both parts are all the samples (said)."""
+    if len(samples) < MIN_VALIDATION_SPLIT:
+        return samples, samples, False
+    calib, valid = split(samples)
+    return calib, valid, True
+
+
+def from_arrays(data: object, inputs: Sequence[ModelInput], where: str) -> list[Sample]:
+    """Samples given in memory (the Python API): a mapping of arrays named after the
+    inputs with N samples along the first axis (as an .npz), or an iterable of feeds (one
+    mapping of input name -> array per sample), each checked like a file's."""
+    from collections.abc import Iterable, Mapping
+
+    path = Path(where)
+    if isinstance(data, Mapping):
+        arrays = {}
+        for key, value in data.items():
+            if not isinstance(key, str):
+                raise OpfuseError(f"{where}: keys are the model's input names, got {key!r}")
+            arrays[key] = _array(value, f"{where}[{key!r}]")
+        return _arrays_samples(arrays, inputs, path)
+    if isinstance(data, str | bytes | np.ndarray) or not isinstance(data, Iterable):
+        raise OpfuseError(
+            f"{where}: expected a path, a mapping of input name -> array (N samples on "
+            f"axis 0) or an iterable of feeds, got {type(data).__name__}"
+        )
+    samples = []
+    names = [i.name for i in inputs]
+    for k, feed in enumerate(data):
+        if not isinstance(feed, Mapping):
+            raise OpfuseError(
+                f"{where}: sample {k} is a {type(feed).__name__}, expected a mapping of "
+                f"input name -> array"
+            )
+        if sorted(feed) != sorted(names):
+            raise OpfuseError(
+                f"{where}: sample {k} has {sorted(feed)}, the model's inputs are {names}"
+            )
+        samples.append(
+            {
+                spec.name: _checked(
+                    _array(feed[spec.name], f"{where}[{k}][{spec.name!r}]"), spec, path
+                )
+                for spec in inputs
+            }
+        )
+    if not samples:
+        raise OpfuseError(f"{where}: holds no samples")
+    return samples
+
+
+def _array(value: object, where: str) -> np.ndarray:
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise OpfuseError(f"{where}: not an array ({exc})") from None
+    if array.dtype.kind not in "biuf":
+        raise OpfuseError(f"{where}: not an array of numbers ({array.dtype})")
+    return array
 
 
 def random_samples(inputs: Sequence[ModelInput], n: int, seed: int = 0) -> list[Sample]:

@@ -89,7 +89,171 @@ def quantize(
     options: QuantOptions,
     exclude: Sequence[str] = (),
 ) -> None:
-    """Static QDQ quantization of ``fused`` into ``out``; ``exclude``: node names in float."""
+    """Static QDQ quantization of the file ``fused`` into ``out``; ``exclude``: node names
+    in float (``quantize_proto`` on files)."""
+    import onnx
+
+    notes: list[str] = []
+    model = quantize_proto(
+        onnx.load_model(str(fused)), samples, options, list(exclude), name=str(fused), notes=notes
+    )
+    onnx.save_model(model, str(out))
+
+
+# a traceback through this function of onnxruntime's QDQ quantizer: its int32-bias
+# weight-scale adjustment (it indexes the bias per output channel, so a Gemm bias shaped
+# [1, N] makes "The truth value of an array ... is ambiguous"); the option turns it off
+INT32_BIAS_ADJUST = "_adjust_weight_scale_for_int32_bias"
+INT32_BIAS_OPTION = "QDQDisableWeightAdjustForInt32Bias"
+MAX_WORKAROUNDS = 8
+
+
+def quantize_proto(
+    model: onnx.ModelProto,
+    samples: Sequence[dict[str, np.ndarray]],
+    options: QuantOptions,
+    exclude: list[str],
+    *,
+    name: str,
+    notes: list[str],
+    overrides: dict[str, list[dict[str, object]]] | None = None,
+    extra_options: dict[str, object] | None = None,
+    calibration_cache: os.PathLike[str] | None = None,
+) -> onnx.ModelProto:
+    """Static QDQ quantization of ``model`` (in memory). ``exclude``: node names kept in
+    float; ``overrides``: onnxruntime's ``TensorQuantOverrides`` (activation ranges).
+
+    Never a crash on a valid model: when onnxruntime's quantizer raises, the option or
+    node that makes it raise is found from its traceback and worked around (the int32-bias
+    weight-scale adjustment turned off with ``QDQDisableWeightAdjustForInt32Bias``; else
+    the node being quantized kept in float), and the quantization is run again; each
+    workaround is appended to ``notes`` and kept in ``extra_options``/``exclude`` (the
+    caller's objects) so later quantizations do not meet it again. A failure no
+    workaround gets past is a QuantizeInternalError (exit 3) naming ``name``.
+    ``calibration_cache``: a file onnxruntime keeps its calibration ranges in (read when
+    it exists: the same float model and samples, not calibrated again)."""
+    from opfuse.quantization.workspace import QuantizeInternalError
+
+    extra = extra_options if extra_options is not None else {}
+    model, flattened = gemm_biases_as_vectors(model)
+    if flattened:
+        note = (
+            f"the bias of Gemm {', '.join(flattened)} is given to onnxruntime's quantizer "
+            "as a vector [N] instead of [1, N] (the same broadcast): it cannot quantize a "
+            "[1, N] bias per channel (it raises, or makes a model it cannot run)"
+        )
+        if note not in notes:
+            notes.append(note)
+    for _ in range(MAX_WORKAROUNDS):
+        try:
+            return _quantize_once(
+                model,
+                samples,
+                options,
+                exclude,
+                {**extra, **({"TensorQuantOverrides": overrides} if overrides else {})},
+                cache=calibration_cache,
+            )
+        except Exception as exc:  # onnxruntime's quantizer raises plain exceptions
+            fix = _workaround(exc, extra, exclude)
+            if fix is None:
+                raise QuantizeInternalError(
+                    f"{name}: onnxruntime's quantizer failed: {first_line(exc)}; try "
+                    "--exclude with the op type or node it names, --per-tensor, or "
+                    "--recipe minmax"
+                ) from None
+            note = f"onnxruntime's quantizer raised '{first_line(exc)}' {fix}"
+            if note not in notes:
+                notes.append(note)
+    raise QuantizeInternalError(
+        f"{name}: onnxruntime's quantizer still fails after {MAX_WORKAROUNDS} workarounds "
+        f"({'; '.join(notes[-2:])}); try --exclude with the op types named"
+    )
+
+
+def gemm_biases_as_vectors(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """A copy of ``model`` whose Gemm biases (C) shaped [1, N] are [N] (exact: C broadcasts
+    to [M, N] the same way), and the names of those Gemms; ``model`` itself when none."""
+    import onnx
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    readers: dict[str, int] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    found = [
+        i
+        for i, n in enumerate(model.graph.node)
+        if n.op_type == "Gemm"
+        and len(n.input) > 2
+        and n.input[2] in inits
+        and len(inits[n.input[2]].dims) == 2
+        and inits[n.input[2]].dims[0] == 1
+    ]
+    if not found:
+        return model, []
+    made = onnx.ModelProto()
+    made.CopyFrom(model)
+    names = []
+    for i in found:
+        node = made.graph.node[i]
+        bias = numpy_helper.to_array(inits[node.input[2]]).reshape(-1)
+        name = node.input[2] if readers[node.input[2]] == 1 else f"{node.input[2]}__vector"
+        for k, t in enumerate(made.graph.initializer):
+            if t.name == name:
+                del made.graph.initializer[k]
+                break
+        made.graph.initializer.append(numpy_helper.from_array(bias, name))
+        node.input[2] = name
+        names.append(node.name or f"#{i}")
+    return made, names
+
+
+def _workaround(exc: BaseException, extra: dict[str, object], exclude: list[str]) -> str | None:
+    """Change ``extra``/``exclude`` so the quantizer does not meet ``exc`` again; what was
+    done, or None when nothing in the traceback says what to change."""
+    import onnx
+
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    names = [f.f_code.co_name for f in frames]
+    if INT32_BIAS_ADJUST in names and not extra.get(INT32_BIAS_OPTION):
+        extra[INT32_BIAS_OPTION] = True
+        where = ""
+        for frame in frames:
+            info = frame.f_locals.get("bias_info")
+            if info is not None and getattr(info, "node_name", None):
+                where = f" (node {info.node_name})"
+        return (
+            f"in its int32-bias weight-scale adjustment{where}: quantized with "
+            f"{INT32_BIAS_OPTION}=True (the bias is quantized with the weight's scale "
+            "as chosen; only a bias too large for int32 at that scale would clip)"
+        )
+    # the innermost node the quantizer was working on: keep it in float
+    for frame in reversed(frames):
+        node = frame.f_locals.get("node")
+        if isinstance(node, onnx.NodeProto) and node.name and node.name not in exclude:
+            exclude.append(node.name)
+            return f"while quantizing node {node.name} ({node.op_type}): that node is kept in float"
+    return None
+
+
+def _quantize_once(
+    model: onnx.ModelProto,
+    samples: Sequence[dict[str, np.ndarray]],
+    options: QuantOptions,
+    exclude: Sequence[str],
+    extra_options: dict[str, object],
+    cache: os.PathLike[str] | None = None,
+) -> onnx.ModelProto:
+    import tempfile
+    from pathlib import Path
+
+    import onnx
     from onnxruntime import quantization as q
 
     methods = {
@@ -111,6 +275,7 @@ def quantize(
             self.it = iter(samples)
 
     reader = Reader()
+    from opfuse.model.io import STAGING_PREFIX
     from opfuse.runtime.ort import quiet as quiet_onnxruntime
 
     quiet_onnxruntime()  # the quantizer's own sessions log through its default logger
@@ -118,23 +283,60 @@ def quantize(
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        q.quantize_static(
-            str(fused),
-            str(out),
-            reader,
-            quant_format=q.QuantFormat.QDQ,
-            per_channel=options.per_channel,
-            activation_type=(
-                q.QuantType.QUInt8 if options.activation_type == "uint8" else q.QuantType.QInt8
-            ),
-            weight_type=q.QuantType.QInt8,
-            nodes_to_exclude=list(exclude),
-            calibrate_method=methods[options.calibrate_method],
-        )
-    except Exception as exc:  # onnxruntime's quantizer raises plain exceptions
-        raise OpfuseError(f"{fused}: onnxruntime's quantizer failed: {first_line(exc)}") from None
+        with tempfile.TemporaryDirectory(prefix=STAGING_PREFIX + "q-") as tmp:
+            src, out = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
+            onnx.save_model(model, str(src))  # a ModelProto given to it loses large tensors
+            q.quantize_static(
+                str(src),
+                str(out),
+                reader,
+                quant_format=q.QuantFormat.QDQ,
+                per_channel=options.per_channel,
+                activation_type=(
+                    q.QuantType.QUInt8 if options.activation_type == "uint8" else q.QuantType.QInt8
+                ),
+                weight_type=q.QuantType.QInt8,
+                nodes_to_exclude=list(exclude),
+                calibrate_method=methods[options.calibrate_method],
+                extra_options=dict(extra_options),
+                calibration_cache_path=None if cache is None else str(cache),
+            )
+            return onnx.load_model(str(out))
     finally:
         quiet.setLevel(level)
+
+
+def clean_up_proto(
+    qdq: onnx.ModelProto,
+    verify_inputs: dict[str, np.ndarray] | None = None,
+    name: str = "the model",
+) -> onnx.ModelProto:
+    """``clean_up`` on a model in memory (verified on the sample ``verify_inputs``)."""
+    import tempfile
+    from pathlib import Path
+
+    import onnx
+
+    from opfuse.model.io import STAGING_PREFIX
+
+    with tempfile.TemporaryDirectory(prefix=STAGING_PREFIX + "clean-") as tmp:
+        src, out = Path(tmp) / "qdq.onnx", Path(tmp) / "clean.onnx"
+        onnx.save_model(qdq, str(src))
+        sample = None
+        if verify_inputs is not None:
+            sample = Path(tmp) / "sample.npz"
+            np.savez(sample, **verify_inputs)  # type: ignore[arg-type]
+        try:
+            clean_up(src, out, sample)
+        except OpfuseError as exc:  # the quantized model: a failure here is ours
+            from opfuse.quantization.workspace import QuantizeInternalError
+
+            raise QuantizeInternalError(
+                f"{name}: the quantized model fails its clean-up: "
+                f"{first_line(exc).replace(str(src), 'the int8 model')}; try --exclude with "
+                "the op type it names"
+            ) from None
+        return onnx.load_model(str(out))
 
 
 def clean_up(
@@ -147,20 +349,16 @@ def clean_up(
     return optimize_file(qdq, out, switch_table=CLEAN_UP, inputs_npz=verify_inputs)
 
 
-def weighted_nodes(model: str | os.PathLike[str]) -> list[str]:
+def weighted_nodes(model: str | os.PathLike[str] | onnx.ModelProto) -> list[str]:
     """Names of the nodes quantize_static quantizes the weights of, in graph order."""
-    import onnx
-
-    graph = onnx.load_model(str(model), load_external_data=False).graph
+    graph = as_proto(model).graph
     return [n.name for n in graph.node if n.op_type in WEIGHTED and n.name]
 
 
-def quantized_nodes(qdq: str | os.PathLike[str]) -> list[str]:
+def quantized_nodes(qdq: str | os.PathLike[str] | onnx.ModelProto) -> list[str]:
     """Names of the nodes a QDQ model runs between DequantizeLinear and QuantizeLinear
     (every op the quantizer quantized, with or without weights), in graph order."""
-    import onnx
-
-    graph = onnx.load_model(str(qdq), load_external_data=False).graph
+    graph = as_proto(qdq).graph
     dequantized = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
     quantized = {n.input[0] for n in graph.node if n.op_type == "QuantizeLinear"}
     return [
@@ -190,16 +388,28 @@ def nothing_quantized(qdq: onnx.ModelProto) -> str | None:
     return "nothing was quantized (no op onnxruntime's quantizer handles): the int8 model is the float one"
 
 
-def excluded_names(model: str | os.PathLike[str], exclude: Sequence[str]) -> list[str]:
-    """``--exclude`` items (op types or node names) as node names of ``model``; an item
-    matching nothing is a one-line OpfuseError."""
-    import onnx
-
-    graph = onnx.load_model(str(model), load_external_data=False).graph
+def excluded_names(
+    model: str | os.PathLike[str] | onnx.ModelProto, exclude: Sequence[str], name: str = ""
+) -> list[str]:
+    """``--exclude`` items (op types or node names of the fused model) as node names of
+    ``model``; an item matching nothing is a one-line OpfuseError naming ``name``."""
+    graph = as_proto(model).graph
     names: list[str] = []
     for item in exclude:
         found = [n.name for n in graph.node if item in (n.op_type, n.name) and n.name]
         if not found:
-            raise OpfuseError(f"--exclude {item!r}: no op type or node of that name in {model}")
+            raise OpfuseError(
+                f"--exclude {item!r}: no op type or node of that name in {name or model} "
+                "(after fusion)"
+            )
         names += [n for n in found if n not in names]
     return names
+
+
+def as_proto(model: str | os.PathLike[str] | onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` in memory (a file is loaded without its external data)."""
+    import onnx
+
+    if isinstance(model, onnx.ModelProto):
+        return model
+    return onnx.load_model(str(model), load_external_data=False)

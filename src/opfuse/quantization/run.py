@@ -1,155 +1,80 @@
-"""``opfuse quantize`` end to end on files: read the samples, fuse, quantize, clean up,
-measure accuracy on held-back samples, gate (falling back to float for the most sensitive
-layers), measure the speed, write atomically. Nothing is written when the gate or
-``min_speedup`` fails (exit 1) or the input is bad (exit 2)."""
+"""The conductor of ``opfuse quantize``: read the samples and split them (calibration,
+validation, evaluation), fuse, build a ``Workspace`` (the models in memory), choose the
+recipe (``recipes.search``), keep the heads' outputs in float where requantizing them
+changes the top class (``heads``), gate on the held-back samples and fall back to float
+for the most sensitive parts when needed (``fallback``), clean up, measure the speed, write.
+
+Nothing is written when the input is bad (exit 2) or ``min_speedup`` fails (exit 1). When
+the gate is missed (exit 1) the report is still written and the message gives the first
+and the best figures and the command that writes that best model anyway. A failure
+inside quantization on a valid model is exit 3 with the fix to try; no message names a
+temporary file."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import tempfile
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from itertools import zip_longest
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 
 from opfuse.errors import GateError, OpfuseError
 from opfuse.model import io
-from opfuse.pipeline.run import OptimizeResult
 from opfuse.pipeline.switch import SwitchTable
-from opfuse.quantization import calibration, flow
-from opfuse.quantization.accuracy import OutputAccuracy, compare_outputs, scoring_outputs
+from opfuse.quantization import calibration, flow, heads, recipes
+from opfuse.quantization.accuracy import OutputAccuracy, compare_outputs
+from opfuse.quantization.fallback import (
+    FALLBACK_SECONDS,
+    MAX_FALLBACK_TRIES,
+    MAX_FLOAT_LAYERS,
+    KeptFloat,
+    fallback,
+)
 from opfuse.quantization.gate import Gate
-from opfuse.quantization.kernels import KernelCoverage, integer_coverage
+from opfuse.quantization.kernels import integer_coverage
 from opfuse.quantization.preprocess import Preprocess
-from opfuse.quantization.sensitivity import activation_candidates
-from opfuse.quantization.trace import TensorError, error_trace, largest_drops
+from opfuse.quantization.result import (
+    FLOAT_OPT,
+    HARDSWISH_OPSET,
+    INT8,
+    QuantizeResult,
+    _short,
+    decomposed_hardswish,
+)
+from opfuse.quantization.steps import parse_recipe
+from opfuse.quantization.trace import error_trace, largest_drops
+from opfuse.quantization.workspace import QuantizeInternalError, Workspace, run_model
 from opfuse.runtime import Runtime
-from opfuse.runtime.cpu import CpuFeatures, cpu_features
+from opfuse.runtime.cpu import cpu_features
 from opfuse.runtime.settings import RuntimeSettings
-from opfuse.tuning.measure import Measurement, measure
+from opfuse.tuning.measure import measure
+
+__all__ = [
+    "FALLBACK_SECONDS",
+    "FLOAT_OPT",
+    "INT8",
+    "MAX_FALLBACK_TRIES",
+    "MAX_FLOAT_LAYERS",
+    "KeptFloat",
+    "QuantizeResult",
+    "quantize_file",
+]
 
 RANDOM = "random"
 RANDOM_SAMPLES = 16
-MAX_SENSITIVITY_LAYERS = 48  # layers whose sensitivity is measured (each: one quantization)
-MAX_FLOAT_LAYERS = 8  # layers the fallback may keep in float before giving up
-MAX_FALLBACK_TRIES = 16  # the most sensitive layers it tries keeping in float, one by one
-FLOAT_OPT, INT8 = "float-optimized", "int8"
-
-
-@dataclass
-class KeptFloat:
-    node: str  # a node name, or "tensor NAME" (its producer and readers)
-    sqnr_db: float  # the figure that ranked it (lower: more sensitive)
-    how: str = "alone"  # which figure: sensitivity.Candidate.how
-    nodes: tuple[str, ...] = ()  # the nodes kept in float (default: ``node``)
-
-    @property
-    def in_float(self) -> tuple[str, ...]:
-        return self.nodes or (self.node,)
-
-
-@dataclass
-class QuantizeResult:
-    fused: OptimizeResult
-    accuracy: list[OutputAccuracy]
-    gate: Gate
-    calibration_samples: int
-    eval_samples: int
-    eval_source: str
-    kept_float: list[KeptFloat] = field(default_factory=list)
-    speed: Measurement | None = None
-    cpu: CpuFeatures | None = None
-    warnings: list[str] = field(default_factory=list)
-    output: Path | None = None
-    nodes: dict[str, int] = field(default_factory=dict)
-    coverage: KernelCoverage | None = None  # integer kernels after onnxruntime's QDQ fusion
-    # where the first int8 model's error grew most (traced only when it missed the gate)
-    error_growth: list[TensorError] = field(default_factory=list)
-
-    @property
-    def speedup(self) -> float | None:
-        """The float original's latency over the int8 model's (paired)."""
-        return None if self.speed is None else 1 / self.speed.ratio(INT8)
-
-    def pays(self) -> bool | None:
-        if self.speed is None:
-            return None
-        return self.speed.faster(INT8, "original") and self.speed.faster(INT8, FLOAT_OPT)
-
-    def to_json(self) -> dict[str, object]:
-        speed = None
-        if self.speed is not None:
-            speed = {
-                **self.speed.to_json(),
-                "int8_ratio_to_original": self.speed.ratio(INT8),
-                "float_optimized_ratio_to_original": self.speed.ratio(FLOAT_OPT),
-                "int8_pays": self.pays(),
-            }
-        return {
-            "schema": "opfuse.quantize/1",
-            "output": None if self.output is None else str(self.output),
-            "calibration_samples": self.calibration_samples,
-            "eval_samples": self.eval_samples,
-            "eval_source": self.eval_source,
-            "gate": self.gate.describe(),
-            "accuracy": [a.to_json() for a in self.accuracy],
-            "kept_float": [
-                {"kept": k.node, "nodes": list(k.in_float), "sqnr_db": k.sqnr_db, "measure": k.how}
-                for k in self.kept_float
-            ],
-            "speed": speed,
-            "cpu": None if self.cpu is None else self.cpu.describe(),
-            "nodes": self.nodes,
-            "integer_kernels": None
-            if self.coverage is None
-            else {
-                "integer_fraction": self.coverage.integer_fraction,
-                "integer_ops": self.coverage.integer_ops,
-                "float_between_qdq": self.coverage.float_between_qdq,
-            },
-            "error_growth": [e.to_json() for e in self.error_growth],
-            "warnings": self.warnings,
-        }
-
-    def lines(self) -> list[str]:
-        out = [
-            f"calibrated on {self.calibration_samples} samples; accuracy on {self.eval_samples} "
-            f"{self.eval_source}",
-            *(f"  {a.line()}" for a in self.accuracy),
-            f"gate: {self.gate.describe()}" + ("" if self.gate.off else ": passed"),
-        ]
-        if self.error_growth:
-            grows = "; ".join(e.describe() for e in self.error_growth)
-            out.append(f"the first int8 try's error grew most at: {grows}")
-        if self.kept_float:
-            kept = ", ".join(f"{k.node} ({k.sqnr_db:.1f} dB {k.how})" for k in self.kept_float)
-            out.append(f"kept in float to pass the gate: {kept}")
-        if self.coverage is not None:
-            out.append(f"onnxruntime (CPU, after its QDQ fusion): {self.coverage.describe()}")
-        if self.speed is not None and self.cpu is not None:
-            out.append(
-                f"latency vs the float original: int8 {self.speed.ratio(INT8):.2f}x, float "
-                f"optimized {self.speed.ratio(FLOAT_OPT):.2f}x (noise +-{self.speed.noise:.0%}) "
-                f"on {self.speed.runtime}"
-            )
-            if not self.pays():
-                out.append(
-                    f"int8 does not pay on this machine ({self.cpu.describe()}): the float "
-                    f"optimized model is the faster choice here. {self.cpu.int8_verdict()}"
-                )
-        return out + [f"warning: {w}" for w in self.warnings]
+Data = str | os.PathLike[str] | object  # a path, "random", or arrays in memory (the API)
 
 
 def quantize_file(
-    model: str | os.PathLike[str],
-    output: str | os.PathLike[str],
-    calibration_data: str | os.PathLike[str],
+    model: str | os.PathLike[str] | onnx.ModelProto,
+    output: str | os.PathLike[str] | None,
+    calibration_data: Data,
     *,
-    eval_data: str | os.PathLike[str] | None = None,
+    eval_data: Data | None = None,
     samples_count: int | None = None,
     preprocess: Preprocess | None = None,
     exclude: Sequence[str] = (),
@@ -162,10 +87,19 @@ def quantize_file(
     enable: Sequence[str] = (),
     disable: Sequence[str] = (),
     report: str | os.PathLike[str] | None = None,
+    recipe: str = "auto",
+    target_opset: int | None = None,
+    fallback_seconds: float = FALLBACK_SECONDS,
+    progress: Callable[[str], None] | None = None,
+    command: Sequence[str] | None = None,
 ) -> QuantizeResult:
-    """Quantize ``model`` into ``output`` (see the module)."""
+    """Quantize ``model`` (a file, or an ``onnx.ModelProto``) into ``output`` (None: not
+    written; ``result.model`` holds it). See the module. ``command``: the user's command
+    line, from which the exit-1 message builds the command that writes the best model."""
+    started = time.perf_counter()
     options = options or flow.QuantOptions()
     gate = Gate.parse(max_drop)
+    forced = parse_recipe(recipe)
     if options.activation_type not in flow.ACTIVATION_TYPES:
         raise OpfuseError(f"--activation-type {options.activation_type!r}: uint8 or int8")
     if options.calibrate_method not in flow.CALIBRATE_METHODS:
@@ -177,208 +111,402 @@ def quantize_file(
         raise OpfuseError(
             "--min-speedup needs a number above 0 and the benchmark (not --no-benchmark)"
         )
-    io.check_outputs(model, [("-o", output), ("--report", report)])
-    io.read_proto(model)
-    inputs = calibration.model_inputs(model)
-    warnings: list[str] = []
     if samples_count is not None and samples_count < 1:
         raise OpfuseError(f"--samples {samples_count}: a count of at least 1")
-    if str(calibration_data) == RANDOM:
-        samples = calibration.random_samples(inputs, samples_count or RANDOM_SAMPLES)
+    if fallback_seconds < 0:
+        raise OpfuseError(f"--fallback-seconds {fallback_seconds:g}: 0 or more")
+    with tempfile.TemporaryDirectory(prefix=io.STAGING_PREFIX + "quant-") as tmp:
+        work = Path(tmp)
+        if isinstance(model, onnx.ModelProto):
+            name = "the model given"
+            source = work / "model.onnx"
+            try:
+                io.write_bytes(source, model.SerializeToString(), what="the model")
+            except ValueError as exc:  # over protobuf's 2 GB
+                raise OpfuseError(f"cannot serialize the ModelProto: {exc}") from None
+        elif isinstance(model, str | os.PathLike):
+            name, source = str(model), Path(model)
+        else:
+            raise OpfuseError(f"expected a path or an onnx.ModelProto, got {type(model).__name__}")
+        try:
+            result = _quantize(
+                source,
+                name,
+                output,
+                calibration_data,
+                eval_data,
+                samples_count,
+                preprocess,
+                exclude,
+                gate,
+                forced,
+                min_speedup,
+                benchmark,
+                runtime,
+                options,
+                switch_table,
+                enable,
+                disable,
+                report,
+                target_opset,
+                fallback_seconds,
+                progress,
+                command,
+                work,
+            )
+        except OpfuseError as exc:
+            exc.args = (_no_temporary(str(exc), str(source), name),)
+            raise
+    result.notes = [_no_temporary(n, str(source), name) for n in result.notes]
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _no_temporary(text: str, source: str, name: str) -> str:
+    """``text`` naming the user's model instead of its temporary copy, and no other
+    temporary file (ours or onnxruntime's quantizer's)."""
+    import re
+
+    text = text.replace(source, name)
+    temp = re.escape(tempfile.gettempdir().rstrip("/"))
+    made = "|".join(re.escape(p) for p in (io.STAGING_PREFIX, "ort.quant.", "opfuse-"))
+    return re.sub(temp + r"/(?:" + made + r")[^\s'\",:;)]*", "<a temporary file>", text)
+
+
+def _quantize(
+    source: Path,
+    name: str,
+    output: str | os.PathLike[str] | None,
+    calibration_data: Data,
+    eval_data: Data | None,
+    samples_count: int | None,
+    preprocess: Preprocess | None,
+    exclude: Sequence[str],
+    gate: Gate,
+    forced: tuple[str, ...] | None,
+    min_speedup: float | None,
+    benchmark: bool,
+    runtime: RuntimeSettings | Runtime | None,
+    options: flow.QuantOptions,
+    switch_table: SwitchTable | None,
+    enable: Sequence[str],
+    disable: Sequence[str],
+    report: str | os.PathLike[str] | None,
+    target_opset: int | None,
+    fallback_seconds: float,
+    progress: Callable[[str], None] | None,
+    command: Sequence[str] | None,
+    work: Path,
+) -> QuantizeResult:
+    outputs = [("-o", output)] if output is not None else []
+    io.check_outputs(source, [*outputs, ("--report", report)])
+    io.read_proto(source)
+    inputs = calibration.model_inputs(source)
+    warnings: list[str] = []
+    samples = _samples(
+        calibration_data, inputs, preprocess, samples_count, warnings, "--calibration"
+    )
+    if eval_data is not None:
+        calib_all, held = samples, _samples(eval_data, inputs, preprocess, None, [], "--eval")
+        where = eval_data if isinstance(eval_data, str | os.PathLike) else "the eval data given"
+        held_source = f"samples from {where}"
+    else:
+        calib_all, held = calibration.split(samples)
+        held_source = "samples held back from the calibration data (not used to calibrate)"
+    calib, valid, apart = calibration.validation_split(calib_all)
+    if len(held) < calibration.FEW_EVAL_SAMPLES:
+        warnings.append(
+            f"the accuracy figures rest on {len(held)} sample{'s' * (len(held) != 1)}: one "
+            f"sample more or less can move them; give at least {calibration.FEW_EVAL_SAMPLES} "
+            "(--eval, or more calibration data)"
+        )
+    opset = flow.default_opset(source)
+    target = target_opset
+    if (
+        target is None
+        and options.per_channel
+        and opset is not None
+        and opset < flow.PER_CHANNEL_OPSET
+    ):
+        target = flow.PER_CHANNEL_OPSET
+        warnings.append(
+            f"converted from opset {opset} to {target}: per-channel QuantizeLinear/"
+            "DequantizeLinear (their axis) need it"
+        )
+    # verified on a real sample: generated inputs can be ones the model refuses (a voice
+    # detector's window shorter than its STFT's padding, a rate it has no branch for)
+    sample = work / "sample.npz"
+    np.savez(sample, **calib[0])  # type: ignore[arg-type]  # numpy stubs: allow_pickle
+    fused_path = work / "fused.onnx"
+    start = time.perf_counter()
+
+    def say(text: str) -> None:
+        if progress is not None:
+            progress(f"[{time.perf_counter() - start:5.1f} s] {text}")
+
+    say("fusing")
+    fused = flow.fuse(
+        source, fused_path, switch_table, enable, disable, target, verify_inputs=sample
+    )
+    fused_model = onnx.load_model(str(fused_path))
+    excluded = flow.excluded_names(fused_model, exclude, name)
+    ws = Workspace(
+        name,
+        fused_model,
+        fused_model,
+        calib,
+        valid,
+        per_channel=options.per_channel,
+        activation_type=options.activation_type,
+        calibrate_method=options.calibrate_method,
+        exclude=excluded,
+        progress=progress,
+        started=start,
+        cache_dir=work,
+    )
+    ws.valid_reference = run_model(str(source), valid, name)
+    held_reference = run_model(str(source), held, name)
+
+    def on_held(model: onnx.ModelProto) -> list[OutputAccuracy]:
+        return compare_outputs(
+            ws.output_names, held_reference, run_model(model, held, name, internal=True), ws.scoring
+        )
+
+    best, tried, skipped = recipes.search(ws, gate, forced)
+    assert best.model is not None
+    chosen = best.steps
+    valid_figures = best.accuracy
+    model = best.model
+    # heads: keep a float output where requantizing it changes the top class
+    head_choices: list[heads.HeadChoice] = []
+    float_heads: list[str] = []
+    for out_name, op_type in heads.requantized_heads(model, ws.scoring).items():
+        candidate = heads.float_head(model, out_name)
+        figures = ws.score(candidate)
+        before = next(a.top1 for a in valid_figures if a.name == out_name)
+        after = next(a.top1 for a in figures if a.name == out_name)
+        keep = after is not None and before is not None and after > before
+        head_choices.append(heads.HeadChoice(out_name, op_type, before, after, keep))
+        ws.say(head_choices[-1].describe())
+        if keep:
+            float_heads.append(out_name)
+            model, valid_figures = candidate, figures
+    split_model = model
+    # the model written is calibrated on every calibration sample (the validation part
+    # only chooses): the recipe, its heads and what the fallback keeps in float
+    everything = ws.fork()
+    everything.calib = calib_all
+
+    def final(in_float: list[str]) -> onnx.ModelProto:
+        if not apart:
+            return build(in_float) if in_float else split_model
+        ws.say(f"the recipe on all {len(calib_all)} calibration samples")
+        made = recipes.build(everything, chosen, in_float, tuple(float_heads))
+        assert made.model is not None
+        return made.model
+
+    def build(in_float: list[str]) -> onnx.ModelProto:
+        # from the workspace before any step (a float step runs once: its result is cached)
+        made = recipes.build(ws, chosen, in_float, tuple(float_heads))
+        assert made.model is not None
+        return made.model
+
+    model = first_model = final([])
+    accuracy = first_accuracy = on_held(model)
+    kept: list[KeptFloat] = []
+    tries, stopped = 0, ""
+    if gate.misses(accuracy) and fallback_seconds > 0:
+        found = fallback(best.ws, gate, build, split_model, valid_figures, fallback_seconds)
+        tries, stopped = found.tries, found.stopped
+        if found.kept:
+            candidate = final(found.exclude)
+            figures = on_held(candidate)
+            if gate.better(figures, first_accuracy):
+                kept, model, accuracy = found.kept, candidate, figures
+            else:  # parts in float cost speed: only for a gain that holds
+                ws.notes.append(
+                    f"the fallback's choice on the validation part ({', '.join(k.node for k in found.kept)} "
+                    f"in float) did not score better on the evaluation samples ({_short(figures)} "
+                    f"against {_short(first_accuracy)}): the model without it is kept"
+                )
+    growth = []
+    if gate.misses(accuracy):  # where the first model's error grows, for the message
+        growth = largest_drops(error_trace(best.ws.float_model, first_model, held[:4]))
+    form = "onnxruntime"
+    if isinstance(runtime, RuntimeSettings) and runtime.runtime == "openvino":
+        # the runtime it ships on: OpenVINO runs in int8 the compute ops whose inputs are
+        # quantized (NNCF's convention); onnxruntime's form would requantize every output
+        from opfuse.quantization.openvino_form import openvino_form_report
+
+        form = "openvino"
+        model, done = openvino_form_report(model)
+        accuracy = on_held(model)
+        ws.notes.append(
+            "written in OpenVINO's QDQ form (--runtime openvino): Q/DQ on the inputs of the "
+            f"compute ops and pooling ({done.kept_activation_pairs} activation pairs kept, "
+            f"{done.removed_activation_pairs} removed, {done.float_constants} biases and "
+            "constants in float); the figures are this form's"
+        )
+        ws.say("the model in OpenVINO's QDQ form")
+    passed = not gate.misses(accuracy)
+    result = QuantizeResult(
+        fused,
+        accuracy,
+        gate,
+        len(calib_all),
+        len(held),
+        held_source,
+        kept,
+        warnings=warnings,
+        error_growth=growth,
+        validation_samples=len(valid),
+        validation_apart=apart,
+        recipe=recipes.recipe_name(chosen),
+        recipes=[t.to_json() for t in tried],
+        recipe_lines=[t.line() for t in tried],
+        skipped=skipped,
+        heads=head_choices,
+        notes=ws.notes,
+        first_accuracy=first_accuracy,
+        fallback_tries=tries,
+        fallback_stopped=stopped,
+        passed=passed,
+    )
+    result.form = form
+    if (flow.default_opset(fused_path) or 0) < HARDSWISH_OPSET:
+        result.hardswish_written_out = decomposed_hardswish(fused_model)
+    say("cleaning up the QDQ graph")
+    model = flow.clean_up_proto(model, calib[0], name)
+    result.model = model
+    empty = flow.nothing_quantized(model)
+    if empty:
+        warnings.append(empty)
+    result.nodes = {
+        "original": _nodes(source),
+        FLOAT_OPT: len(fused_model.graph.node),
+        INT8: len(model.graph.node),
+    }
+    int8_path = work / "int8.onnx"
+    onnx.save_model(model, str(int8_path))
+    result.sizes = {"original": source.stat().st_size, "int8": int8_path.stat().st_size}
+    result.coverage = integer_coverage(model)
+    if not passed:
+        result.command = _best_command(command, name, output, chosen, kept, ws.exclude, excluded)
+        _write_report(report, result)
+        raise GateError(_gate_message(gate, result, growth), report=result)
+    if benchmark:
+        say("measuring the speed")
+        settings = runtime if isinstance(runtime, RuntimeSettings) else RuntimeSettings()
+        rt = settings.make() if runtime is None or runtime is settings else runtime
+        result.speed = measure(
+            source,
+            {FLOAT_OPT: fused_path, INT8: int8_path},
+            rt,  # type: ignore[arg-type]
+            seconds=settings.bench_seconds,
+            feeds=held[0],
+        )
+        result.cpu = cpu_features()
+        if min_speedup is not None and (result.speedup or 0) < min_speedup:
+            raise GateError(
+                f"int8 runs at {result.speedup:.2f}x the float original's speed on "
+                f"{result.speed.runtime} ({result.cpu.describe()}), below --min-speedup "
+                f"{min_speedup:g}: nothing written",
+                report=result,
+            )
+    if output is not None:
+        io.save_model(io.load_model(int8_path), output, input_path=source)
+        result.output = Path(output)
+    _write_report(report, result)
+    return result
+
+
+def _samples(
+    data: Data,
+    inputs: list[calibration.ModelInput],
+    preprocess: Preprocess | None,
+    count: int | None,
+    warnings: list[str],
+    option: str,
+) -> list[calibration.Sample]:
+    if isinstance(data, str) and data == RANDOM:
+        if option == "--eval":
+            raise OpfuseError("--eval random: give real samples to measure accuracy on")
         warnings.append(
             "calibrated on RANDOM data (--calibration random): the scales and the accuracy "
             "figures say nothing about real inputs; give real samples before shipping"
         )
-    else:
-        samples = calibration.read_samples(calibration_data, inputs, preprocess)
-        samples = calibration.first(samples, samples_count, str(calibration_data))
-    if eval_data is not None:
-        calib, held = samples, calibration.read_samples(eval_data, inputs, preprocess)
-        source = f"samples from {eval_data}"
-    else:
-        calib, held = calibration.split(samples)
-        source = "samples held back from the calibration data (not used to calibrate)"
-    with tempfile.TemporaryDirectory(prefix=io.STAGING_PREFIX + "quant-") as tmp:
-        work = Path(tmp)
-        opset = flow.default_opset(model)
-        target = None
-        if options.per_channel and opset is not None and opset < flow.PER_CHANNEL_OPSET:
-            target = flow.PER_CHANNEL_OPSET
-            warnings.append(
-                f"converted from opset {opset} to {target}: per-channel QuantizeLinear/"
-                "DequantizeLinear (their axis) need it"
-            )
-        # verified on a real sample: generated inputs can be ones the model refuses (a
-        # voice detector's window shorter than its STFT's padding, a rate it has no branch for)
-        sample = work / "sample.npz"
-        np.savez(sample, **calib[0])  # type: ignore[arg-type]  # numpy stubs: allow_pickle
-        fused = flow.fuse(
-            model, work / "fused.onnx", switch_table, enable, disable, target, verify_inputs=sample
-        )
-        excluded = flow.excluded_names(work / "fused.onnx", exclude)
-        reference = _run(model, held)
-        int8, accuracy, kept, growth = _quantize_gated(
-            work, calib, held, reference, options, excluded, gate, sample
-        )
-        result = QuantizeResult(
-            fused,
-            accuracy,
-            gate,
-            len(calib),
-            len(held),
-            source,
-            kept,
-            warnings=warnings,
-            error_growth=growth,
-        )
-        int8_model = onnx.load_model(str(int8))
-        empty = flow.nothing_quantized(int8_model)
-        if empty:
-            warnings.append(empty)
-        result.nodes = {
-            "original": _nodes(model),
-            FLOAT_OPT: _nodes(work / "fused.onnx"),
-            INT8: len(int8_model.graph.node),
-        }
-        result.coverage = integer_coverage(int8_model)
-        if benchmark:
-            settings = runtime if isinstance(runtime, RuntimeSettings) else RuntimeSettings()
-            rt = settings.make() if runtime is None or runtime is settings else runtime
-            result.speed = measure(
-                model,
-                {FLOAT_OPT: work / "fused.onnx", INT8: int8},
-                rt,  # type: ignore[arg-type]
-                seconds=settings.bench_seconds,
-                feeds=held[0],
-            )
-            result.cpu = cpu_features()
-            if min_speedup is not None and (result.speedup or 0) < min_speedup:
-                raise GateError(
-                    f"int8 runs at {result.speedup:.2f}x the float original's speed on "
-                    f"{result.speed.runtime} ({result.cpu.describe()}), below --min-speedup "
-                    f"{min_speedup:g}: nothing written",
-                    report=result,
-                )
-        io.save_model(io.load_model(int8), output, input_path=model)
-        result.output = Path(output)
+        return calibration.random_samples(inputs, count or RANDOM_SAMPLES)
+    if isinstance(data, str | os.PathLike):
+        samples = calibration.read_samples(data, inputs, preprocess)
+        return calibration.first(samples, count, str(data))
+    samples = calibration.from_arrays(data, inputs, option.removeprefix("--"))
+    return calibration.first(samples, count, option.removeprefix("--"))
+
+
+def _nodes(path: Path) -> int:
+    return len(onnx.load_model(str(path), load_external_data=False).graph.node)
+
+
+def _write_report(report: str | os.PathLike[str] | None, result: QuantizeResult) -> None:
     if report is not None:
         import json
 
         io.write_text(report, json.dumps(result.to_json(), indent=2) + "\n", what="report")
-    return result
 
 
-def _quantize_gated(
-    work: Path,
-    calib: list[calibration.Sample],
-    held: list[calibration.Sample],
-    reference: list[list[np.ndarray]],
-    options: flow.QuantOptions,
-    excluded: list[str],
-    gate: Gate,
-    sample: Path | None = None,
-) -> tuple[Path, list[OutputAccuracy], list[KeptFloat], list[TensorError]]:
-    """Quantize; when the gate is missed, trace where the error grows and keep the most
-    sensitive layers in float one by one until it holds (GateError, naming where the
-    error grows, when MAX_FLOAT_LAYERS are not enough)."""
-    fused = work / "fused.onnx"
-    scoring = _scoring(fused)
-
-    def attempt(exclude: list[str], name: str) -> tuple[Path, list[OutputAccuracy]]:
-        qdq, out = work / f"{name}.qdq.onnx", work / f"{name}.onnx"
-        flow.quantize(fused, qdq, calib, options, exclude)
-        flow.clean_up(qdq, out, sample)
-        return out, compare_outputs(_output_names(fused), reference, _run(out, held), scoring)
-
-    path, accuracy = attempt(excluded, "int8")
-    misses = gate.misses(accuracy)
-    if not misses:
-        return path, accuracy, [], []
-    growth = largest_drops(error_trace(fused, work / "int8.qdq.onnx", held))
-    layers = [n for n in flow.weighted_nodes(fused) if n not in excluded]
-    measured = layers[:MAX_SENSITIVITY_LAYERS]
-    sensitivity = []
-    # alone: every other quantized op in float too, those without weights included (else
-    # their error is the floor of every layer's figure)
-    everything = list(dict.fromkeys([*layers, *flow.quantized_nodes(work / "int8.qdq.onnx")]))
-    for i, layer in enumerate(measured):
-        others = [n for n in everything if n != layer]
-        _, alone = attempt(excluded + others, f"alone{i}")
-        sensitivity.append(KeptFloat(layer, min(a.sqnr_db for a in alone)))
-    sensitivity.sort(key=lambda k: k.sqnr_db)
-    tensors = [
-        KeptFloat(c.label, c.sqnr_db, c.how, c.nodes)
-        for c in activation_candidates(fused, work / "int8.qdq.onnx", calib)
-        if not set(c.nodes) & set(excluded)
-    ]
-    # the two figures do not compare (the whole output's SQNR against one tensor's own
-    # rounding): the worst of each, taken in turn, tensors first (one float run ranks them
-    # all; the layers' figure is measured on the first MAX_SENSITIVITY_LAYERS only)
-    sensitivity = [k for pair in zip_longest(tensors, sensitivity) for k in pair if k is not None]
-    # a layer stays in float only when that measurably helps: the error a layer adds alone
-    # does not always add up (on PP-OCR's recognizer, keeping the 8 worst "alone" layers in
-    # float took top-1 agreement from 98.1% down to 95.8%), so each is tried and kept or not
-    kept: list[KeptFloat] = []
-    best = _standing(gate, accuracy)
-    tried = 0
-    for k in sensitivity:
-        if len(kept) >= MAX_FLOAT_LAYERS or tried >= MAX_FALLBACK_TRIES:
-            break
-        in_float = list(dict.fromkeys([*excluded, *(n for x in [*kept, k] for n in x.in_float)]))
-        if layers and set(layers) <= set(in_float):
-            continue  # never every layer: a model with no int8 layer left is not quantized
-        tried += 1
-        candidate, measured_figures = attempt(in_float, f"fallback{len(kept) + 1}")
-        if _standing(gate, measured_figures) <= best:
-            continue
-        kept.append(k)
-        path, accuracy, best = candidate, measured_figures, _standing(gate, measured_figures)
-        if not gate.misses(accuracy):
-            return path, accuracy, kept, growth
-    figures = "; ".join(a.line() for a in accuracy)
-    helped = f" ({', '.join(k.node for k in kept)} helped)" if kept else " (none helped)"
+def _gate_message(gate: Gate, result: QuantizeResult, growth: list) -> str:  # type: ignore[type-arg]
     grows = "; ".join(e.describe() for e in growth[:2])
-    raise GateError(
-        f"the int8 model misses --max-drop ({'; '.join(gate.misses(accuracy))}) even after "
-        f"trying its {tried} most sensitive layers in float{helped}: {figures}; "
-        + (f"the error grows most at {grows}; " if grows else "")
-        + "nothing written"
+    kept = (
+        f"keeping {len(result.kept_float)} parts in float ({', '.join(k.node for k in result.kept_float)})"
+        if result.kept_float
+        else f"no part kept in float helped ({result.fallback_tries} tries)"
+    )
+    return (
+        f"the int8 model misses --max-drop ({'; '.join(gate.misses(result.accuracy))}): "
+        f"recipe {result.recipe} reached {_short(result.first_accuracy)}, the best after the "
+        f"fallback {_short(result.accuracy)} ({kept}; stopped at {result.fallback_stopped or 'no fallback'})"
+        + (f"; the error grows most at {grows}" if grows else "")
+        + "; nothing written. To write that best model anyway: "
+        + result.command
     )
 
 
-def _standing(gate: Gate, accuracy: list[OutputAccuracy]) -> tuple[float, ...]:
-    """How close the figures are to passing, larger is closer: fewer misses, then the
-    lowest top-1 agreement, then the lowest SQNR."""
-    top1 = [a.top1 for a in accuracy if a.top1 is not None]
-    return (-len(gate.misses(accuracy)), min(top1, default=1.0), min(a.sqnr_db for a in accuracy))
+def _best_command(
+    command: Sequence[str] | None,
+    name: str,
+    output: str | os.PathLike[str] | None,
+    recipe: tuple[str, ...],
+    kept: list[KeptFloat],
+    ws_exclude: list[str],
+    user_exclude: list[str],
+) -> str:
+    """The command line that rebuilds the best model reached with the gate off: the
+    user's own (``command``) with --recipe, --exclude (node names) and --max-drop
+    replaced; an API caller gets the keywords."""
+    nodes = list(
+        dict.fromkeys([*user_exclude, *ws_exclude, *(n for k in kept for n in k.in_float)])
+    )
+    if command is None:
+        return (
+            f"opfuse.quantize(..., recipe={recipes.recipe_name(recipe)!r}, "
+            f"exclude={nodes!r}, max_drop='off')"
+        )
+    args = list(command)
+    kept_args: list[str] = []
+    skip = False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        key = arg.split("=", 1)[0]
+        if key in ("--recipe", "--exclude", "--max-drop"):
+            skip = "=" not in arg and i + 1 < len(args)
+            continue
+        kept_args.append(arg)
+    kept_args += ["--recipe", recipes.recipe_name(recipe), "--max-drop", "off"]
+    for node in nodes:
+        kept_args += ["--exclude", node]
+    return shlex.join(kept_args)
 
 
-def _scoring(model: Path) -> set[str]:
-    """The outputs of ``model`` a classifier head makes (top-1 agreement applies)."""
-    return scoring_outputs(onnx.load_model(str(model), load_external_data=False))
-
-
-def _output_names(model: Path) -> list[str]:
-    import onnx
-
-    return [o.name for o in onnx.load_model(str(model), load_external_data=False).graph.output]
-
-
-def _run(
-    model: str | os.PathLike[str], samples: list[calibration.Sample]
-) -> list[list[np.ndarray]]:
-    """The model's outputs per sample, on onnxruntime CPU at its default optimizations
-    (what a deployment runs: its int8 kernels come from its QDQ fusion)."""
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    try:
-        sess = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
-        return [sess.run(None, s) for s in samples]
-    except Exception as exc:  # onnxruntime's own exception types
-        raise OpfuseError(f"{model}: onnxruntime cannot run it on the samples: {exc}") from None
-
-
-def _nodes(model: str | os.PathLike[str]) -> int:
-    import onnx
-
-    return len(onnx.load_model(str(model), load_external_data=False).graph.node)
+__all__ += ["QuantizeInternalError", "Workspace"]

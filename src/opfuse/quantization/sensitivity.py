@@ -1,10 +1,10 @@
 """Which parts of a quantized model to try keeping in float, worst first.
 
-Two measures, both in dB (lower: more error), so that one list ranks them:
+Two measures, both the SQNR in dB of one rounding at one tensor (lower: more error), so
+that one list ranks them (``fallback.py``):
 
-- a weighted layer (Conv, MatMul, Gemm) quantized *alone*: the output SQNR of the model
-  with only that layer's weights quantized (``run._quantize_gated`` measures it: one
-  quantization per layer);
+- a weighted layer (Conv, MatMul, Gemm): its weight's int8 rounding at its own output,
+  on the float model's values (``weight_candidates``: one float run for all of them);
 - an activation tensor: the SQNR of the tensor against its own quantize-dequantize with the
   scale and zero point the quantizer chose, on the float model's values (one float run for
   all of them, as onnxruntime's ``qdq_loss_debug`` compares activations). A tensor with
@@ -14,7 +14,8 @@ Two measures, both in dB (lower: more error), so that one list ranks them:
 
 On PP-OCR's recognizer most of the error is in ops without weights (236 Add, Mul, MatMul,
 Softmax... run between DequantizeLinear and QuantizeLinear), which the first measure
-never sees."""
+never sees. (Until this release a layer was measured by the model's output SQNR with only
+that layer quantized: one quantization per layer, minutes on the recognizer.)"""
 
 from __future__ import annotations
 
@@ -40,14 +41,15 @@ class Candidate:
 
 
 def activation_candidates(
-    fused: str | os.PathLike[str],
-    qdq: str | os.PathLike[str],
+    fused: str | os.PathLike[str] | onnx.ModelProto,
+    qdq: str | os.PathLike[str] | onnx.ModelProto,
     samples: Sequence[dict[str, np.ndarray]],
 ) -> list[Candidate]:
     """Every activation tensor ``qdq`` quantizes, with the SQNR of its own rounding on the
     float model ``fused`` run on ``samples``, worst first."""
-    quantized = _quantized_activations(onnx.load_model(str(qdq)))
-    float_model = onnx.load_model(str(fused))
+    quantized = _quantized_activations(_proto(qdq))
+    float_model = onnx.ModelProto()
+    float_model.CopyFrom(_proto(fused))  # tensor_session adds outputs to it
     graph = float_model.graph
     producer = {o: n.name for n in graph.node for o in n.output if n.name}
     readers: dict[str, list[str]] = {}
@@ -100,3 +102,86 @@ def _quantized_activations(model: onnx.ModelProto) -> dict[str, tuple[float, flo
         info = np.iinfo(z.dtype)
         out[node.input[0]] = (float(s.ravel()[0]), float(z.ravel()[0]), info.min, info.max)
     return out
+
+
+def weight_candidates(
+    model: onnx.ModelProto,
+    layers: Sequence[str],
+    samples: Sequence[dict[str, np.ndarray]],
+    per_channel: bool = True,
+) -> list[Candidate]:
+    """Each weighted layer in ``layers`` by the SQNR, at its own output, of its weight's
+    int8 rounding (symmetric, per output channel or per tensor, as the quantizer does it),
+    on the float model's values: the layer is linear in its weight, so the error is the
+    layer applied to (W - round(W)) without its bias; one clone per layer computes it, and
+    one float run (up to MAX_SAMPLES samples) ranks them all. Worst first."""
+    made = onnx.ModelProto()
+    made.CopyFrom(model)
+    graph = made.graph
+    inits = {t.name: t for t in graph.initializer}
+    pairs: dict[str, tuple[str, str]] = {}  # layer -> (its output, its error's)
+    for node in list(graph.node):
+        if node.name not in layers or len(node.input) < 2 or node.input[1] not in inits:
+            continue
+        w = numpy_helper.to_array(inits[node.input[1]])
+        if w.size == 0 or w.dtype.kind != "f":
+            continue
+        delta = w - _rounded(w.astype(np.float64), _channel_axis(node), per_channel).astype(w.dtype)
+        if not np.any(delta):
+            continue
+        err_w, err_out = f"{node.name}__weight_error", f"{node.output[0]}__weight_error"
+        graph.initializer.append(numpy_helper.from_array(delta, err_w))
+        clone = onnx.NodeProto()
+        clone.CopyFrom(node)
+        clone.name = f"{node.name}__weight_error"
+        del clone.input[2:]  # no bias: the error of the weight alone
+        clone.input[1] = err_w
+        del clone.output[:]
+        clone.output.append(err_out)
+        graph.node.append(clone)
+        pairs[node.name] = (node.output[0], err_out)
+    if not pairs:
+        return []
+    names = [n for pair in pairs.values() for n in pair]
+    sess = tensor_session(made, names)
+    signal = dict.fromkeys(pairs, 0.0)
+    noise = dict.fromkeys(pairs, 0.0)
+    for sample in samples[:MAX_SAMPLES]:
+        values = dict(zip(names, sess.run(names, sample), strict=True))
+        for layer, (out, err) in pairs.items():
+            signal[layer] += float(np.sum(np.asarray(values[out], np.float64) ** 2))
+            noise[layer] += float(np.sum(np.asarray(values[err], np.float64) ** 2))
+    found = [
+        Candidate(layer, (layer,), sqnr_db(signal[layer], noise[layer]), "weight rounding")
+        for layer in pairs
+        if noise[layer] > 0
+    ]
+    return sorted(found, key=lambda c: c.sqnr_db)
+
+
+def _channel_axis(node: onnx.NodeProto) -> int:
+    """The weight's output-channel axis: Conv 0, ConvTranspose 1, MatMul the last, Gemm
+    0 with transB else 1."""
+    if node.op_type == "Conv":
+        return 0
+    if node.op_type == "Gemm":
+        return 0 if any(a.name == "transB" and a.i for a in node.attribute) else 1
+    return 1 if node.op_type == "ConvTranspose" else -1
+
+
+def _rounded(w: np.ndarray, axis: int, per_channel: bool) -> np.ndarray:
+    """Symmetric int8 quantize-dequantize of a weight."""
+    if per_channel and w.ndim >= 2:
+        moved = np.moveaxis(w, axis, 0)
+        peak = np.max(np.abs(moved.reshape(moved.shape[0], -1)), axis=1)
+        shape = [1] * w.ndim
+        shape[axis] = -1
+        scale = (peak / 127.0).reshape(shape)
+    else:
+        scale = np.asarray(np.max(np.abs(w)) / 127.0)
+    scale = np.where(scale == 0, 1.0, scale)
+    return np.clip(np.round(w / scale), -127, 127) * scale
+
+
+def _proto(model: str | os.PathLike[str] | onnx.ModelProto) -> onnx.ModelProto:
+    return model if isinstance(model, onnx.ModelProto) else onnx.load_model(str(model))

@@ -70,13 +70,14 @@ class TensorError:
 
 
 def error_trace(
-    float_model: str | os.PathLike[str],
-    qdq_model: str | os.PathLike[str],
+    float_model: str | os.PathLike[str] | onnx.ModelProto,
+    qdq_model: str | os.PathLike[str] | onnx.ModelProto,
     samples: Sequence[dict[str, np.ndarray]],
 ) -> list[TensorError]:
     """Each activation ``qdq_model`` quantizes, in the float model's node order."""
-    fm = onnx.load_model(str(float_model))
-    qm = onnx.load_model(str(qdq_model))
+    fm, qm = onnx.ModelProto(), onnx.ModelProto()  # copies: tensor_session adds outputs
+    for made, given in ((fm, float_model), (qm, qdq_model)):
+        made.CopyFrom(given if isinstance(given, onnx.ModelProto) else onnx.load_model(str(given)))
     made_by = {o: n for n in qm.graph.node for o in n.output}
     pairs: dict[str, str] = {}  # float tensor -> the QDQ model's dequantized copy
     for node in qm.graph.node:

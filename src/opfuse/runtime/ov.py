@@ -25,11 +25,33 @@ class OpenVinoSession:
             ) from None
 
 
+# INFERENCE_PRECISION_HINT values: f32 always; bf16 where the CPU has AMX/AVX512-BF16 (then
+# OpenVINO's default), f16 on some ARM CPUs
+PRECISIONS = ("f32", "bf16", "f16")
+
+
+def default_precision(core: object) -> str:
+    """The float precision OpenVINO's CPU plugin runs a float model in by default on this
+    CPU (bf16 where the CPU has AMX or AVX512-BF16, f32 otherwise)."""
+    hint = str(core.get_property("CPU", "INFERENCE_PRECISION_HINT"))  # type: ignore[attr-defined]
+    return (
+        hint.replace("<Type: '", "")
+        .replace("'>", "")
+        .replace("float32", "f32")
+        .replace("bfloat16", "bf16")
+        .replace("float16", "f16")
+    )
+
+
 class OpenVinoRuntime:
     name = "openvino"
     clock = staticmethod(time.perf_counter)
 
-    def __init__(self, threads: int = 1) -> None:
+    def __init__(self, threads: int = 1, precision: str | None = None) -> None:
+        """``precision``: INFERENCE_PRECISION_HINT for the float ops (None: OpenVINO's
+        default on this CPU, see :func:`default_precision`)."""
+        if precision is not None and precision not in PRECISIONS:
+            raise OpfuseError(f"OpenVINO precision {precision!r}: one of {', '.join(PRECISIONS)}")
         try:
             import openvino
         except ImportError:
@@ -39,11 +61,14 @@ class OpenVinoRuntime:
         self.core = openvino.Core()
         self.version = openvino.__version__.split("-")[0]
         self.threads = threads
+        self.precision = precision
 
     def load(self, path: str | os.PathLike[str]) -> OpenVinoSession:
         config: dict[str, object] = {"PERFORMANCE_HINT": "LATENCY"}
         if self.threads:
             config["INFERENCE_NUM_THREADS"] = self.threads
+        if self.precision is not None:
+            config["INFERENCE_PRECISION_HINT"] = self.precision
         try:
             compiled = self.core.compile_model(str(path), "CPU", config)
         except Exception as exc:  # OpenVINO raises RuntimeError with long texts
@@ -57,4 +82,9 @@ class OpenVinoRuntime:
             if self.threads == 0
             else f"{self.threads} thread" + ("" if self.threads == 1 else "s")
         )
-        return f"openvino {self.version} CPU, {threads}"
+        precision = (
+            f"default precision ({default_precision(self.core)})"
+            if self.precision is None
+            else f"{self.precision} precision"
+        )
+        return f"openvino {self.version} CPU, {threads}, {precision}"

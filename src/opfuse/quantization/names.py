@@ -1,0 +1,15 @@
+"""The quantize command's option texts and defaults, light to import (the CLI's help)."""
+
+from __future__ import annotations
+
+FALLBACK_SECONDS = 30.0  # the time the mixed-precision fallback may take
+KEYS_HELP = (
+    "floors: top1=99% (top-1 agreement with the float model >= 99% where an output "
+    "scores classes), sqnr=25 (SQNR >= 25 dB on every output), both with a comma; auto "
+    "(top1=99% where classes, sqnr=20 elsewhere) or off"
+)
+RECIPE_HELP = (
+    "auto (try the recipes that apply, keep the most accurate on a validation part of the "
+    "calibration data), or steps joined by commas: ranges minmax|mean-minmax|percentile|"
+    "mse, cle, smoothquant, bias-correction|bias-correction-full"
+)

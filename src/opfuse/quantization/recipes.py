@@ -1,0 +1,205 @@
+"""``--recipe auto``: the recipes that apply to this model, tried in cost order on the
+calibration part, each scored by the gate's own measure on the validation part (never on
+the evaluation data), the most accurate kept.
+
+The search starts from ``minmax`` (onnxruntime's own MinMax calibration) and applies one
+change at a time to the best recipe so far, cheapest first (``CHANGES``): NNCF's
+``mean-minmax`` ranges, the fast bias correction, ``mse`` ranges (each tensor's own
+quantization error), cross-layer equalization (``cle``) and ``smoothquant`` (each verified
+against the float model, dropped and said when it fails), the full bias correction. A
+change is kept only when it scores better beyond the noise of the figures
+(``Gate.better``), so equal figures keep the cheaper recipe. No new recipe starts after ``RECIPE_SECONDS`` (what was not tried is said)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import onnx
+
+from opfuse.errors import OpfuseError, first_line
+from opfuse.quantization import flow, heads
+from opfuse.quantization.accuracy import OutputAccuracy
+from opfuse.quantization.gate import Gate
+from opfuse.quantization.steps import STEPS, StepReport, recipe_name, recipe_steps
+from opfuse.quantization.workspace import QuantizeInternalError, Workspace
+
+# one change at a time to the best recipe so far, cheapest first (measured on PP-OCR's
+# recognizer: mean-minmax and the fast bias correction cost about one quantization, mse
+# three, cle and smoothquant their statistics and the float check on top)
+CHANGES = ("mean-minmax", "bias-correction", "mse", "cle", "smoothquant", "bias-correction-full")
+RECIPE_SECONDS = 40.0  # no recipe starts that would end after this (the first always runs)
+# a recipe's cost in units of the first one's (minmax) time, to skip one that would not fit
+# (measured on PP-OCRv4's recognizer: mean-minmax 0.5, the fast bias correction 0.75, mse
+# with it 3, the full bias correction 7.4)
+COST = {"mse": 3.0, "cle": 2.0, "smoothquant": 2.0, "bias-correction-full": 8.0}
+
+
+@dataclass
+class Built:
+    """A recipe's int8 model, its workspace and figures on the validation part."""
+
+    steps: tuple[str, ...]
+    ws: Workspace
+    model: onnx.ModelProto | None = None
+    accuracy: list[OutputAccuracy] = field(default_factory=list)
+    reports: list[StepReport] = field(default_factory=list)
+    seconds: float = 0.0
+    error: str = ""  # the recipe failed (a step raised): why
+    kept: bool = False
+
+    @property
+    def name(self) -> str:
+        return recipe_name(self.steps)
+
+    def line(self) -> str:
+        if self.error:
+            return f"{self.name}: failed ({self.error})"
+        top1 = [a.top1 for a in self.accuracy if a.top1 is not None]
+        sqnr = min((a.sqnr_db for a in self.accuracy), default=float("nan"))
+        figures = (f"top-1 {min(top1):.1%}, " if top1 else "") + f"SQNR {sqnr:.1f} dB"
+        dropped = [r.describe() for r in self.reports if r.dropped]
+        return f"{self.name}: {figures}" + (f" ({'; '.join(dropped)})" if dropped else "")
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "recipe": self.name,
+            "steps": [r.to_json() for r in self.reports],
+            "validation": [a.to_json() for a in self.accuracy],
+            "seconds": round(self.seconds, 2),
+            "error": self.error or None,
+            "kept": self.kept,
+        }
+
+
+def build(
+    base: Workspace,
+    steps: tuple[str, ...],
+    exclude: list[str] | None = None,
+    float_heads: tuple[str, ...] = (),
+) -> Built:
+    """Run ``steps`` on a fork of ``base``: the float steps, the ranges, quantization
+    (with ``exclude`` node names in float on top of the workspace's), the int8 steps, and
+    the float output of each head in ``float_heads``."""
+    ws = base.fork()
+    made = Built(steps, ws)
+    start = time.perf_counter()
+    for name in steps:
+        step = STEPS[name]
+        if step.phase == "int8":
+            continue
+        made.reports.append(step.run(ws))
+    ws.int8_model = flow.quantize_proto(
+        ws.float_model,
+        ws.calib,
+        flow.QuantOptions(ws.per_channel, ws.activation_type, ws.calibrate_method),
+        ws.exclude if exclude is None else list(dict.fromkeys([*ws.exclude, *exclude])),
+        name=ws.name,
+        notes=ws.notes,
+        overrides=ws.overrides,
+        extra_options=base.extra_options,  # a workaround found holds for every recipe
+        calibration_cache=ws.calibration_cache(),
+    )
+    for name in steps:
+        step = STEPS[name]
+        if step.phase == "int8":
+            made.reports.append(step.run(ws))
+    for output in float_heads:
+        if output in heads.requantized_heads(ws.int8_model, {output}):
+            ws.int8_model = heads.float_head(ws.int8_model, output)
+    made.model = ws.int8_model
+    made.seconds = time.perf_counter() - start
+    return made
+
+
+def scored(base: Workspace, steps: tuple[str, ...]) -> Built:
+    """``build`` and score on the validation part; a step that raises (not a failure of
+    onnxruntime's quantizer on the model, which is exit 3) makes a failed recipe."""
+    try:
+        made = build(base, steps)
+    except QuantizeInternalError:
+        raise
+    except (OpfuseError, ValueError, RuntimeError, KeyError, IndexError) as exc:
+        failed = Built(steps, base.fork(), error=first_line(exc))
+        base.say(f"recipe {failed.name}: failed ({failed.error})")
+        return failed
+    assert made.model is not None
+    made.accuracy = base.score(made.model)
+    base.say(f"recipe {made.line()} on {len(base.valid)} validation samples ({made.seconds:.1f} s)")
+    return made
+
+
+def with_step(steps: tuple[str, ...], name: str) -> tuple[str, ...]:
+    """``steps`` with ``name`` added: a ranges or int8 step replaces the one of its kind,
+    a float step joins the others."""
+    phase = STEPS[name].phase
+    kept = [s for s in steps if phase == "float" or STEPS[s].phase != phase]
+    return recipe_steps([*kept, name])
+
+
+def search(
+    base: Workspace,
+    gate: Gate,
+    forced: tuple[str, ...] | None,
+    seconds: float | None = None,
+) -> tuple[Built, list[Built], list[str]]:
+    """The kept recipe, every recipe tried (in order) and what was skipped (said);
+    ``seconds``: the budget (RECIPE_SECONDS)."""
+    seconds = RECIPE_SECONDS if seconds is None else seconds
+    if forced is not None:
+        made = scored(base, forced)
+        if made.error:
+            raise QuantizeInternalError(
+                f"{base.name}: --recipe {made.name} failed: {made.error}; try another recipe"
+            )
+        made.kept = True
+        return made, [made], []
+    start = time.perf_counter()
+    tried: list[Built] = []
+    skipped: list[str] = []
+    best: Built | None = None
+
+    def fits(steps: tuple[str, ...]) -> bool:
+        if not tried or any(t.steps == steps for t in tried):
+            return True
+        cost = tried[0].seconds * max(COST.get(s, 1.0) for s in steps)
+        if time.perf_counter() - start + cost <= seconds:
+            return True
+        skipped.append(
+            f"{recipe_name(steps)} (would not end within the {seconds:.0f} s recipe budget)"
+        )
+        return False
+
+    def attempt(steps: tuple[str, ...]) -> None:
+        nonlocal best
+        if any(t.steps == steps for t in tried) or not fits(steps):
+            return
+        made = scored(base, steps)
+        tried.append(made)
+        if not made.error and (best is None or gate.better(made.accuracy, best.accuracy)):
+            best = made
+
+    def applies(name: str) -> bool:
+        step = STEPS[name]
+        ok = step.applies(base)
+        if not ok:
+            reason = getattr(step, "reason", None)
+            skipped.append(f"{name} ({reason(base) if reason else 'not in this build'})")
+        return ok
+
+    attempt(recipe_steps(["minmax"]))
+    if best is None:
+        raise QuantizeInternalError(
+            f"{base.name}: no recipe quantized the model ({'; '.join(t.line() for t in tried)})"
+        )
+    for name in CHANGES:  # each applied to the best recipe so far
+        steps = with_step(best.steps, name)
+        if fits(steps) and applies(name):  # the budget first: applies() runs the step
+            attempt(steps)
+    assert best is not None
+    best.kept = True
+    return best, tried, skipped
+
+
+Builder = Callable[[list[str]], onnx.ModelProto]

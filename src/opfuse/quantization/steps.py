@@ -1,0 +1,279 @@
+"""The steps a recipe is made of, each a small wrapper around one algorithm module (the
+way NNCF composes its algorithms in ``post_training/pipeline.py``):
+
+- ``float`` steps change the float model before quantization and are verified against
+  the fused float model within the verifier's bound (a step that fails it is dropped and
+  said): ``cle`` (equalize.py: cross-layer equalization with bias absorption),
+  ``smoothquant`` (smooth.py);
+- ``ranges`` steps choose the activation ranges (ranges.py), given to onnxruntime's
+  quantizer as per-tensor overrides: ``minmax`` (onnxruntime's own MinMax calibration:
+  the global extremes), ``mean-minmax``, ``percentile``, ``mse``;
+- ``int8`` steps change the quantized model: ``bias-correction`` (fast) and
+  ``bias-correction-full`` (bias_correction.py).
+
+A recipe is a set of step names; ``recipe_steps`` orders them float -> ranges -> quantize
+-> int8 and adds ``minmax`` when no ranges step is named.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import onnx
+
+from opfuse.errors import OpfuseError, first_line
+from opfuse.quantization import flow
+from opfuse.quantization.names import RECIPE_HELP
+from opfuse.quantization.workspace import Workspace
+
+VERIFY_RTOL, VERIFY_ATOL = 1e-4, 1e-5  # the verifier's default bound (opfuse verify)
+VERIFY_SAMPLES = 4  # samples a float step is verified on
+PHASES = ("float", "ranges", "int8")
+
+
+@dataclass
+class StepReport:
+    step: str
+    changed: int  # layers (pairs, tensors) the step changed
+    detail: str = ""
+    dropped: bool = False  # it failed its check (or raised) and was left out
+
+    def describe(self) -> str:
+        if self.dropped:
+            return f"{self.step}: dropped ({self.detail})"
+        return f"{self.step}: {self.detail}" if self.detail else self.step
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "step": self.step,
+            "changed": self.changed,
+            "detail": self.detail,
+            "dropped": self.dropped,
+        }
+
+
+class Step(Protocol):
+    name: str
+    phase: str  # "float", "ranges" or "int8"
+
+    def applies(self, ws: Workspace) -> bool:
+        """Would it do anything on this model."""
+        ...
+
+    def run(self, ws: Workspace) -> StepReport:
+        """Change ``ws.float_model`` / ``ws.overrides`` / ``ws.int8_model``."""
+        ...
+
+
+def _module(name: str):  # type: ignore[no-untyped-def]
+    """An algorithm module, or None where this build lacks it."""
+    try:
+        return importlib.import_module(f"opfuse.quantization.{name}")
+    except ImportError:
+        return None
+
+
+class Ranges:
+    """Activation ranges by ``method`` (ranges.py), as per-tensor overrides; ``minmax``
+    is onnxruntime's own MinMax calibration (the same global extremes, no overrides)."""
+
+    phase = "ranges"
+
+    def __init__(self, method: str) -> None:
+        self.name = method
+
+    def applies(self, ws: Workspace) -> bool:
+        return self.name == "minmax" or _module("ranges") is not None
+
+    def run(self, ws: Workspace) -> StepReport:
+        if self.name == "minmax":
+            ws.calibrate_method = "minmax"
+            return StepReport(self.name, 0, "onnxruntime's MinMax calibration")
+        ranges = _module("ranges")
+        key = f"ranges:{self.name}:{id(ws.float_model)}:{id(ws.calib)}:{ws.activation_type}"
+        found = ws.cache.get(key)
+        if found is None:
+            tensors = ranges.quantized_activations(ws.float_model)
+            found = ranges.activation_ranges(
+                ws.float_model, ws.calib, tensors, self.name, activation_type=ws.activation_type
+            )
+            ws.cache[key] = found
+        ws.overrides.update(ranges.to_overrides(found))  # type: ignore[arg-type]
+        return StepReport(self.name, len(found), f"{len(found)} activation ranges")  # type: ignore[arg-type]
+
+
+class FloatChange:
+    """A step that changes the float model (``module.function(model, samples)`` returns
+    the copy and a count), verified against the fused float model before quantizing."""
+
+    phase = "float"
+
+    def __init__(
+        self, name: str, module: str, function: str, what: str, candidates: str = ""
+    ) -> None:
+        self.name, self.module, self.function, self.what = name, module, function, what
+        self.candidates = candidates  # the module's cheap check (no session), if any
+
+    def _none_to_consider(self, ws: Workspace) -> bool:
+        module = _module(self.module)
+        check = getattr(module, self.candidates, None) if self.candidates else None
+        return check is not None and not check(ws.float_model)
+
+    def _result(self, ws: Workspace) -> tuple[onnx.ModelProto, int] | StepReport:
+        key = f"{self.name}:{id(ws.float_model)}"
+        if key not in ws.cache:
+            module = _module(self.module)
+            if module is None:
+                ws.cache[key] = StepReport(self.name, 0, "not in this build", dropped=True)
+            else:
+                try:
+                    made, count = getattr(module, self.function)(ws.float_model, ws.calib)
+                except OpfuseError as exc:
+                    ws.cache[key] = StepReport(self.name, 0, first_line(exc), dropped=True)
+                else:
+                    ws.cache[key] = (made, count)
+                    if count:
+                        bad = float_check(ws, made)
+                        if bad:
+                            ws.cache[key] = StepReport(self.name, count, bad, dropped=True)
+        return ws.cache[key]  # type: ignore[return-value]
+
+    def applies(self, ws: Workspace) -> bool:
+        if self._none_to_consider(ws):  # cheap: nothing of the kind in the graph
+            return False
+        found = self._result(ws)
+        return isinstance(found, tuple) and found[1] > 0
+
+    def reason(self, ws: Workspace) -> str:
+        """Why it does not apply: dropped (and why), or nothing to change."""
+        found = self._result(ws)
+        if isinstance(found, StepReport):
+            return (
+                found.detail if found.detail == "not in this build" else f"dropped: {found.detail}"
+            )
+        return f"nothing to change: no {self.what}"
+
+    def run(self, ws: Workspace) -> StepReport:
+        found = self._result(ws)
+        if isinstance(found, StepReport):
+            return found
+        made, count = found
+        if count:
+            ws.float_model = made
+        return StepReport(self.name, count, f"{count} {self.what}")
+
+
+class BiasCorrection:
+    """The mean output shift each quantized layer adds, folded into its bias."""
+
+    phase = "int8"
+
+    def __init__(self, full: bool) -> None:
+        self.full = full
+        self.name = "bias-correction-full" if full else "bias-correction"
+
+    def applies(self, ws: Workspace) -> bool:
+        return _module("bias_correction") is not None and bool(flow.weighted_nodes(ws.float_model))
+
+    def run(self, ws: Workspace) -> StepReport:
+        module = _module("bias_correction")
+        assert ws.int8_model is not None and module is not None
+        made, count = module.correct_bias(ws.float_model, ws.int8_model, ws.calib, full=self.full)
+        ws.int8_model = made
+        return StepReport(self.name, count, f"{count} layers' biases corrected")
+
+
+STEPS: dict[str, Step] = {
+    "minmax": Ranges("minmax"),
+    "mean-minmax": Ranges("mean-minmax"),
+    "percentile": Ranges("percentile"),
+    "mse": Ranges("mse"),
+    "cle": FloatChange("cle", "equalize", "equalize", "layer pairs equalized", "equalizable_pairs"),
+    "smoothquant": FloatChange("smoothquant", "smooth", "smooth", "layers smoothed", "smoothable"),
+    "bias-correction": BiasCorrection(full=False),
+    "bias-correction-full": BiasCorrection(full=True),
+}
+
+
+def parse_recipe(text: str) -> tuple[str, ...] | None:
+    """``--recipe``: None for auto, else the step names (ordered); a bad name, two ranges
+    steps or both bias corrections is a one-line OpfuseError."""
+    if text in ("", "auto"):
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in STEPS]
+    if unknown or not names:
+        raise OpfuseError(f"--recipe {text!r}: {RECIPE_HELP}")
+    for phase in ("ranges", "int8"):
+        same = [n for n in names if STEPS[n].phase == phase]
+        if len(same) > 1:
+            raise OpfuseError(f"--recipe {text!r}: one of {', '.join(same)}, not both")
+    return recipe_steps(names)
+
+
+def recipe_steps(names: Sequence[str]) -> tuple[str, ...]:
+    """``names`` in the order they run (float, ranges, int8), minmax when no ranges step."""
+    names = list(dict.fromkeys(names))
+    if not any(STEPS[n].phase == "ranges" for n in names):
+        names.append("minmax")
+    return tuple(sorted(names, key=lambda n: PHASES.index(STEPS[n].phase)))
+
+
+def recipe_name(steps: Sequence[str]) -> str:
+    return ",".join(steps)
+
+
+def float_check(ws: Workspace, changed: onnx.ModelProto) -> str:
+    """Why ``changed`` is not the fused float model within the verifier's bound on the
+    first validation samples ('' when it is): the plain bound, or else within the fused
+    model's own float32 error against float64, as ``opfuse verify`` judges."""
+    from opfuse.verification import tolerance
+    from opfuse.verification.compare import compare_arrays
+
+    samples = ws.valid[:VERIFY_SAMPLES]
+    want = _disabled_run(ws.fused_model, samples)
+    got = _disabled_run(changed, samples)
+    names = ws.output_names
+    for k, sample in enumerate(samples):
+        truth: dict[str, np.ndarray] | None = None
+        for name, ref, out in zip(names, want[k], got[k], strict=True):
+            diff = compare_arrays(name, np.asarray(ref), np.asarray(out), VERIFY_RTOL, VERIFY_ATOL)
+            if diff.ok:
+                continue
+            if truth is None:
+                try:
+                    truth = tolerance.run_float64(ws.fused_model, sample, _disabled_session)
+                except Exception:  # no float64 model onnxruntime runs: the plain rule stands
+                    truth = {}
+            if (
+                diff.detail
+                or name not in truth
+                or not tolerance.within_rounding(
+                    np.asarray(ref), np.asarray(out), truth[name], VERIFY_RTOL, VERIFY_ATOL
+                )
+            ):
+                return (
+                    f"changes output {name} beyond the verifier's bound (max abs "
+                    f"{diff.max_abs:.3g}, {diff.used:.1f}x the bound)"
+                )
+    return ""
+
+
+def _disabled_session(model: onnx.ModelProto):  # type: ignore[no-untyped-def]
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 4
+    return ort.InferenceSession(model.SerializeToString(), opts, ["CPUExecutionProvider"])
+
+
+def _disabled_run(
+    model: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]]
+) -> list[list[np.ndarray]]:
+    sess = _disabled_session(model)
+    return [sess.run(None, s) for s in samples]

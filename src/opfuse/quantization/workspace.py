@@ -1,0 +1,134 @@
+"""The state the quantization steps share: the models in memory (``onnx.ModelProto``,
+never file names), the samples split three ways, the quantizer's settings and what each
+step did. A recipe runs on its own copy (``Workspace.fork``) so recipes do not see each
+other's changes; the samples and the reference outputs are shared, not copied."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from opfuse.errors import OpfuseError, first_line
+from opfuse.quantization.accuracy import OutputAccuracy, compare_outputs, scoring_outputs
+
+Sample = dict[str, np.ndarray]
+Overrides = dict[str, list[dict[str, object]]]
+
+
+class QuantizeInternalError(OpfuseError):
+    """A failure inside quantization on a valid model (onnxruntime's quantizer, or the
+    int8 model it made that onnxruntime cannot run): exit status 3, with the fix to try."""
+
+    exit_code = 3
+
+
+@dataclass
+class Workspace:
+    """``float_model``: the fused float model the steps may change (equalization,
+    smoothing: each verified against ``fused_model``); ``int8_model``: the latest QDQ
+    model; ``overrides``: per-tensor activation ranges for onnxruntime's quantizer
+    (``TensorQuantOverrides``); ``extra_options``: its other options (workarounds);
+    ``exclude``: node names kept in float."""
+
+    name: str  # the user's model, as messages name it
+    fused_model: onnx.ModelProto
+    float_model: onnx.ModelProto
+    calib: list[Sample]
+    valid: list[Sample]  # the validation part of the calibration data: chooses
+    per_channel: bool = True
+    activation_type: str = "uint8"
+    calibrate_method: str = "minmax"
+    exclude: list[str] = field(default_factory=list)
+    overrides: Overrides = field(default_factory=dict)
+    extra_options: dict[str, object] = field(default_factory=dict)
+    int8_model: onnx.ModelProto | None = None
+    notes: list[str] = field(default_factory=list)  # what was worked around, said
+    progress: Callable[[str], None] | None = None
+    started: float = field(default_factory=time.perf_counter)
+    # the float original's outputs on ``valid`` (shared by every fork)
+    valid_reference: list[list[np.ndarray]] = field(default_factory=list)
+    cache: dict[str, object] = field(default_factory=dict)  # shared by every fork
+    # where onnxruntime's calibration ranges are kept between quantizations of one float
+    # model on one sample set (its calibration_cache_path): a fallback try does not
+    # calibrate again
+    cache_dir: Path | None = None
+
+    def calibration_cache(self) -> Path | None:
+        if self.cache_dir is None:
+            return None
+        key = f"{id(self.float_model)}-{id(self.calib)}-{self.calibrate_method}"
+        return self.cache_dir / f"calibration-{key}.json"
+
+    def fork(self) -> Workspace:
+        """A copy for one recipe: models and lists copied, samples and caches shared."""
+        return replace(
+            self,
+            float_model=self.float_model,  # steps replace it, never change it in place
+            exclude=list(self.exclude),
+            overrides=dict(self.overrides),
+            extra_options=dict(self.extra_options),
+            notes=self.notes,  # workarounds found in one recipe hold for all
+        )
+
+    def say(self, text: str) -> None:
+        """A progress line (with the seconds since the start)."""
+        if self.progress is not None:
+            self.progress(f"[{time.perf_counter() - self.started:5.1f} s] {text}")
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o.name for o in self.fused_model.graph.output]
+
+    @property
+    def scoring(self) -> set[str]:
+        found = self.cache.get("scoring")
+        if found is None:
+            found = scoring_outputs(self.fused_model)
+            self.cache["scoring"] = found
+        return found  # type: ignore[return-value]
+
+    def score(
+        self,
+        model: onnx.ModelProto,
+        samples: list[Sample] | None = None,
+        reference: list[list[np.ndarray]] | None = None,
+    ) -> list[OutputAccuracy]:
+        """``model`` against the float original on the validation part (or ``samples``
+        with their ``reference``)."""
+        if samples is None:
+            samples, reference = self.valid, self.valid_reference
+        got = run_model(model, samples, self.name, internal=True)
+        return compare_outputs(self.output_names, reference or [], got, self.scoring)
+
+
+def run_model(
+    model: onnx.ModelProto | str,
+    samples: list[Sample],
+    name: str,
+    *,
+    internal: bool = False,
+) -> list[list[np.ndarray]]:
+    """The model's outputs per sample on onnxruntime CPU at its default optimizations
+    (what a deployment runs: its int8 kernels come from its QDQ fusion). ``internal``:
+    the model is one quantization made (a failure is exit 3, not bad input)."""
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    source = model if isinstance(model, str) else model.SerializeToString()
+    try:
+        sess = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+        return [sess.run(None, s) for s in samples]
+    except Exception as exc:  # onnxruntime's own exception types
+        if internal:
+            raise QuantizeInternalError(
+                f"{name}: onnxruntime cannot run the int8 model quantization made: "
+                f"{first_line(exc)}; try --exclude with the op type it names, or --per-tensor"
+            ) from None
+        raise OpfuseError(
+            f"{name}: onnxruntime cannot run it on the samples: {first_line(exc)}"
+        ) from None
