@@ -121,7 +121,7 @@ def test_equalized_model_gives_the_same_outputs(make):
     before, after = weights(model), weights(out)
     assert any(not np.array_equal(before[k], after[k]) for k in before)
     # bias absorption is exact on the calibration samples (see the module)
-    absorbed, again = equalize(model, data)
+    absorbed, again = equalize(model, data, absorb_bias=True)
     assert again == count and deviations(model, absorbed, data) == []
 
 
@@ -162,7 +162,7 @@ def test_dense_pairs_gemm_and_matmul():
     out, count = equalize(model)
     assert count == 2
     assert deviations(model, out, feeds([4, k], seed=3)) == []
-    absorbed, count = equalize(model, data)
+    absorbed, count = equalize(model, data, absorb_bias=True)
     assert count == 2 and deviations(model, absorbed, data) == []
     assert not np.array_equal(weights(absorbed)["c1"], weights(out)["c1"])
 
@@ -214,7 +214,7 @@ def test_per_tensor_int8_sqnr_rises(make, tmp_path: Path):
     model = make()
     x_shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
     calib, held = feeds(x_shape, n=16), feeds(x_shape, n=8, seed=9)
-    out, count = equalize(model, calib)
+    out, count = equalize(model, calib, absorb_bias=True)
     assert count >= 1
     before = int8_sqnr(model, model, calib, held, tmp_path / "before")
     after = int8_sqnr(out, model, calib, held, tmp_path / "after")
@@ -242,7 +242,7 @@ def test_not_across_a_non_homogeneous_activation(act, inputs, attrs):
     slope[3] = -0.1
     for name, value in {"slope": slope, "zero": 0.0, "six": 6.0, "minus": -1.0}.items():
         model.graph.initializer.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
-    out, count = equalize(model, feeds([1, 8, 10, 10]))
+    out, count = equalize(model, feeds([1, 8, 10, 10]), absorb_bias=True)
     assert count == 0 and unchanged(model, out)
     assert equalizable_pairs(model) == []
 
@@ -250,7 +250,7 @@ def test_not_across_a_non_homogeneous_activation(act, inputs, attrs):
 def test_clip_with_min_zero_and_no_max_is_relu():
     model = conv_pair("Clip", act_inputs=("zero",))
     model.graph.initializer.append(numpy_helper.from_array(np.asarray(0.0, np.float32), "zero"))
-    out, count = equalize(model, feeds([1, 8, 10, 10]))
+    out, count = equalize(model, feeds([1, 8, 10, 10]), absorb_bias=True)
     assert count == 1
     assert deviations(model, out, feeds([1, 8, 10, 10], seed=2)) == []
 
@@ -355,11 +355,11 @@ def test_a_second_equalization_with_bias_absorption_changes_little():
     b1 = next(t for t in model.graph.initializer if t.name == "b1")
     b1.CopyFrom(numpy_helper.from_array(np.full(16, 8.0, np.float32), "b1"))
     calib = feeds([1, 8, 10, 10], n=8)
-    once, count = equalize(model, calib)
+    once, count = equalize(model, calib, absorb_bias=True)
     plain, _ = equalize(model)
     absorbed = weights(once)["b1"] < weights(plain)["b1"]
     assert count == 1 and absorbed.sum() >= 4
-    twice, again = equalize(once, calib)
+    twice, again = equalize(once, calib, absorb_bias=True)
     assert again == 0
     w1, w2 = weights(once), weights(twice)
     for name in w1:
@@ -381,7 +381,7 @@ def test_bias_absorption_moves_always_positive_channels_and_stays_exact():
     b1.CopyFrom(numpy_helper.from_array(bias, "b1"))
     calib = feeds([1, 8, 10, 10], n=16)
     plain, _ = equalize(model)
-    absorbed, count = equalize(model, calib)
+    absorbed, count = equalize(model, calib, absorb_bias=True)
     assert count == 1
     wp, wa = weights(plain), weights(absorbed)
     moved = wp["b1"] - wa["b1"]
@@ -400,7 +400,7 @@ def test_no_absorption_into_a_padded_conv():
     b1.CopyFrom(numpy_helper.from_array(np.full(16, 5.0, np.float32), "b1"))
     calib = feeds([1, 8, 10, 10], n=4)
     plain, _ = equalize(model)
-    absorbed, count = equalize(model, calib)
+    absorbed, count = equalize(model, calib, absorb_bias=True)
     assert count == 1 and unchanged(plain, absorbed)
 
 

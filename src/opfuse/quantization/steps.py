@@ -3,7 +3,7 @@ way NNCF composes its algorithms in ``post_training/pipeline.py``):
 
 - ``float`` steps change the float model before quantization and are verified against
   the fused float model within the verifier's bound (a step that fails it is dropped and
-  said): ``cle`` (equalize.py: cross-layer equalization with bias absorption),
+  said): ``cle`` (equalize.py: cross-layer equalization, without its inexact bias absorption),
   ``smoothquant`` (smooth.py);
 - ``ranges`` steps choose the activation ranges (ranges.py), given to onnxruntime's
   quantizer as per-tensor overrides: ``minmax`` (onnxruntime's own MinMax calibration:
