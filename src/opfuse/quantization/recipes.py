@@ -185,7 +185,7 @@ def search(
         ok = step.applies(base)
         if not ok:
             reason = getattr(step, "reason", None)
-            skipped.append(f"{name} ({reason(base) if reason else 'not in this build'})")
+            skipped.append(f"{name} ({reason(base)})" if reason else name)
         return ok
 
     attempt(recipe_steps(["minmax"]))

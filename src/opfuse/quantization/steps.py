@@ -17,17 +17,19 @@ A recipe is a set of step names; ``recipe_steps`` orders them float -> ranges ->
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 import onnx
 
 from opfuse.errors import OpfuseError, first_line
-from opfuse.quantization import flow
+from opfuse.quantization import flow, ranges
+from opfuse.quantization.bias_correction import correct_bias
+from opfuse.quantization.equalize import equalizable_pairs, equalize
 from opfuse.quantization.names import RECIPE_HELP
+from opfuse.quantization.smooth import smooth, smoothable
 from opfuse.quantization.workspace import Workspace
 
 VERIFY_RTOL, VERIFY_ATOL = 1e-4, 1e-5  # the verifier's default bound (opfuse verify)
@@ -69,14 +71,6 @@ class Step(Protocol):
         ...
 
 
-def _module(name: str):  # type: ignore[no-untyped-def]
-    """An algorithm module, or None where this build lacks it."""
-    try:
-        return importlib.import_module(f"opfuse.quantization.{name}")
-    except ImportError:
-        return None
-
-
 class Ranges:
     """Activation ranges by ``method`` (ranges.py), as per-tensor overrides; ``minmax``
     is onnxruntime's own MinMax calibration (the same global extremes, no overrides)."""
@@ -87,60 +81,62 @@ class Ranges:
         self.name = method
 
     def applies(self, ws: Workspace) -> bool:
-        return self.name == "minmax" or _module("ranges") is not None
+        return True
 
     def run(self, ws: Workspace) -> StepReport:
         if self.name == "minmax":
             ws.calibrate_method = "minmax"
             return StepReport(self.name, 0, "onnxruntime's MinMax calibration")
-        ranges = _module("ranges")
         key = f"ranges:{self.name}:{id(ws.float_model)}:{id(ws.calib)}:{ws.activation_type}"
-        found = ws.cache.get(key)
+        found = cast("dict[str, tuple[float, float]] | None", ws.cache.get(key))
         if found is None:
             tensors = ranges.quantized_activations(ws.float_model)
             found = ranges.activation_ranges(
                 ws.float_model, ws.calib, tensors, self.name, activation_type=ws.activation_type
             )
             ws.cache[key] = found
-        ws.overrides.update(ranges.to_overrides(found))  # type: ignore[arg-type]
-        return StepReport(self.name, len(found), f"{len(found)} activation ranges")  # type: ignore[arg-type]
+        ws.overrides.update(ranges.to_overrides(found))
+        return StepReport(self.name, len(found), f"{len(found)} activation ranges")
+
+
+FloatChangeFn = Callable[
+    [onnx.ModelProto, Sequence[dict[str, np.ndarray]]], tuple[onnx.ModelProto, int]
+]
 
 
 class FloatChange:
-    """A step that changes the float model (``module.function(model, samples)`` returns
-    the copy and a count), verified against the fused float model before quantizing."""
+    """A step that changes the float model (``change(model, samples)`` returns the copy and
+    a count), verified against the fused float model before quantizing."""
 
     phase = "float"
 
     def __init__(
-        self, name: str, module: str, function: str, what: str, candidates: str = ""
+        self,
+        name: str,
+        change: FloatChangeFn,
+        what: str,
+        candidates: Callable[[onnx.ModelProto], object] | None = None,
     ) -> None:
-        self.name, self.module, self.function, self.what = name, module, function, what
+        self.name, self.change, self.what = name, change, what
         self.candidates = candidates  # the module's cheap check (no session), if any
 
     def _none_to_consider(self, ws: Workspace) -> bool:
-        module = _module(self.module)
-        check = getattr(module, self.candidates, None) if self.candidates else None
-        return check is not None and not check(ws.float_model)
+        return self.candidates is not None and not self.candidates(ws.float_model)
 
     def _result(self, ws: Workspace) -> tuple[onnx.ModelProto, int] | StepReport:
         key = f"{self.name}:{id(ws.float_model)}"
         if key not in ws.cache:
-            module = _module(self.module)
-            if module is None:
-                ws.cache[key] = StepReport(self.name, 0, "not in this build", dropped=True)
+            try:
+                made, count = self.change(ws.float_model, ws.calib)
+            except OpfuseError as exc:
+                ws.cache[key] = StepReport(self.name, 0, first_line(exc), dropped=True)
             else:
-                try:
-                    made, count = getattr(module, self.function)(ws.float_model, ws.calib)
-                except OpfuseError as exc:
-                    ws.cache[key] = StepReport(self.name, 0, first_line(exc), dropped=True)
-                else:
-                    ws.cache[key] = (made, count)
-                    if count:
-                        bad = float_check(ws, made)
-                        if bad:
-                            ws.cache[key] = StepReport(self.name, count, bad, dropped=True)
-        return ws.cache[key]  # type: ignore[return-value]
+                ws.cache[key] = (made, count)
+                if count:
+                    bad = float_check(ws, made)
+                    if bad:
+                        ws.cache[key] = StepReport(self.name, count, bad, dropped=True)
+        return cast("tuple[onnx.ModelProto, int] | StepReport", ws.cache[key])
 
     def applies(self, ws: Workspace) -> bool:
         if self._none_to_consider(ws):  # cheap: nothing of the kind in the graph
@@ -152,9 +148,7 @@ class FloatChange:
         """Why it does not apply: dropped (and why), or nothing to change."""
         found = self._result(ws)
         if isinstance(found, StepReport):
-            return (
-                found.detail if found.detail == "not in this build" else f"dropped: {found.detail}"
-            )
+            return f"dropped: {found.detail}"
         return f"nothing to change: no {self.what}"
 
     def run(self, ws: Workspace) -> StepReport:
@@ -177,12 +171,11 @@ class BiasCorrection:
         self.name = "bias-correction-full" if full else "bias-correction"
 
     def applies(self, ws: Workspace) -> bool:
-        return _module("bias_correction") is not None and bool(flow.weighted_nodes(ws.float_model))
+        return bool(flow.weighted_nodes(ws.float_model))
 
     def run(self, ws: Workspace) -> StepReport:
-        module = _module("bias_correction")
-        assert ws.int8_model is not None and module is not None
-        made, count = module.correct_bias(ws.float_model, ws.int8_model, ws.calib, full=self.full)
+        assert ws.int8_model is not None
+        made, count = correct_bias(ws.float_model, ws.int8_model, ws.calib, full=self.full)
         ws.int8_model = made
         return StepReport(self.name, count, f"{count} layers' biases corrected")
 
@@ -192,8 +185,8 @@ STEPS: dict[str, Step] = {
     "mean-minmax": Ranges("mean-minmax"),
     "percentile": Ranges("percentile"),
     "mse": Ranges("mse"),
-    "cle": FloatChange("cle", "equalize", "equalize", "layer pairs equalized", "equalizable_pairs"),
-    "smoothquant": FloatChange("smoothquant", "smooth", "smooth", "layers smoothed", "smoothable"),
+    "cle": FloatChange("cle", equalize, "layer pairs equalized", equalizable_pairs),
+    "smoothquant": FloatChange("smoothquant", smooth, "layers smoothed", smoothable),
     "bias-correction": BiasCorrection(full=False),
     "bias-correction-full": BiasCorrection(full=True),
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Protocol
 
 import numpy as np
 
@@ -30,10 +31,14 @@ class OpenVinoSession:
 PRECISIONS = ("f32", "bf16", "f16")
 
 
-def default_precision(core: object) -> str:
+class _PropertyReader(Protocol):
+    def get_property(self, device: str, name: str) -> object: ...
+
+
+def default_precision(core: _PropertyReader) -> str:
     """The float precision OpenVINO's CPU plugin runs a float model in by default on this
     CPU (bf16 where the CPU has AMX or AVX512-BF16, f32 otherwise)."""
-    hint = str(core.get_property("CPU", "INFERENCE_PRECISION_HINT"))  # type: ignore[attr-defined]
+    hint = str(core.get_property("CPU", "INFERENCE_PRECISION_HINT"))
     return (
         hint.replace("<Type: '", "")
         .replace("'>", "")
