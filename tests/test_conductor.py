@@ -101,3 +101,17 @@ def test_an_optimizer_error_names_the_input_file_once(tmp_path):
     message = str(exc.value)
     assert message.startswith(f"{EXAMPLE}: ") and message.count(str(EXAMPLE)) == 1
     assert "no_such_tensor" in message and not (tmp_path / "o.onnx").exists()
+
+
+def test_a_switch_file_warning_names_the_file_as_its_errors_do(tmp_path):
+    """One selection: its warnings name the switch file (they said "switch file" when the
+    passes were selected a second time without it)."""
+    cfg = tmp_path / "cann.cfg"
+    cfg.write_text('{"Switch": {"GraphFusion": {"AvgPoolV2FusionPass": "off"}}}')
+    result = run.optimize_file(EXAMPLE, tmp_path / "o.onnx", fusion_switch_file=cfg, verify=False)
+    assert result.warnings == [
+        f"{cfg}: AvgPoolV2FusionPass is a CANN pass with no ONNX counterpart; ignored"
+    ]
+    cfg.write_text('{"Switch": {"GraphFusion": {"NoSuchFusionPass": "off"}}}')
+    with pytest.raises(OpfuseError, match=f"^{cfg}: unknown pass 'NoSuchFusionPass'"):
+        run.optimize_file(EXAMPLE, tmp_path / "o.onnx", fusion_switch_file=cfg)
