@@ -368,7 +368,10 @@ def compare_files(
     inputs_npz: str | os.PathLike[str] | None = None,
     seed: int = 0,
 ) -> VerifyReport:
-    """Run both models on the same inputs and compare every output by name."""
+    """Run both models on the same inputs and compare every output by name.
+
+    ``OptimizedModelError`` (``OptimizedModelRunError``: it cannot run) when ``optimized``
+    is at fault; any other OpfuseError is about ``original`` or the inputs given."""
     ref_sess = session(original)
     try:
         got_sess = session(optimized)
