@@ -5,7 +5,6 @@ under it."""
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -36,7 +35,6 @@ from opfuse.rules.constant_folding import ConstantNodeRule
 from opfuse.rules.cse import DUPLICATE_INITIALIZERS
 
 MAX_ROUNDS = 6
-logger = logging.getLogger("opfuse")
 
 
 def op_counts(model: ir.Model) -> Counter[str]:
