@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
@@ -22,6 +23,10 @@ from opfuse.cli.options import (
     verifier_options,
 )
 from opfuse.errors import EXIT_STATUSES, OpfuseError
+
+if TYPE_CHECKING:
+    from opfuse.pipeline.result import OptimizeResult
+    from opfuse.verification.compare import VerifyReport
 
 LOG_LEVELS = ("error", "warning", "info", "debug")
 
@@ -197,8 +202,8 @@ def optimize(
             err.print(f"opfuse: warning: {warning}", markup=False, soft_wrap=True)
 
 
-def _print_summary(result, model: Path, output: Path) -> None:  # type: ignore[no-untyped-def]
-    from opfuse.pipeline.run import timings_text
+def _print_summary(result: OptimizeResult[Any], model: Path, output: Path) -> None:
+    from opfuse.pipeline.result import timings_text
     from opfuse.verification.messages import inputs_text
 
     before, after = result.before, result.after
@@ -232,7 +237,7 @@ def _print_summary(result, model: Path, output: Path) -> None:  # type: ignore[n
         out.print(f"left alone: {part}", markup=False)
 
 
-def _print_outputs(report, indent: str = "") -> None:  # type: ignore[no-untyped-def]
+def _print_outputs(report: VerifyReport, indent: str = "") -> None:
     """One line per output: its error, the bound applied, the share the worst element used."""
     from opfuse.verification.messages import output_line
 

@@ -25,6 +25,16 @@ if TYPE_CHECKING:
 ORT_DTYPES = {f"tensor({k})": v for k, v in verify_inputs.ORT_DTYPES.items() if k != "string"}
 
 
+class OptimizedModelError(OpfuseError):
+    """The model under verification (``compare_files``' ``optimized``) cannot load in
+    onnxruntime or asks for an input the original does not have; the message names it."""
+
+
+class OptimizedModelRunError(OptimizedModelError, VerificationError):
+    """The model under verification cannot run on the inputs the original ran on: a failed
+    verification (exit status 1)."""
+
+
 def session(
     path: str | os.PathLike[str], optimize: bool = False, threads: int = 0
 ) -> ort.InferenceSession:
@@ -358,9 +368,15 @@ def compare_files(
     inputs_npz: str | os.PathLike[str] | None = None,
     seed: int = 0,
 ) -> VerifyReport:
-    """Run both models on the same inputs and compare every output by name."""
+    """Run both models on the same inputs and compare every output by name.
+
+    ``OptimizedModelError`` (``OptimizedModelRunError``: it cannot run) when ``optimized``
+    is at fault; any other OpfuseError is about ``original`` or the inputs given."""
     ref_sess = session(original)
-    got_sess = session(optimized)
+    try:
+        got_sess = session(optimized)
+    except OpfuseError as exc:
+        raise OptimizedModelError(str(exc)) from None
     feeds, plan = make_inputs_and_plan(ref_sess, input_shapes, inputs_npz, seed, model=original)
     perms = input_permutations(optimized)
     got_feeds = {
@@ -377,13 +393,13 @@ def compare_files(
     wanted = [i.name for i in got_sess.get_inputs()]
     missing = [n for n in wanted if n not in got_feeds]
     if missing:
-        raise OpfuseError(
+        raise OptimizedModelError(
             f"{Path(optimized)}: has input {missing[0]!r} that {Path(original)} does not"
         )
     try:
         got_values = run_model(got_sess, {k: got_feeds[k] for k in wanted}, optimized)
     except OpfuseError as exc:  # the original ran on these inputs: the optimized must too
-        raise VerificationError(str(exc)) from None
+        raise OptimizedModelRunError(str(exc)) from None
     got_out = dict(zip([o.name for o in got_sess.get_outputs()], got_values, strict=True))
     diffs = []
     for name, ref in ref_out.items():
