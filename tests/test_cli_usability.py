@@ -259,3 +259,28 @@ def test_the_spinner_shows_only_on_a_terminal(monkeypatch):
     with console.progress() as phases, phases("write"):
         pass
     assert shown == ["load ..."] and "write" in phases.seconds
+
+
+@pytest.mark.parametrize(
+    "columns, terminal, width",
+    [(None, False, 100), ("72", False, 72), ("130", False, 130), ("x", False, 100),
+     ("72", True, 72), (None, True, 93)],
+)  # fmt: skip
+def test_console_width_follows_columns_on_and_off_a_terminal(monkeypatch, columns, terminal, width):
+    """COLUMNS wins on a terminal or not; without it, the terminal's width, or 100 off one
+    (it was 240 off a terminal whatever COLUMNS said). Read when drawing, not when made."""
+    from rich.console import Console, ConsoleDimensions
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    out = console.console()  # made before COLUMNS is set
+    if columns is not None:
+        monkeypatch.setenv("COLUMNS", columns)
+    monkeypatch.setattr(Console, "is_terminal", property(lambda self: terminal))
+    # the terminal's own size, as rich reads it (93 columns here)
+    real = Console.size.fget  # type: ignore[attr-defined]
+    monkeypatch.setattr(
+        Console,
+        "size",
+        property(lambda self: ConsoleDimensions(93, 40) if terminal else real(self)),
+    )
+    assert out.width == width

@@ -308,8 +308,9 @@ def test_minus_one_is_dynamic_in_generated_inputs_and_tune(tmp_path):
 # --- widths ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("columns", [100, 130])
+@pytest.mark.parametrize("columns", [100, 130, 72, None])
 def test_the_table_folds_a_long_variant_within_columns(tmp_path, monkeypatch, capsys, columns):
+    """COLUMNS on a file (capsys is not a terminal); unset, 100 (cli.console's width)."""
     from opfuse.cli.tune import _print_tune
 
     model = siblings_with_identity(tmp_path / "m.onnx")
@@ -328,11 +329,15 @@ def test_the_table_folds_a_long_variant_within_columns(tmp_path, monkeypatch, ca
     )
     note = "0.990x the best, not confirmed in reverse order at 1.004x"
     result.trials.append(tuning.Trial(long, 7, "ok", 0.987, 0.004, False, note))
-    monkeypatch.setenv("COLUMNS", str(columns))
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", str(columns))
     command = " ".join(["opfuse optimize", str(model), "-o", str(tmp_path / "out.onnx")] * 3)
     _print_tune(result, command, tmp_path / "switch.cfg")
     text = capsys.readouterr().out
-    assert max(map(len, text.splitlines())) <= columns
+    # the table takes the whole width (its folding columns share what is left): exactly it
+    assert max(map(len, text.splitlines())) == (columns or 100)
     rows = [line.split("│") for line in text.splitlines() if line.count("│") == 9]
 
     def column(i: int) -> str:

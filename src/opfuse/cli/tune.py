@@ -3,9 +3,7 @@ with a progress bar over the budget and the table of trials."""
 
 from __future__ import annotations
 
-import os
 import shlex
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,8 +14,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from opfuse.cli.console import err
+from opfuse.cli.console import console, err
 from opfuse.cli.options import PathArg, runtime_options
+from opfuse.tuning.measure import pct
 
 
 @click.command()
@@ -119,7 +118,6 @@ def tune(
 @contextmanager
 def _trial_progress(budget: float) -> Iterator[Callable[[str], None]]:
     """A progress bar on stderr over the budget; step(what) names the trial under way."""
-    err = Console(stderr=True)
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -137,21 +135,8 @@ def _trial_progress(budget: float) -> Iterator[Callable[[str], None]]:
         yield step
 
 
-def pct(x: float) -> str:
-    """A noise with the digits it needs (``0.4%``, ``12%``), as tuning.measure prints it."""
-    return f"{x:.1%}" if x < 0.1 else f"{x:.0%}"
-
-
 def _pct(x: float | None) -> str:
     return "" if x is None else f"+-{pct(x)}"
-
-
-def _width() -> int | None:
-    """The console width: the terminal's, or ``COLUMNS``, or 100 off a terminal."""
-    columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
-        return int(columns)
-    return None if sys.stdout.isatty() else 100
 
 
 def _wrapped_command(command: str, width: int) -> str:
@@ -177,7 +162,7 @@ def _wrapped_command(command: str, width: int) -> str:
 
 
 def _print_tune(result, command: str, switch_file: Path) -> None:  # type: ignore[no-untyped-def]
-    out = Console(highlight=False, width=_width())
+    out = console()  # COLUMNS on and off a terminal, else the terminal's width, else 100
     table = Table(title=f"tune on {result.runtime}", title_justify="left")
     for col in ("#", "settings", "nodes", "verification", "latency", "noise", "kept", "note"):
         table.add_column(
