@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -11,12 +12,13 @@ import pytest
 from batch_models import identity_chain, truncated
 
 
-def opfuse(*args: object) -> subprocess.CompletedProcess[str]:
+def opfuse(*args: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "opfuse", "batch", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=300,
+        env=env,
     )
 
 
@@ -43,6 +45,22 @@ def test_a_failed_model_makes_exit_status_1(tmp_path):
     assert result.returncode == 1
     assert "1 ok, 1 refused" in result.stdout
     assert (tmp_path / "out" / "good.onnx").exists()
+
+
+@pytest.mark.parametrize("columns", ["72", None])
+def test_the_summary_stays_within_columns_off_a_terminal(tmp_path, columns):
+    """COLUMNS is honoured off a terminal, 100 without it (it was 240 whatever COLUMNS
+    said); the error folds within the table instead of running over."""
+    truncated(tmp_path / "in" / "a-model-with-a-rather-long-file-name-that-fails.onnx")
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    if columns is not None:
+        env["COLUMNS"] = columns
+    result = opfuse(tmp_path / "in", "-o", tmp_path / "out", "--workers", "1", env=env)
+    assert result.returncode == 1, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(map(len, lines)) <= int(columns or 100), result.stdout
+    first_column = "".join(line.split("│")[1].strip() for line in lines if line.count("│") == 6)
+    assert "a-model-with-a-rather-long-file-name-that-fails.onnx" in first_column  # folded, whole
 
 
 def test_advise_and_benchmark_add_reports_and_a_latency_ratio(tmp_path):

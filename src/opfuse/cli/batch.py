@@ -95,7 +95,8 @@ def print_summary(run: BatchRun, console: Console) -> None:
     s = run.summary()
     table = Table(title=f"{run.outdir} ({s['engine']})", title_justify="left")
     for col in ("model", "status", "nodes", "seconds", "error"):
-        table.add_column(col)
+        # within the console's width: the model and its error fold, never cut short
+        table.add_column(col, overflow="fold", no_wrap=col in ("status", "nodes", "seconds"))
     for r in run.ran:
         nodes = (
             f"{r['nodes_before']} -> {r['nodes_after']}" if r.get("nodes_after") is not None else ""
