@@ -106,6 +106,7 @@ class Loaded:
     trial: Trial
     analysed: OpGraph  # the model after opfuse's default passes
     analysed_path: str  # ... saved for onnxruntime
+    path: str | os.PathLike[str] | None = None  # the user's model file (named in errors)
 
     @property
     def quantized(self) -> bool:
@@ -162,6 +163,7 @@ def load(model_path: str | os.PathLike[str], tmp: str, step: Step) -> Loaded:
         trial=trial,
         analysed=from_model(analysed),
         analysed_path=analysed_path,
+        path=model_path,
     )
 
 
@@ -192,6 +194,7 @@ def profile_of(
         input_shapes=o.input_shapes,
         optimized_out=os.path.join(tmp, "profiled_ort.onnx"),
         progress=lambda done, total: step("profiling with onnxruntime", done, total),
+        shown_as=loaded.path,
     )
 
 

@@ -214,8 +214,11 @@ def run_onnxruntime(
     profile_out: str | os.PathLike[str] | None = None,
     optimized_out: str | os.PathLike[str] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    shown_as: str | os.PathLike[str] | None = None,
 ) -> Profile:
-    """Profile ``runs`` inferences after ``warmup`` ones on seeded random inputs."""
+    """Profile ``runs`` inferences after ``warmup`` ones on seeded random inputs. A model
+    they cannot run is ``optimize``'s one-line error naming ``shown_as`` (the user's model
+    when ``model_path`` is a working copy) with the ``--input-shape`` hint."""
     import onnxruntime as ort
 
     from opfuse.model.io import check_output_path, write_text
@@ -256,7 +259,7 @@ def run_onnxruntime(
         feeds = make_inputs(sess, input_shapes, model=model_path)
         total = warmup + runs
         for i in range(total):
-            run_model(sess, feeds, model_path)
+            run_model(sess, feeds, shown_as or model_path, GENERATED_HINT)
             if progress:
                 progress(i + 1, total)
         raw = sess.end_profiling()
@@ -277,6 +280,13 @@ def run_onnxruntime(
     if optimized_out is not None and graph_opt != "disable":
         profile.ort_optimized_model = str(optimized_out)
     return profile
+
+
+# the inputs are generated (seeded random values, the sizes --input-shape gives or 1/32)
+GENERATED_HINT = (
+    " (the inputs were generated; give the sizes you run the model with, --input-shape "
+    "NAME:D0,D1,...)"
+)
 
 
 # --- Ascend msprof op_summary CSV ------------------------------------------------------------

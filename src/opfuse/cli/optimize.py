@@ -139,7 +139,12 @@ def optimize(
     refuse_without_benchmark(benchmark)
     settings = settings_from(runtime)
     if benchmark:
+        from opfuse.tuning.measure import feeds_for
+
         settings.make()  # a bad --runtime/--provider fails before the work
+        # as does a model the measurement's inputs cannot run (optimize's one-line error
+        # and hint, exit 2): before the output is written, not after (--no-verify)
+        feeds_for(model, parse_input_shapes(list(input_shape)), verify_inputs)
     options = make_options(
         fold_size_limit=fold_size_limit,
         target_opset=target_opset,
