@@ -160,10 +160,17 @@ def test_inference_session_rebuilds_the_tuned_model_from_the_original(tuned, tmp
     assert opfuse.InferenceSession(proto, session_file=session).deployed == "as written"
 
 
-def test_the_graph_settings_of_the_file_cannot_be_contradicted(tuned):
-    model, _, _, session = tuned
-    with pytest.raises(OpfuseError, match="drop target_opset=") as info:
-        opfuse.InferenceSession(str(model), session_file=session, target_opset=17)
+@pytest.mark.parametrize("which", ["original", "tuned"])
+@pytest.mark.parametrize(
+    "keyword", [{"target_opset": 17}, {"disable": ["ConvAddFusionPass"]}, {"layout": "nchw"}]
+)
+def test_the_graph_settings_of_the_file_cannot_be_contradicted(tuned, which, keyword):
+    """Refused whether the file rebuilds the original or runs the tuned model as written
+    (there a graph keyword was silently ignored)."""
+    model, _, out, session = tuned
+    given = model if which == "original" else out
+    with pytest.raises(OpfuseError, match=f"drop {next(iter(keyword))}=") as info:
+        opfuse.InferenceSession(str(given), session_file=session, **keyword)
     assert "\n" not in str(info.value)
 
 

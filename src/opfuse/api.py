@@ -516,6 +516,7 @@ class InferenceSession(ort.InferenceSession):  # type: ignore[misc]
             if deployment.graph is not None:
                 if deployment.graph.original or _is_tuned(path_or_model, deployment):
                     self.deployed = "as written"
+                    _refuse_graph_keywords(keywords, session_file)  # nothing is optimized
                 else:
                     self.deployed = "rebuilt"
                     keywords = _tuned_keywords(deployment.graph, keywords, session_file)
@@ -581,12 +582,9 @@ def _is_tuned(
     return digest == deployment.model_sha256
 
 
-def _tuned_keywords(
-    graph: GraphSettings, given: dict[str, Any], where: str | os.PathLike[str]
-) -> dict[str, Any]:
-    """The optimize keywords that rebuild the tuned model; the caller's own may add to
-    them (verify, tolerances, input shapes) but not contradict them."""
-    tuned = graph.optimize_keywords()
+def _refuse_graph_keywords(given: dict[str, Any], where: str | os.PathLike[str]) -> None:
+    """The session file decides the graph (the tuned model as written, or rebuilt with its
+    settings): optimize keywords that would change it are refused, not ignored."""
     for key in (
         "enable",
         "disable",
@@ -600,6 +598,15 @@ def _tuned_keywords(
                 f"{where}: the session file sets the graph settings; drop {key}= (or give "
                 "sess_options instead of the session file)"
             )
+
+
+def _tuned_keywords(
+    graph: GraphSettings, given: dict[str, Any], where: str | os.PathLike[str]
+) -> dict[str, Any]:
+    """The optimize keywords that rebuild the tuned model; the caller's own may add to
+    them (verify, tolerances, input shapes) but not contradict them."""
+    tuned = graph.optimize_keywords()
+    _refuse_graph_keywords(given, where)
     if "input_shape" in tuned and given.get("input_shape"):
         raise OpfuseError(
             f"{where}: the tuned model has static input shapes {tuned['input_shape']}; drop "
