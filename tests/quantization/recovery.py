@@ -112,3 +112,39 @@ def int8_sqnr(
 ) -> float:
     """SQNR of ``model``'s int8 version against the float ``reference`` on ``feeds``."""
     return sqnr(reference, int8(model, calib, tmp, per_channel=per_channel), feeds)
+
+
+def ort_quantize(
+    model: onnx.ModelProto,
+    samples: Sequence[Feed],
+    tmp: Path,
+    *,
+    exclude: Sequence[str] = (),
+    overrides: dict | None = None,
+) -> onnx.ModelProto:
+    """onnxruntime's static QDQ quantizer (uint8 activations, int8 per-channel weights),
+    ``exclude`` node names in float, ``overrides`` its TensorQuantOverrides."""
+    from onnxruntime import quantization as q
+
+    class Reader(q.CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.it = iter(samples)
+
+        def get_next(self) -> Feed | None:
+            return next(self.it, None)
+
+    out = tmp / f"qdq{len(list(tmp.iterdir()))}.onnx"
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)  # quantize_static moves a ModelProto's initializers to external data
+    q.quantize_static(
+        copy,
+        str(out),
+        Reader(),
+        quant_format=q.QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=q.QuantType.QUInt8,
+        weight_type=q.QuantType.QInt8,
+        nodes_to_exclude=list(exclude),
+        extra_options={"TensorQuantOverrides": overrides or {}},
+    )
+    return onnx.load(str(out))

@@ -18,6 +18,7 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
+from recovery import ort_quantize
 
 from opfuse.quantization import _stats, bias_correction
 from opfuse.quantization._stats import tensor_values
@@ -92,30 +93,7 @@ def positive_samples(n: int, seed: int) -> list[Feed]:
 def quantize(
     model: onnx.ModelProto, samples: Sequence[Feed], tmp: Path, exclude: Sequence[str] = ()
 ) -> onnx.ModelProto:
-    """onnxruntime's static QDQ quantizer (uint8 activations, int8 per-channel weights)."""
-    from onnxruntime import quantization as q
-
-    class Reader(q.CalibrationDataReader):  # type: ignore[misc]
-        def __init__(self) -> None:
-            self.it = iter(samples)
-
-        def get_next(self) -> Feed | None:
-            return next(self.it, None)
-
-    out = tmp / f"qdq{len(list(tmp.iterdir()))}.onnx"
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)  # quantize_static moves a ModelProto's initializers to external data
-    q.quantize_static(
-        copy,
-        str(out),
-        Reader(),
-        quant_format=q.QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=q.QuantType.QUInt8,
-        weight_type=q.QuantType.QInt8,
-        nodes_to_exclude=list(exclude),
-    )
-    return onnx.load(str(out))
+    return ort_quantize(model, samples, tmp, exclude=exclude)
 
 
 def compare(

@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
+from recovery import ort_quantize
 
 from opfuse.errors import OpfuseError
 from opfuse.quantization import _stats, ranges
@@ -89,30 +90,7 @@ def normal_samples(n: int, seed: int, outlier: float | None = None, size: int = 
 def quantize(
     model: onnx.ModelProto, samples: Sequence[Feed], tmp: Path, overrides: dict | None = None
 ) -> onnx.ModelProto:
-    """onnxruntime's static QDQ quantizer (uint8 activations, int8 per-channel weights)."""
-    from onnxruntime import quantization as q
-
-    class Reader(q.CalibrationDataReader):  # type: ignore[misc]
-        def __init__(self) -> None:
-            self.it = iter(samples)
-
-        def get_next(self) -> Feed | None:
-            return next(self.it, None)
-
-    out = tmp / f"qdq{len(list(tmp.iterdir()))}.onnx"
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)  # quantize_static moves a ModelProto's initializers to external data
-    q.quantize_static(
-        copy,
-        str(out),
-        Reader(),
-        quant_format=q.QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=q.QuantType.QUInt8,
-        weight_type=q.QuantType.QInt8,
-        extra_options={"TensorQuantOverrides": overrides or {}},
-    )
-    return onnx.load(str(out))
+    return ort_quantize(model, samples, tmp, overrides=overrides)
 
 
 def output_sqnr(fm: onnx.ModelProto, qm: onnx.ModelProto, samples: Sequence[Feed]) -> float:

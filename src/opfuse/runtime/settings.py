@@ -120,8 +120,8 @@ class SessionSettings:
             raise OpfuseError(f"{where}: {'; '.join(problems)}")
 
 
-def read_session_file(path: str | os.PathLike[str]) -> SessionSettings:
-    """The settings of an ``OUTPUT.session.json`` that ``opfuse tune`` wrote."""
+def read_session_json(path: str | os.PathLike[str]) -> dict[str, object]:
+    """The JSON of a session file; a one-line OpfuseError when it cannot be read or parsed."""
     try:
         text = Path(path).read_text()
     except OSError as exc:
@@ -130,7 +130,14 @@ def read_session_file(path: str | os.PathLike[str]) -> SessionSettings:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise OpfuseError(f"{path}: not JSON (line {exc.lineno}: {exc.msg})") from None
-    return SessionSettings.from_json(data, str(path))
+    if not isinstance(data, dict):
+        raise OpfuseError(f"{path}: not an opfuse session file (schema {SESSION_SCHEMA})")
+    return data
+
+
+def read_session_file(path: str | os.PathLike[str]) -> SessionSettings:
+    """The settings of an ``OUTPUT.session.json`` that ``opfuse tune`` wrote."""
+    return SessionSettings.from_json(read_session_json(path), str(path))
 
 
 def ort_session_options(settings: SessionSettings) -> tuple[object, list[str]]:

@@ -16,7 +16,6 @@ depends on, so that it deploys as measured.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from opfuse.errors import OpfuseError
-from opfuse.runtime.settings import SessionSettings
+from opfuse.runtime.settings import SessionSettings, read_session_json
 from opfuse.tuning.variants import Variant
 
 
@@ -166,14 +165,7 @@ def deployment_json(
 
 def read_deployment(path: str | os.PathLike[str]) -> Deployment:
     """A session file ``opfuse tune`` wrote (schema 1 or 2); one-line OpfuseError."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise OpfuseError(f"{path}: cannot read the session file: {exc.strerror or exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise OpfuseError(f"{path}: not JSON (line {exc.lineno}: {exc.msg})") from None
+    data = read_session_json(path)
     session = SessionSettings.from_json(data, str(path))
     if "graph" not in data:  # schema 1, or the session settings alone
         return Deployment(session)
