@@ -384,6 +384,36 @@ def test_a_softmax_written_out_scores_classes():
     assert scoring_outputs(model) == {"probs"}
 
 
+def test_a_softmax_written_out_with_a_broadcast_sum_scores_classes():
+    """jax2tf's Softmax (magika's head) divides by Expand(Reshape(ReduceSum(Exp))): still
+    class scores; the same Div of a Relu by that sum is not."""
+    from opfuse.quantization.accuracy import scoring_outputs
+
+    inits = [
+        numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+        numpy_helper.from_array(np.array([1, 5], np.int64), "shape"),
+    ]
+    nodes = [
+        h.make_node("Exp", ["x"], ["e"]),
+        h.make_node("ReduceSum", ["e", "axes"], ["s"], keepdims=0),
+        h.make_node("Unsqueeze", ["s", "axes"], ["r"]),
+        h.make_node("Expand", ["r", "shape"], ["b"]),
+        h.make_node("Div", ["e", "b"], ["probs"]),
+        h.make_node("Relu", ["x"], ["y"]),
+        h.make_node("Div", ["y", "b"], ["ratio"]),
+    ]
+    graph = h.make_graph(
+        nodes,
+        "softmax",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 5])],
+        [h.make_tensor_value_info(n, T.FLOAT, [1, 5]) for n in ("probs", "ratio")],
+        initializer=inits,
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    assert scoring_outputs(model) == {"probs"}
+
+
 def test_runtime_openvino_writes_openvinos_qdq_form(tmp_path):
     """--runtime openvino: Q/DQ on the compute ops' inputs, the output not requantized."""
     from opfuse.runtime.settings import RuntimeSettings

@@ -84,10 +84,20 @@ def scoring_outputs(model: onnx.ModelProto) -> set[str]:
 
 def _decomposed_softmax(node: onnx.NodeProto, producer: dict[str, onnx.NodeProto]) -> bool:
     """Div(Exp(...), ReduceSum(Exp(...))): a Softmax written out (tf2onnx, jax2tf)."""
-    made = [producer.get(i) for i in node.input[:2]]
+    made = [_through_moves(producer.get(i), producer) for i in node.input[:2]]
     if len(made) < 2 or made[0] is None or made[1] is None:
         return False
     return made[0].op_type == "Exp" and made[1].op_type == "ReduceSum"
+
+
+def _through_moves(
+    node: onnx.NodeProto | None, producer: dict[str, onnx.NodeProto]
+) -> onnx.NodeProto | None:
+    """The first node above ``node`` that does more than move or broadcast its input (a
+    jax2tf Softmax divides by Expand(Reshape(ReduceSum(Exp))): magika's head)."""
+    while node is not None and node.op_type in (*_PASSING_OPS, "Expand") and node.input:
+        node = producer.get(node.input[0])
+    return node
 
 
 def compare_output(
