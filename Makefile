@@ -11,7 +11,7 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,ray]'  # ray: the batch engine's tests run a local cluster
+	$(BIN)/pip install -q -e '.[test,ray,openvino]'  # ray: the batch engine's tests run a local cluster; openvino: the OpenVINO form is run in the tests
 	touch $(STAMP)
 
 demo: $(STAMP)
