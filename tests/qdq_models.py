@@ -76,9 +76,10 @@ def quantize(
     exclude: Sequence[str] = (),
     per_channel: bool = True,
     extra: dict[str, object] | None = None,
+    samples: Sequence[dict[str, np.ndarray]] | None = None,
 ) -> onnx.ModelProto:
     """The QDQ model onnxruntime's ``quantize_static`` makes of ``model`` (uint8
-    activations, int8 weights, MinMax on :func:`calibration`)."""
+    activations, int8 weights, MinMax on ``samples``, by default :func:`calibration`)."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -88,11 +89,12 @@ def quantize(
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
-            self.samples = iter(calibration(model))
+            self.samples = iter(calibration(model) if samples is None else samples)
 
         def get_next(self) -> dict[str, np.ndarray] | None:
             return next(self.samples, None)
 
+    tmp.mkdir(parents=True, exist_ok=True)
     src, dst = tmp / "float.onnx", tmp / "int8.onnx"
     onnx.save_model(model, str(src))
     logging.getLogger().setLevel(logging.ERROR)  # its advice to pre-process, once per call

@@ -4,7 +4,6 @@ per-channel int8 QDQ model (quantize_static, MinMax) against the float model."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import onnxruntime as ort
 
 from opfuse.verification import tolerance
 from opfuse.verification.compare import compare_arrays
+from qdq_models import quantize
 
 Feed = dict[str, np.ndarray]
 
@@ -60,34 +60,7 @@ def int8(
     model: onnx.ModelProto, calib: Sequence[Feed], tmp: Path, *, per_channel: bool = False
 ) -> onnx.ModelProto:
     """onnxruntime's QDQ model of ``model``: uint8 activations, int8 weights, MinMax."""
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-
-    class Reader(CalibrationDataReader):  # type: ignore[misc]
-        def __init__(self) -> None:
-            self.it = iter(calib)
-
-        def get_next(self) -> Feed | None:
-            return next(self.it, None)
-
-    tmp.mkdir(parents=True, exist_ok=True)
-    src, dst = tmp / "float.onnx", tmp / "int8.onnx"
-    onnx.save_model(model, str(src))
-    logging.getLogger().setLevel(logging.ERROR)
-    quantize_static(
-        str(src),
-        str(dst),
-        Reader(),
-        quant_format=QuantFormat.QDQ,
-        per_channel=per_channel,
-        activation_type=QuantType.QUInt8,
-        weight_type=QuantType.QInt8,
-    )
-    return onnx.load_model(str(dst))
+    return quantize(model, tmp, samples=calib, per_channel=per_channel)
 
 
 def sqnr(reference: onnx.ModelProto, other: onnx.ModelProto, feeds: Sequence[Feed]) -> float:
@@ -123,28 +96,8 @@ def ort_quantize(
     overrides: dict | None = None,
 ) -> onnx.ModelProto:
     """onnxruntime's static QDQ quantizer (uint8 activations, int8 per-channel weights),
-    ``exclude`` node names in float, ``overrides`` its TensorQuantOverrides."""
-    from onnxruntime import quantization as q
-
-    class Reader(q.CalibrationDataReader):  # type: ignore[misc]
-        def __init__(self) -> None:
-            self.it = iter(samples)
-
-        def get_next(self) -> Feed | None:
-            return next(self.it, None)
-
-    out = tmp / f"qdq{len(list(tmp.iterdir()))}.onnx"
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)  # quantize_static moves a ModelProto's initializers to external data
-    q.quantize_static(
-        copy,
-        str(out),
-        Reader(),
-        quant_format=q.QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=q.QuantType.QUInt8,
-        weight_type=q.QuantType.QInt8,
-        nodes_to_exclude=list(exclude),
-        extra_options={"TensorQuantOverrides": overrides or {}},
-    )
-    return onnx.load(str(out))
+    ``exclude`` node names in float, ``overrides`` its TensorQuantOverrides; each call in a
+    folder of its own under ``tmp``."""
+    out = tmp / f"qdq{len(list(tmp.iterdir()))}"
+    extra: dict[str, object] = {"TensorQuantOverrides": overrides or {}}
+    return quantize(model, out, samples=samples, exclude=exclude, extra=extra)
