@@ -183,6 +183,7 @@ def _show(result: object, model: Path, output: Path, fmt: str) -> None:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
         written = output.name if result.output is not None else "nothing written"
-        out.print(f"{model.name} -> {written}: nodes {result.nodes}", markup=False)
+        nodes = ", ".join(f"{kind} {count}" for kind, count in result.nodes.items())
+        out.print(f"{model.name} -> {written}: nodes {nodes}", markup=False)
         for line in result.lines():
             (err if line.startswith("warning:") else out).print(line, markup=False, soft_wrap=True)
