@@ -52,3 +52,17 @@ class GateError(OpfuseError):
     def __init__(self, message: str, *, report: Any = None) -> None:
         super().__init__(message)
         self.report = report
+
+
+class SettingsError(OpfuseError):
+    """A setting the API refuses. ``field`` is the API's name for it (a keyword of
+    ``opfuse.optimize`` or an attribute of a settings object), ``value`` what was given and
+    ``problem`` what is wrong, so that the command line can say it with its own flag
+    (``cli.options.flag_error``) while the API's message names the keyword."""
+
+    def __init__(self, field: str, value: object, problem: str) -> None:
+        self.field = field
+        self.value = value
+        self.problem = problem
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        super().__init__(f"{field}={shown}: {problem}")
