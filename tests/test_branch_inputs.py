@@ -115,7 +115,7 @@ def test_the_benchmark_measurement_carries_the_warning(tmp_path):
 
 def test_tune_reports_the_warning(tmp_path):
     src = _save(vad_like("Greater"), tmp_path / "vad.onnx")
-    settings = tuning.TuneSettings(budget_s=60, bench_seconds=0.01)
+    settings = tuning.SearchSettings(budget_s=60, bench_seconds=0.01)
     result = tuning.tune(src, FakeRuntime(), settings, keep=lambda *a: None)
     assert len(result.warnings) == 1 and "'sr'" in result.warnings[0]
     assert result.to_json()["warnings"] == result.warnings

@@ -70,7 +70,7 @@ def op_counts(path) -> Counter[str]:
 def run_tune(model_path: Path, runtime: FakeRuntime, tmp_path: Path, **kw):
     out, switch = tmp_path / "out.onnx", tmp_path / "out.switch.cfg"
     written: dict[str, str] = {}
-    settings = tuning.TuneSettings(budget_s=kw.pop("budget_s", 600), bench_seconds=0.05)
+    settings = tuning.SearchSettings(budget_s=kw.pop("budget_s", 600), bench_seconds=0.05)
 
     def keep(result, built):
         written["command"] = tuning.write_outputs(result, built, model_path, out, switch)
@@ -276,7 +276,7 @@ def test_static_shapes_variant_is_tried_and_rebuilt_from_its_command(tmp_path):
     out, switch = tmp_path / "out.onnx", tmp_path / "out.cfg"
     commands: list[str] = []
     shapes = {"x": [2, 8]}
-    settings = tuning.TuneSettings(bench_seconds=0.05, input_shapes=shapes, static_shapes=True)
+    settings = tuning.SearchSettings(bench_seconds=0.05, input_shapes=shapes, static_shapes=True)
 
     def keep(result, built):
         commands.append(tuning.write_outputs(result, built, src, out, switch, input_shapes=shapes))
@@ -302,7 +302,7 @@ def test_static_shapes_variant_is_tried_and_rebuilt_from_its_command(tmp_path):
 
 def test_static_shapes_is_not_a_candidate_without_the_flag(tmp_path):
     src = shape_arithmetic(tmp_path)
-    settings = tuning.TuneSettings(bench_seconds=0.05, input_shapes={"x": [2, 8]})
+    settings = tuning.SearchSettings(bench_seconds=0.05, input_shapes={"x": [2, 8]})
     runtime = FakeRuntime({"Shape": 0.010, "Reshape": 0.010}, default=0.001)
     result = tuning.tune(src, runtime, settings)
     assert not any(t.variant.static_shapes for t in result.trials)

@@ -71,7 +71,7 @@ def tune_to(model: Path, tmp_path: Path, runtime: FakeRuntime, **settings):
         tmp_path / "tuned.onnx.session.json",
         tmp_path / "tune.json",
     )
-    tune_settings = tuning.TuneSettings(budget_s=600, bench_seconds=0.05, **settings)
+    tune_settings = tuning.SearchSettings(budget_s=600, bench_seconds=0.05, **settings)
 
     def keep(result, built):
         tuning.write_outputs(

@@ -86,7 +86,7 @@ def siblings_with_identity(path: Path) -> Path:
 
 
 def tune(model: Path, runtime, **kw):
-    settings = tuning.TuneSettings(budget_s=600, bench_seconds=kw.pop("seconds", 0.05), **kw)
+    settings = tuning.SearchSettings(budget_s=600, bench_seconds=kw.pop("seconds", 0.05), **kw)
     return tuning.tune(model, runtime, settings)
 
 
@@ -263,7 +263,7 @@ def test_a_model_the_generated_inputs_cannot_run_is_a_one_line_error(tmp_path, c
 
 def test_tune_runs_it_with_the_sizes_given(tmp_path):
     model = needs_64(tmp_path / "m.onnx")
-    settings = tuning.TuneSettings(budget_s=30, bench_seconds=0.05, input_shapes={"x": [1, 128]})
+    settings = tuning.SearchSettings(budget_s=30, bench_seconds=0.05, input_shapes={"x": [1, 128]})
     result = tuning.tune(model, FakeRuntime(), settings)
     assert result.trials[0].verification == "ok"
 

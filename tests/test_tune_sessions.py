@@ -129,7 +129,7 @@ def test_axes_stay_within_max_threads():
 def test_tune_writes_the_session_file_and_inference_session_applies_it(tmp_path):
     model = small_model(tmp_path / "m.onnx")
     two = SessionSettings(intra_op_num_threads=2)
-    settings = tuning.TuneSettings(
+    settings = tuning.SearchSettings(
         budget_s=60,
         bench_seconds=0.05,
         session_search=True,

@@ -43,7 +43,7 @@ def test_tune_on_a_zoo_model_rebuilds_from_its_switch_file(zoo_dir, tmp_path):
 
     # Gelu is cheap, Erf/Div/Mul expensive: the opset-20 variant wins
     runtime = FakeRuntime({"Erf": 0.01, "Div": 0.005, "Mul": 0.005}, default=0.0001)
-    result = tuning.tune(src, runtime, tuning.TuneSettings(bench_seconds=0.05), keep=keep)
+    result = tuning.tune(src, runtime, tuning.SearchSettings(bench_seconds=0.05), keep=keep)
     assert result.best.target_opset == 20 and result.beat_original
     args = shlex.split(commands[0])
     rebuilt = tmp_path / "rebuilt.onnx"

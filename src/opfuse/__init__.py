@@ -26,7 +26,8 @@ except PackageNotFoundError:  # a source tree on sys.path, not installed
     __version__ = "0+unknown"
 
 if TYPE_CHECKING:
-    from opfuse.api import (
+    from opfuse.api import (  # profile, advise and tune's types (issue 33)
+        AdviceReport,
         AdviseOptions,
         EngineError,
         GateError,
@@ -36,14 +37,20 @@ if TYPE_CHECKING:
         Options,
         OutputDiff,
         PassInfo,
+        ProfileReport,
+        ProfileSettings,
         QuantizeResult,
+        RuntimeSettings,
+        SettingsError,
         TuneResult,
+        TuneSettings,
         VerificationError,
         VerifyReport,
         advise,
         batch,
         optimize,
         passes,
+        profile,
         quantize,
         tune,
         verify,
@@ -71,6 +78,16 @@ __all__ = [
     "quantize",
     "tune",
     "verify",
+]
+# profile, advise and tune: the settings they take and the reports they return (issue 33)
+__all__ += [
+    "AdviceReport",
+    "ProfileReport",
+    "ProfileSettings",
+    "RuntimeSettings",
+    "SettingsError",
+    "TuneSettings",
+    "profile",
 ]
 
 _compat.install()

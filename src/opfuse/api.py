@@ -20,15 +20,20 @@ import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict, overload
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, overload
 
 import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from opfuse.advisor.advise import AdviseOptions, advise
+from opfuse.advisor import advise as advisor
+from opfuse.advisor import profile_report
+from opfuse.advisor.analysis import AdviseOptions
+from opfuse.advisor.profile_report import ProfileReport
+from opfuse.advisor.report_types import AdviceReport
+from opfuse.advisor.settings import ProfileSettings
 from opfuse.batching import batch
-from opfuse.errors import EngineError, GateError, OpfuseError, VerificationError
+from opfuse.errors import EngineError, GateError, OpfuseError, SettingsError, VerificationError
 from opfuse.model import io
 from opfuse.pipeline import run as pipeline
 from opfuse.pipeline.options import make_options
@@ -38,12 +43,11 @@ from opfuse.quantization.result import QuantizeResult
 from opfuse.rewrite.context import DEFAULT_FOLD_SIZE_LIMIT, Options
 from opfuse.rewrite.registry import PassInfo
 from opfuse.rules import all_passes
-from opfuse.runtime import RUNTIMES
 from opfuse.runtime.settings import (
     RuntimeSettings,
-    SessionSettings,
     ort_session_options,
 )
+from opfuse.tuning import conductor
 from opfuse.tuning import search as tuning
 from opfuse.tuning.deployment import (
     Deployment,
@@ -52,7 +56,8 @@ from opfuse.tuning.deployment import (
     sha256_bytes,
     sha256_file,
 )
-from opfuse.verification.compare import OutputDiff, VerifyReport, check_feeds, compare_files
+from opfuse.tuning.settings import TuneSettings
+from opfuse.verification.compare import OutputDiff, VerifyReport, compare_files
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -78,6 +83,16 @@ __all__ = [
     "quantize",
     "tune",
     "verify",
+]
+# profile, advise and tune: the settings they take and the reports they return (issue 33)
+__all__ += [
+    "AdviceReport",
+    "ProfileReport",
+    "ProfileSettings",
+    "RuntimeSettings",
+    "SettingsError",
+    "TuneSettings",
+    "profile",
 ]
 
 ModelInput = str | os.PathLike[str] | onnx.ModelProto | ir.Model
@@ -255,10 +270,50 @@ def passes() -> list[PassInfo]:
     return all_passes()
 
 
+def profile(
+    model: str | os.PathLike[str],
+    settings: ProfileSettings | None = None,
+    *,
+    top: int = 20,
+    profile_out: str | os.PathLike[str] | None = None,
+    step: Callable[..., None] | None = None,
+) -> ProfileReport:
+    """Profile the model file ``model`` with onnxruntime (``opfuse profile``): the op
+    statistic per op type and the ``top`` slowest nodes, each with the model's nodes its
+    time belongs to. ``settings``: runs, warm-up, threads, provider, graph optimization
+    level (default ``all``: the graph onnxruntime deploys), input shapes; ``profile_out``
+    also writes onnxruntime's profile JSON (never over the model). ``step(what)`` /
+    ``step(what, done, total)`` follows the progress. ``result.to_json()`` is ``opfuse
+    profile --format json``. Raises ``OpfuseError`` on bad input."""
+    return profile_report.profile(model, settings, top=top, profile_out=profile_out, step=step)
+
+
+def advise(
+    model_path: str | os.PathLike[str] | None,
+    *,
+    profile_path: str | os.PathLike[str] | None = None,
+    op_summary: str | os.PathLike[str] | None = None,
+    options: AdviseOptions | None = None,
+    step: Callable[..., None] | None = None,
+) -> AdviceReport:
+    """The advisor's report on ``model_path`` (``opfuse advise``): the operator groups a
+    backend could fuse, ranked, from a profile run here (``options``: the
+    ``ProfileSettings`` and the advisor's own), read from ``profile_path`` (an onnxruntime
+    profile JSON of the model) or from ``op_summary`` (an Ascend msprof CSV, the model
+    optional). Returns an ``AdviceReport``: typed sections, ``to_json()`` (schema
+    ``opfuse.advise/2``, docs/ADVISOR.md), also a read-only mapping of that JSON.
+    Raises ``OpfuseError`` on bad input."""
+    return advisor.advise(
+        model_path, profile_path=profile_path, op_summary=op_summary, options=options, step=step
+    )
+
+
 def tune(
     model: str | os.PathLike[str],
     output: str | os.PathLike[str],
     *,
+    settings: TuneSettings | None = None,
+    runtime_settings: RuntimeSettings | None = None,
     budget: float = 120.0,
     switch_file_out: str | os.PathLike[str] | None = None,
     report: str | os.PathLike[str] | None = None,
@@ -288,97 +343,69 @@ def tune(
     (its latency over the original's, measured), ``result.trials``, and
     ``result.command``, the ``opfuse optimize`` command line that rebuilds the output.
 
-    The model's interface is the caller's: variants that change its inputs (``--layout``,
-    ``--static-shapes``) are tried only when asked, by ``layout`` (the layouts to try),
-    ``static_shapes`` (with ``input_shape``) or ``allow_interface_change`` (all of them);
-    ``result.interface_changed`` says how the written model's inputs/outputs differ.
+    ``settings`` (a ``TuneSettings``) or its keywords (``budget``, ``rtol``, ``atol``,
+    ``input_shape``, ``verify_inputs``, ``static_shapes``, ``layout``,
+    ``allow_interface_change``, ``session_search``, ``max_threads``, ``runtimes``) say what
+    is searched; ``runtime_settings`` (a ``RuntimeSettings``) or its keywords (``runtime``,
+    ``provider``, ``threads``, ``graph_opt``, ``bench_seconds``) what it is measured on;
+    an object and its keywords together are refused. A bad value is a ``SettingsError``
+    naming the keyword (``budget=0: must be more than 0``).
 
-    Then (``session_search``) the session settings are searched on that model: intra-op
-    threads up to ``max_threads`` (default: the machine's cores), sequential or parallel
-    execution, the graph optimization level, and the runtimes in ``runtimes`` (e.g.
-    ``["onnxruntime", "openvino"]``); the choice is written to ``OUTPUT.session.json``
-    (``result.session_file``; apply it with ``InferenceSession(..., session_file=)``), each
-    choice's measured ratio in ``result.session``. ``OUTPUT.session.json`` is written in
-    any case: it records the graph settings too (``tuning.deployment``), so that
-    ``InferenceSession(output or the original, session_file=...)`` runs what was measured.
-    ``progress`` is called with the name of each trial as it starts."""
-    model = Path(model)
-    output = Path(output)
-    if budget <= 0:
-        raise OpfuseError(f"--budget {budget:g}: must be more than 0")
-    if verify_inputs is not None and input_shape:
-        raise OpfuseError(
-            f"--input-shape and --verify-inputs {verify_inputs} both give the input shapes "
-            "(the .npz arrays' shapes are used); drop --input-shape"
-        )
-    if static_shapes and not input_shape:
-        raise OpfuseError("--static-shapes needs --input-shape NAME:D0,D1,... for the inputs")
-    switch_file = (
-        Path(switch_file_out)
-        if switch_file_out is not None
-        else output.with_name(output.name + ".fusion_switch.cfg")
-    )
-    session_file = output.with_name(output.name + ".session.json")
-    for name in layout:
-        if name not in ("nchw", "nhwc"):
-            raise OpfuseError(f"--layout {name!r}: expected nchw or nhwc")
-    io.check_outputs(
+    The model's interface is the caller's: variants that change its inputs are tried only
+    when asked (``layout``, ``static_shapes`` with ``input_shape``, or
+    ``allow_interface_change``); ``result.interface_changed`` says how the written model's
+    inputs/outputs differ. Then (``session_search``) the session settings are searched on
+    that model (threads up to ``max_threads``, execution mode, graph optimization level,
+    the ``runtimes``); ``OUTPUT.session.json`` (``result.session_file``) records the graph
+    and session settings, for ``InferenceSession(output or the original,
+    session_file=...)``; each choice's measured ratio is in ``result.session``.
+    ``progress`` is called with the name of each trial as it starts. The steps:
+    ``opfuse.tuning.conductor``."""
+    return conductor.tune_file(
         model,
-        [
-            ("-o", output),
-            ("--switch-file-out", switch_file),
-            ("--report", report),
-            ("the session file", session_file),
-        ],
-    )
-    if max_threads is not None and max_threads < 1:
-        raise OpfuseError(f"--max-threads {max_threads}: must be 1 or more")
-    runtimes = tuple(runtimes) if runtimes else (runtime,)
-    for name in runtimes:
-        if name not in RUNTIMES:
-            raise OpfuseError(f"--runtimes {name!r}: expected some of {', '.join(RUNTIMES)}")
-    io.read_proto(model)
-    shapes = {k: [int(d) for d in v] for k, v in (input_shape or {}).items()}
-    if shapes or verify_inputs is not None:
-        check_feeds(model, shapes, verify_inputs)
-    settings = RuntimeSettings(runtime, provider, threads, graph_opt, bench_seconds)
-    rt = settings.make()
-    tune_settings = tuning.TuneSettings(
-        budget_s=budget,
-        bench_seconds=bench_seconds,
-        input_shapes=shapes,
-        inputs_npz=verify_inputs,
-        rtol=rtol,
-        atol=atol,
-        static_shapes=static_shapes,
-        layouts=tuple(layout),
-        allow_interface_change=allow_interface_change,
-        session_search=session_search,
-        session_start=SessionSettings(
-            runtime,
-            provider,
-            intra_op_num_threads=threads,
-            graph_optimization_level=graph_opt,
+        conductor.TuneOutputs.beside(output, switch_file_out, report),
+        _one_of(
+            settings,
+            TuneSettings(
+                budget=budget,
+                rtol=rtol,
+                atol=atol,
+                input_shape=input_shape,
+                verify_inputs=verify_inputs,
+                static_shapes=static_shapes,
+                layout=layout,
+                allow_interface_change=allow_interface_change,
+                session_search=session_search,
+                max_threads=max_threads,
+                runtimes=runtimes,
+            ),
+        ),  # fmt: skip
+        _one_of(
+            runtime_settings,
+            RuntimeSettings(runtime, provider, threads, graph_opt, bench_seconds),
         ),
-        max_threads=max_threads,
-        runtimes=runtimes,
+        progress,
     )
-    written: dict[str, str] = {}
-    result = tuning.tune(
-        model,
-        rt,
-        tune_settings,
-        progress=progress,
-        workdir=output.parent,
-        keep=lambda found, built: written.update(
-            command=tuning.write_outputs(
-                found, built, model, output, switch_file, report, shapes, session_file
-            )
-        ),
-    )
-    result.command = written.get("command", "")
-    result.switch_file = switch_file
-    return result
+
+
+_Settings = TypeVar("_Settings", TuneSettings, RuntimeSettings)
+
+
+def _one_of(given: _Settings | None, from_keywords: _Settings) -> _Settings:
+    """The settings object given, else the one its keywords made; refused when both say
+    something (a keyword off its default beside the object)."""
+    if given is None:
+        return from_keywords
+    default = type(from_keywords)()
+    said = [
+        f.name
+        for f in dataclasses.fields(from_keywords)
+        if getattr(from_keywords, f.name) != getattr(default, f.name)
+    ]
+    if said:
+        name = type(given).__name__
+        raise OpfuseError(f"give the {name} or its keywords, not both ({', '.join(said)})")
+    return given
 
 
 def quantize(

@@ -5,8 +5,9 @@ or an op summary's operators), with opfuse's trial run and onnxruntime's own fus
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
 
 import onnx_ir as ir
 
@@ -17,6 +18,7 @@ from opfuse.advisor.graph import OpGraph
 from opfuse.advisor.nextsteps import TRIAL_SECONDS
 from opfuse.advisor.profile_readers import OpRecord, Profile
 from opfuse.advisor.report_types import OrtFusion
+from opfuse.advisor.settings import ProfileSettings
 from opfuse.advisor.trial import Refusal, Trial
 from opfuse.runtime import Runtime
 from opfuse.runtime.targets import Target
@@ -24,15 +26,13 @@ from opfuse.runtime.targets import Target
 Step = Callable[[str, int, int], None]
 
 
-@dataclass
-class AdviseOptions:
+@dataclass(frozen=True)
+class AdviseOptions(ProfileSettings):
+    """What ``opfuse.advise`` takes: the profiling settings ``opfuse.profile`` takes too
+    (``ProfileSettings``: runs, warmup, threads, provider, graph_opt, input_shapes; checked
+    on construction) and the advisor's own."""
+
     target: str | None = None
-    runs: int = 10
-    warmup: int = 2
-    threads: int = 0
-    provider: str = "CPUExecutionProvider"
-    graph_opt: str | None = None  # None: "disable" (a time per node), "all" for a QDQ model
-    input_shapes: Mapping[str, list[int]] | None = None
     top: int = 10
     compare_onnxruntime: bool = True
     calibrate: bool = True  # cpu/cuda: this machine's peaks instead of the file's
@@ -40,6 +40,13 @@ class AdviseOptions:
     next_steps: bool = True  # the short trial of opfuse's commands
     runtime: Runtime | None = None  # the trial's runtime: onnxruntime at ORT_ENABLE_ALL
     trial_seconds: float = TRIAL_SECONDS
+
+    @classmethod
+    def of(cls, profiling: ProfileSettings, **advisor: Any) -> AdviseOptions:
+        """The advisor's options over profiling settings made already (the CLI's group)."""
+        return cls(
+            **{f.name: getattr(profiling, f.name) for f in fields(ProfileSettings)}, **advisor
+        )
 
 
 def ort_providers() -> list[str]:

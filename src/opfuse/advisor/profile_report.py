@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,9 +23,12 @@ from opfuse.advisor.profile_readers import (
     top_nodes,
 )
 from opfuse.advisor.report import CAPTION, ORIGINAL, nodes_text, op_statistic_table
+from opfuse.advisor.settings import ProfileSettings
 from opfuse.model.io import check_output_path, load_model, read_model, read_proto
 
 Step = Callable[..., None]  # step(what) shows a phase; step(what, done, total) a count
+# the level opfuse profile profiles at unless told: the graph onnxruntime deploys
+PROFILE_GRAPH_OPT = "all"
 
 
 @dataclass(frozen=True)
@@ -77,19 +80,18 @@ class ProfileReport:
 
 def profile(
     model: str | os.PathLike[str],
+    settings: ProfileSettings | None = None,
     *,
-    runs: int = 10,
-    warmup: int = 2,
-    threads: int = 0,
-    provider: str = "CPUExecutionProvider",
-    graph_opt: str = "all",
-    input_shapes: Mapping[str, list[int]] | None = None,
     top: int = 20,
     profile_out: str | os.PathLike[str] | None = None,
     step: Step | None = None,
 ) -> ProfileReport:
-    """Profile ``model`` with onnxruntime (``runs`` after ``warmup``), writing
-    onnxruntime's profile JSON to ``profile_out`` when given (never over the model)."""
+    """Profile ``model`` with onnxruntime (``settings.runs`` after ``settings.warmup``;
+    graph optimization level ``settings.graph_opt``, default ``all``: the graph
+    onnxruntime deploys), writing onnxruntime's profile JSON to ``profile_out`` when given
+    (never over the model); ``top``: the slow nodes listed."""
+    settings = settings or ProfileSettings()
+    graph_opt = settings.graph_opt or PROFILE_GRAPH_OPT
     step = step or (lambda what, done=0, total=None: None)
     read_proto(model)
     if profile_out is not None:  # before the runs: never over the model, a folder that exists
@@ -98,12 +100,12 @@ def profile(
         step("onnxruntime: session and warm-up runs")
         prof = run_onnxruntime(
             model,
-            runs=runs,
-            warmup=warmup,
-            threads=threads,
-            provider=provider,
+            runs=settings.runs,
+            warmup=settings.warmup,
+            threads=settings.threads,
+            provider=settings.provider,
             graph_opt=graph_opt,
-            input_shapes=input_shapes,
+            input_shapes=settings.input_shapes,
             profile_out=profile_out,
             optimized_out=Path(tmp) / "ort_optimized.onnx",
             progress=lambda done, total: step("profiling", done, total),

@@ -192,7 +192,7 @@ def _tune(job: Job, output: Path) -> dict[str, Any]:
     from opfuse.tuning import search as tuning
 
     o = job.options
-    settings = tuning.TuneSettings(
+    settings = tuning.SearchSettings(
         budget_s=o.tune or 0.0,
         input_shapes=o.input_shape,
         inputs_npz=o.verify_inputs,

@@ -1,24 +1,31 @@
-"""The ``opfuse profile`` and ``opfuse advise`` commands (registered in opfuse.cli)."""
+"""The ``opfuse profile`` and ``opfuse advise`` commands (registered in opfuse.cli): the
+profiling options of ``cli.options.profile_options`` into a ``ProfileSettings``, a call of
+``opfuse.api.profile`` / ``opfuse.api.advise``, and the report rendered by the advisor's
+renderers (advisor/profile_report.py, advisor/render.py)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from opfuse.advisor.profile_readers import GRAPH_OPT_LEVELS
 from opfuse.cli.console import console, err, recorder
+from opfuse.cli.options import PathArg, profile_options, profile_settings
 from opfuse.errors import EXIT_STATUSES
 
-PathArg = click.Path(path_type=Path)
+if TYPE_CHECKING:
+    from opfuse.advisor.report_types import AdviceReport
+
+Step = Callable[..., None]  # step(what) a phase; step(what, done, total) a count
 
 
 @contextmanager
-def _progress() -> Iterator:  # type: ignore[type-arg]
+def _progress() -> Iterator[Step]:
     """A rich progress bar on stderr (on a terminal only); step(what, done, total)
     advances it, step(what) shows a phase without a count (loading, mapping kernels).
     A new phase hides the phases before it."""
@@ -31,14 +38,14 @@ def _progress() -> Iterator:  # type: ignore[type-arg]
         transient=True,
         disable=not err.is_terminal,
     ) as bar:
-        tasks: dict[str, object] = {}
+        tasks: dict[str, TaskID] = {}
 
         def step(what: str, done: int = 0, total: int | None = None) -> None:
             if what not in tasks:
                 for task in tasks.values():
-                    bar.update(task, visible=False)  # type: ignore[arg-type]
+                    bar.update(task, visible=False)
                 tasks[what] = bar.add_task(what, total=total)
-            bar.update(tasks[what], completed=done, total=total)  # type: ignore[arg-type]
+            bar.update(tasks[what], completed=done, total=total)
 
         yield step
 
@@ -51,31 +58,9 @@ def _write(output: Path, text: str, inputs: dict[str, Path | None]) -> None:
     write_text(output, text, inputs=list(given.values()), labels=list(given))
 
 
-def _shapes(specs: tuple[str, ...]) -> dict[str, list[int]]:
-    from opfuse.verification.compare import parse_input_shapes
-
-    return parse_input_shapes(list(specs))
-
-
 @click.command(epilog=EXIT_STATUSES)
 @click.argument("model", type=PathArg)
-@click.option("--runs", default=10, show_default=True, help="Profiled inference runs.")
-@click.option("--warmup", default=2, show_default=True, help="Runs dropped before profiling.")
-@click.option("--threads", default=0, show_default=True, help="Intra-op threads (0: default).")
-@click.option(
-    "--provider",
-    default="CPUExecutionProvider",
-    show_default=True,
-    help="onnxruntime execution provider.",
-)
-@click.option(
-    "--graph-opt",
-    type=click.Choice(GRAPH_OPT_LEVELS),
-    default="all",
-    show_default=True,
-    help="onnxruntime graph optimization level while profiling.",
-)
-@click.option("--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224.")
+@profile_options("all", "onnxruntime graph optimization level while profiling.")
 @click.option("--top", default=20, show_default=True, help="Slow nodes to list.")
 @click.option("-o", "--output", type=PathArg, help="Write onnxruntime's profile JSON here.")
 @click.option(
@@ -86,41 +71,19 @@ def _shapes(specs: tuple[str, ...]) -> dict[str, list[int]]:
     show_default=True,
     help="Tables on the terminal, or the profile as JSON.",
 )
-def profile(
-    model: Path,
-    runs: int,
-    warmup: int,
-    threads: int,
-    provider: str,
-    graph_opt: str,
-    input_shape: tuple[str, ...],
-    top: int,
-    output: Path | None,
-    fmt: str,
-) -> None:
+def profile(model: Path, top: int, output: Path | None, fmt: str, **profiling: object) -> None:
     """Profile MODEL with onnxruntime: op statistics per op type and the slowest nodes."""
-    from opfuse.advisor.profile_report import profile as profile_model
-
-    with _progress() as step:
-        report = profile_model(
-            model,
-            runs=runs,
-            warmup=warmup,
-            threads=threads,
-            provider=provider,
-            graph_opt=graph_opt,
-            input_shapes=_shapes(input_shape),
-            top=top,
-            profile_out=output,
-            step=step,
-        )
+    from opfuse import api
     from opfuse.advisor.profile_report import render_profile
 
+    settings = profile_settings(profiling)
+    with _progress() as step:
+        report = api.profile(model, settings, top=top, profile_out=output, step=step)
     out = console()
     if fmt == "json":
         out.print_json(json.dumps(report.to_json()))
         return
-    render_profile(report, out, model.name, provider)
+    render_profile(report, out, model.name, settings.provider)
     if output is not None:
         out.print(f"profile written to {output}", markup=False)
 
@@ -139,23 +102,11 @@ def profile(
     help="ascend310, cpu, cuda or a target JSON file "
     "[default: cpu; cuda for CUDA; ascend310 with --op-summary].",
 )
-@click.option("--runs", default=10, show_default=True, help="Profiled inference runs.")
-@click.option("--warmup", default=2, show_default=True, help="Runs dropped before profiling.")
-@click.option("--threads", default=0, show_default=True, help="Intra-op threads (0: default).")
-@click.option(
-    "--provider",
-    default="CPUExecutionProvider",
-    show_default=True,
-    help="onnxruntime execution provider.",
-)
-@click.option(
-    "--graph-opt",
-    type=click.Choice(GRAPH_OPT_LEVELS),
-    default=None,
-    help="onnxruntime optimization level while profiling [default: disable, a time per "
+@profile_options(
+    None,
+    "onnxruntime optimization level while profiling [default: disable, a time per "
     "node; all for a quantized (QDQ) model, the graph onnxruntime deploys].",
 )
-@click.option("--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224.")
 @click.option("--top", default=10, show_default=True, help="Entries per list in text and HTML.")
 @click.option(
     "--format",
@@ -181,44 +132,41 @@ def advise(
     profile_path: Path | None,
     op_summary: Path | None,
     target: str | None,
-    runs: int,
-    warmup: int,
-    threads: int,
-    provider: str,
-    graph_opt: str | None,
-    input_shape: tuple[str, ...],
     top: int,
     fmt: str,
     output: Path | None,
     no_onnxruntime_compare: bool,
     no_trial: bool,
+    **profiling: object,
 ) -> None:
     """Rank the operator groups of MODEL a backend could fuse (UB, first-layer AIPP, L2)."""
-    from opfuse.advisor.advise import AdviseOptions
-    from opfuse.advisor.advise import advise as run_advise
-    from opfuse.advisor.render import render_html, render_text
+    from opfuse import api
     from opfuse.model.io import check_output_path
 
     inputs = {"input model": model, "profile": profile_path, "op summary": op_summary}
     if output is not None:  # before profiling: never over an input, a folder that exists
         given = {k: v for k, v in inputs.items() if v is not None}
         check_output_path(output, list(given.values()), list(given))
-    options = AdviseOptions(
+    options = api.AdviseOptions.of(
+        profile_settings(profiling),
         target=target,
-        runs=runs,
-        warmup=warmup,
-        threads=threads,
-        provider=provider,
-        graph_opt=graph_opt,
-        input_shapes=_shapes(input_shape),
         top=top,
         compare_onnxruntime=not no_onnxruntime_compare,
         next_steps=not no_trial,
     )
     with _progress() as step:
-        report = run_advise(
+        report = api.advise(
             model, profile_path=profile_path, op_summary=op_summary, options=options, step=step
         )
+    _emit(report, fmt, top, output, inputs)
+
+
+def _emit(
+    report: AdviceReport, fmt: str, top: int, output: Path | None, inputs: dict[str, Path | None]
+) -> None:
+    """The report as the format asks, on stdout or written to ``output``."""
+    from opfuse.advisor.render import render_html, render_text
+
     if fmt == "json":
         text = json.dumps(report.to_json(), indent=2) + "\n"
         if output is None:

@@ -4,13 +4,16 @@ graph-shaping options (optimize, batch), the verifier's (optimize, verify), the 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
-from opfuse.errors import OpfuseError
+from opfuse.advisor.profile_readers import GRAPH_OPT_LEVELS as PROFILE_GRAPH_OPT_LEVELS
+from opfuse.advisor.settings import ProfileSettings
+from opfuse.errors import OpfuseError, SettingsError
 from opfuse.rewrite.context import DEFAULT_FOLD_SIZE_LIMIT
 from opfuse.runtime import GRAPH_OPT_LEVELS, RUNTIMES
 from opfuse.runtime.settings import RuntimeSettings
@@ -184,3 +187,88 @@ def refuse_without_benchmark(benchmark: bool) -> None:
             f"{', '.join(given)} only appl{'ies' if one else 'y'} with --benchmark; "
             f"add it or drop {'it' if one else 'them'}"
         )
+
+
+# -- the profiling options of opfuse profile and opfuse advise, and settings errors as flags
+
+PROFILE_OPTIONS = ("runs", "warmup", "threads", "provider", "graph_opt", "input_shape")
+
+
+def profile_options(graph_opt_default: str | None, graph_opt_help: str) -> Callable[[F], F]:
+    """--runs, --warmup, --threads, --provider, --graph-opt, --input-shape: the profiling
+    options of ``profile`` and ``advise``, declared once with ``ProfileSettings``'s
+    defaults (``profile_settings`` makes the object). Only --graph-opt's default is the
+    command's own: profile shows the graph onnxruntime deploys (all), advise a time per
+    node (disable, all for a QDQ model)."""
+    d = ProfileSettings()
+    options = [
+        click.option("--runs", default=d.runs, show_default=True, help="Profiled inference runs."),
+        click.option(
+            "--warmup", default=d.warmup, show_default=True, help="Runs dropped before profiling."
+        ),
+        click.option(
+            "--threads", default=d.threads, show_default=True, help="Intra-op threads (0: default)."
+        ),
+        click.option(
+            "--provider",
+            default=d.provider,
+            show_default=True,
+            help="onnxruntime execution provider.",
+        ),
+        click.option(
+            "--graph-opt",
+            type=click.Choice(PROFILE_GRAPH_OPT_LEVELS),
+            default=graph_opt_default,
+            show_default=graph_opt_default is not None,
+            help=graph_opt_help,
+        ),
+        click.option(
+            "--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224."
+        ),
+    ]
+
+    def decorate(f: F) -> F:
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return decorate
+
+
+def profile_settings(kwargs: dict[str, object]) -> ProfileSettings:
+    """Pop the profiling options out of a command's keyword arguments, into the settings
+    (a bad value: its flag's one-line error)."""
+    from opfuse.verification.compare import parse_input_shapes
+
+    given: dict[str, Any] = {k: kwargs.pop(k) for k in PROFILE_OPTIONS}
+    shapes = parse_input_shapes(list(given.pop("input_shape")))
+    try:
+        return ProfileSettings(**given, input_shapes=shapes)
+    except SettingsError as exc:
+        flag_error(click.get_current_context(), exc)
+
+
+def flag_error(ctx: click.Context, err: SettingsError) -> NoReturn:
+    """A settings object's ``SettingsError`` said with the command's flags: ``--budget 0:
+    must be more than 0`` for ``budget=0: must be more than 0`` (a flag without its value:
+    ``--static-shapes needs --input-shape ...``); the other settings the problem names are
+    flags too. An error of a setting the command has no option for is raised as it is."""
+    flags = {
+        p.name: max(p.opts, key=len)
+        for p in ctx.command.params
+        if isinstance(p, click.Option) and p.name
+    }
+    option = next(
+        (p for p in ctx.command.params if isinstance(p, click.Option) and p.name == err.field),
+        None,
+    )
+    if option is None:
+        raise err
+    problem = re.sub(r"\b[a-z]+(?:_[a-z]+)+\b", lambda m: flags.get(m[0], m[0]), err.problem)
+    value = f"{err.value:g}" if isinstance(err.value, float) else str(err.value)
+    said = (
+        f"{flags[err.field]} {problem}"
+        if option.is_flag
+        else f"{flags[err.field]} {value}: {problem}"
+    )
+    raise OpfuseError(said) from None

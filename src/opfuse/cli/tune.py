@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -15,8 +16,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from opfuse.cli.console import console, err
-from opfuse.cli.options import PathArg, runtime_options
+from opfuse.cli.options import PathArg, flag_error, names, runtime_options, settings_from
+from opfuse.errors import SettingsError
 from opfuse.tuning.measure import pct
+
+if TYPE_CHECKING:
+    from opfuse.tuning.search import TuneResult
+    from opfuse.tuning.sessions import SessionSearch
 
 
 @click.command()
@@ -92,13 +98,11 @@ def tune(
     from opfuse import api
     from opfuse.verification.compare import parse_input_shapes
 
-    with _trial_progress(budget) as step:
-        result = api.tune(
-            model,
-            output,
+    ctx = click.get_current_context()
+    runtime_settings = settings_from(runtime)
+    try:
+        settings = api.TuneSettings(
             budget=budget,
-            switch_file_out=switch_file_out,
-            report=report,
             rtol=rtol,
             atol=atol,
             input_shape=parse_input_shapes(list(input_shape)),
@@ -108,10 +112,20 @@ def tune(
             allow_interface_change=allow_interface_change,
             session_search=not no_session_search,
             max_threads=max_threads,
-            runtimes=[r.strip() for r in runtimes.split(",") if r.strip()] if runtimes else None,
-            progress=step,
-            **runtime,  # type: ignore[arg-type]
+            runtimes=names((runtimes,)) if runtimes else None,
         )
+        with _trial_progress(budget) as step:
+            result = api.tune(
+                model,
+                output,
+                settings=settings,
+                runtime_settings=runtime_settings,
+                switch_file_out=switch_file_out,
+                report=report,
+                progress=step,
+            )
+    except SettingsError as exc:
+        flag_error(ctx, exc)
     _print_tune(result, result.command, result.switch_file or Path())
 
 
@@ -161,7 +175,7 @@ def _wrapped_command(command: str, width: int) -> str:
     return "\n".join([*lines, line])
 
 
-def _print_tune(result, command: str, switch_file: Path) -> None:  # type: ignore[no-untyped-def]
+def _print_tune(result: TuneResult, command: str, switch_file: Path) -> None:
     out = console()  # COLUMNS on and off a terminal, else the terminal's width, else 100
     table = Table(title=f"tune on {result.runtime}", title_justify="left")
     for col in ("#", "settings", "nodes", "verification", "latency", "noise", "kept", "note"):
@@ -235,7 +249,7 @@ def _print_tune(result, command: str, switch_file: Path) -> None:  # type: ignor
         err.print(f"opfuse: warning: {warning}", markup=False, soft_wrap=True)
 
 
-def _print_session(out: Console, search) -> None:  # type: ignore[no-untyped-def]
+def _print_session(out: Console, search: SessionSearch) -> None:
     """The session settings tried, each with its latency over the best at the time."""
     table = Table(title="session settings", title_justify="left")
     for col in ("settings", "latency vs best", "noise", "kept", "note"):
@@ -256,6 +270,6 @@ def _print_session(out: Console, search) -> None:  # type: ignore[no-untyped-def
     else:
         out.print(
             f"session: {search.best.label}: {search.ratio:.2f}x the latency of "
-            f"{search.start.label} (noise +-{pct(search.final.noise)})",
+            f"{search.start.label} (noise {_pct(search.final.noise if search.final else None)})",
             markup=False,
         )

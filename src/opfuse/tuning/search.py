@@ -132,7 +132,7 @@ class TuneResult:
 
 
 @dataclass
-class TuneSettings:
+class SearchSettings:
     budget_s: float = 120.0
     bench_seconds: float = 3.0
     input_shapes: Mapping[str, list[int]] | None = None
@@ -160,7 +160,7 @@ class Search:
         model_path: str | os.PathLike[str],
         runtime: Runtime,
         workdir: Path,
-        settings: TuneSettings,
+        settings: SearchSettings,
         progress: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -222,7 +222,7 @@ class Search:
 def tune(
     model_path: str | os.PathLike[str],
     runtime: Runtime,
-    settings: TuneSettings | None = None,
+    settings: SearchSettings | None = None,
     *,
     progress: Callable[[str], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
@@ -232,7 +232,7 @@ def tune(
     """Search for the fastest verified variant of ``model_path`` on ``runtime``.
     ``keep`` receives the result and the chosen variant's build before the work folder
     is removed (write the model out there). ``progress`` gets the trial under way."""
-    settings = settings or TuneSettings()
+    settings = settings or SearchSettings()
     # a staging folder by io's naming, so that one left by a killed run is swept later
     with tempfile.TemporaryDirectory(prefix=io.STAGING_PREFIX + "stage-", dir=workdir) as tmp:
         search = Search(model_path, runtime, Path(tmp), settings, progress, clock)
