@@ -460,7 +460,22 @@ CASES = {
         two_inputs(*PROFILE, *CLASHING_SHAPES),
         "onnxruntime cannot run the model on inputs x [2, 4], y [3, 4]",
     ),
-    "profile: --runs 0": Case(command("profile", "{m}", "--runs", "0"), "--runs must be", None),
+    "profile: --runs 0": Case(
+        command("profile", "{m}", "--runs", "0"), "--runs 0: must be 1 or more", None
+    ),
+    "advise: --threads -1": Case(
+        command("advise", "{m}", "--threads", "-1"), "--threads -1: must be 0 or more", None
+    ),
+    "tune: --static-shapes alone": Case(
+        command("tune", "{m}", "-o", "{d}/t.onnx", "--static-shapes"),
+        "--static-shapes needs --input-shape NAME:D0,D1,... for the inputs",
+        None,
+    ),
+    "tune: --runtimes unknown": Case(
+        command("tune", "{m}", "-o", "{d}/t.onnx", "--runtimes", "onnxruntime,tvm"),
+        "--runtimes 'tvm': expected some of onnxruntime, openvino",
+        None,
+    ),
     # -- advise [MODEL]
     "advise: empty model": Case(empty_model(ADVISE), "empty file"),
     "advise: output is the input": Case(

@@ -128,12 +128,12 @@ def test_profile_rejects_a_missing_provider(tmp_path) -> None:  # type: ignore[n
 
 
 def test_the_profile_function_gives_what_the_command_prints(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """``opfuse profile --format json`` is the JSON of ``advisor.profiling.profile``."""
-    from opfuse.advisor.profile_report import profile
+    """``opfuse profile --format json`` is the JSON of ``opfuse.profile``."""
+    from opfuse import ProfileSettings, profile
 
     model = tmp_path / "swish.onnx"
     onnx.save(swish_net(), model)
-    report = profile(model, runs=2, warmup=1, graph_opt="disable", top=3)
+    report = profile(model, ProfileSettings(runs=2, warmup=1, graph_opt="disable"), top=3)
     data = report.to_json()
     assert data["nodes"] == len(swish_net().graph.node) and data["runs"] == 2
     assert len(data["top_nodes"]) == 3 and set(report.originals) == {r.name for r in report.slow}

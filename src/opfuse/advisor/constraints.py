@@ -68,6 +68,11 @@ ALIGN_GAIN = 0.20  # the tuning guide: aligned convolutions measured ~20% faster
 SMALL_CHANNELS = 4  # image inputs (RGB) and output heads (a mask, a score): nothing to pad
 
 
+def _group(value: object) -> int:
+    """A Conv's ``group`` attribute (1 when absent)."""
+    return int(value) if isinstance(value, int | float | str) and value else 1
+
+
 def alignment_hints(g: OpGraph, times: dict[int, float], alignment: int) -> list[Hint]:
     """Conv channels that are not a multiple of the target's alignment (the guide: ~20%),
     except counts of at most 4 (an RGB input, a 1-channel output head): padding those
@@ -77,13 +82,16 @@ def alignment_hints(g: OpGraph, times: dict[int, float], alignment: int) -> list
         if node.op_type not in ("Conv", "ConvTranspose") or not node.const_inputs:
             continue
         w = g.shapes.get(node.const_inputs[0])
-        if not w or len(w) < 3 or any(d is None for d in w[:2]):
+        if not w or len(w) < 3:
             continue
-        group = int(node.attrs.get("group", 1) or 1)  # type: ignore[call-overload]
+        d0, d1 = w[0], w[1]
+        if d0 is None or d1 is None:
+            continue
+        group = _group(node.attrs.get("group"))
         if node.op_type == "Conv":
-            cout, cin = int(w[0]), int(w[1]) * group  # type: ignore[arg-type]
+            cout, cin = int(d0), int(d1) * group
         else:
-            cin, cout = int(w[0]), int(w[1]) * group  # type: ignore[arg-type]
+            cin, cout = int(d0), int(d1) * group
         bad = [
             f"{label} {c}"
             for label, c in (("input channels", cin), ("output channels", cout))

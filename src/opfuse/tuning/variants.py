@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import onnx
 import onnx_ir as ir
 
 from opfuse.errors import OpfuseError
@@ -204,10 +205,8 @@ def interface_changes(
     return sorted(changes)
 
 
-def _value_text(value) -> str:  # type: ignore[no-untyped-def]
+def _value_text(value: onnx.ValueInfoProto) -> str:
     """``float[N,3,224,224]``: the element type and dims (``?`` for any dynamic dim)."""
-    import onnx
-
     t = value.type
     if t.WhichOneof("value") != "tensor_type":
         return t.WhichOneof("value") or "?"
