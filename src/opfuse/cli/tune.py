@@ -16,7 +16,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from opfuse.cli.console import console, err
-from opfuse.cli.options import PathArg, flag_error, names, runtime_options, settings_from
+from opfuse.cli.options import F, PathArg, flag_error, names, runtime_options, settings_from
 from opfuse.errors import SettingsError
 from opfuse.tuning.measure import pct
 
@@ -25,54 +25,76 @@ if TYPE_CHECKING:
     from opfuse.tuning.sessions import SessionSearch
 
 
+# what tune searches and writes (into a TuneSettings, and the output paths), in --help's
+# order around the runtime's options (cli.options.runtime_options)
+_OUTPUT_OPTIONS = [
+    click.option(
+        "--switch-file-out",
+        type=PathArg,
+        help="Where to write the fusion switch file [default: OUTPUT.fusion_switch.cfg].",
+    ),
+    click.option("--report", type=PathArg, help="Write every trial as JSON here."),
+    click.option(
+        "--budget",
+        default=120.0,
+        show_default=True,
+        help="Seconds of search (trials in progress end).",
+    ),
+]
+_SEARCH_OPTIONS = [
+    click.option("--rtol", default=1e-4, show_default=True, help="Relative tolerance."),
+    click.option("--atol", default=1e-5, show_default=True, help="Absolute tolerance (scaled)."),
+    click.option("--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224."),
+    click.option("--verify-inputs", type=PathArg, help=".npz of inputs (verification and timing)."),
+    click.option(
+        "--static-shapes",
+        is_flag=True,
+        help="Also try the inputs re-declared with the --input-shape dims (changes the inputs).",
+    ),
+    click.option(
+        "--layout",
+        type=click.Choice(["nchw", "nhwc"]),
+        multiple=True,
+        help="Also try this layout for image inputs (changes the inputs: callers must transpose).",
+    ),
+    click.option(
+        "--allow-interface-change",
+        is_flag=True,
+        help="Also try every variant that changes the model's inputs (layouts; static shapes "
+        "with --input-shape). Without it the output takes the original's inputs.",
+    ),
+    click.option(
+        "--no-session-search",
+        is_flag=True,
+        help="Search the graph only, not the session settings (threads, execution mode, level).",
+    ),
+    click.option(
+        "--max-threads",
+        type=click.IntRange(min=1),
+        help="Most intra-op threads the session search tries [default: the machine's cores].",
+    ),
+    click.option(
+        "--runtimes",
+        help="Runtimes the session search compares, e.g. onnxruntime,openvino [default: --runtime].",
+    ),
+]
+
+
+def _options(options: list[Callable[[F], F]]) -> Callable[[F], F]:
+    def decorate(f: F) -> F:
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return decorate
+
+
 @click.command()
 @click.argument("model", type=PathArg)
 @click.option("-o", "--output", type=PathArg, required=True, help="Where to write the result.")
-@click.option(
-    "--switch-file-out",
-    type=PathArg,
-    help="Where to write the fusion switch file [default: OUTPUT.fusion_switch.cfg].",
-)
-@click.option("--report", type=PathArg, help="Write every trial as JSON here.")
-@click.option(
-    "--budget", default=120.0, show_default=True, help="Seconds of search (trials in progress end)."
-)
+@_options(_OUTPUT_OPTIONS)
 @runtime_options
-@click.option("--rtol", default=1e-4, show_default=True, help="Relative tolerance.")
-@click.option("--atol", default=1e-5, show_default=True, help="Absolute tolerance (scaled).")
-@click.option("--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224.")
-@click.option("--verify-inputs", type=PathArg, help=".npz of inputs (verification and timing).")
-@click.option(
-    "--static-shapes",
-    is_flag=True,
-    help="Also try the inputs re-declared with the --input-shape dims (changes the inputs).",
-)
-@click.option(
-    "--layout",
-    type=click.Choice(["nchw", "nhwc"]),
-    multiple=True,
-    help="Also try this layout for image inputs (changes the inputs: callers must transpose).",
-)
-@click.option(
-    "--allow-interface-change",
-    is_flag=True,
-    help="Also try every variant that changes the model's inputs (layouts; static shapes "
-    "with --input-shape). Without it the output takes the original's inputs.",
-)
-@click.option(
-    "--no-session-search",
-    is_flag=True,
-    help="Search the graph only, not the session settings (threads, execution mode, level).",
-)
-@click.option(
-    "--max-threads",
-    type=click.IntRange(min=1),
-    help="Most intra-op threads the session search tries [default: the machine's cores].",
-)
-@click.option(
-    "--runtimes",
-    help="Runtimes the session search compares, e.g. onnxruntime,openvino [default: --runtime].",
-)
+@_options(_SEARCH_OPTIONS)
 def tune(
     model: Path,
     output: Path,
