@@ -3,12 +3,13 @@ with a progress bar over the budget and the table of trials."""
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -23,6 +24,7 @@ from opfuse.tuning.measure import pct
 if TYPE_CHECKING:
     from opfuse.tuning.search import TuneResult
     from opfuse.tuning.sessions import SessionSearch
+    from opfuse.tuning.settings import TuneSettings
 
 
 # what tune searches and writes (into a TuneSettings, and the output paths), in --help's
@@ -100,43 +102,19 @@ def tune(
     output: Path,
     switch_file_out: Path | None,
     report: Path | None,
-    budget: float,
-    rtol: float,
-    atol: float,
-    input_shape: tuple[str, ...],
-    verify_inputs: Path | None,
-    static_shapes: bool,
-    layout: tuple[str, ...],
-    allow_interface_change: bool,
-    no_session_search: bool,
-    max_threads: int | None,
-    runtimes: str | None,
-    **runtime: object,
+    **options: Any,
 ) -> None:
     """Search for the fastest verified variant of MODEL on the runtime and write it to
     OUTPUT, with the fusion switch file and the optimize command line that rebuild it, and
     OUTPUT.session.json, the settings it was measured at (graph and session), for
     opfuse.InferenceSession(OUTPUT or MODEL, session_file=...)."""
     from opfuse import api
-    from opfuse.verification.compare import parse_input_shapes
 
     ctx = click.get_current_context()
-    runtime_settings = settings_from(runtime)
+    runtime_settings = settings_from(options)
     try:
-        settings = api.TuneSettings(
-            budget=budget,
-            rtol=rtol,
-            atol=atol,
-            input_shape=parse_input_shapes(list(input_shape)),
-            verify_inputs=verify_inputs,
-            static_shapes=static_shapes,
-            layout=layout,
-            allow_interface_change=allow_interface_change,
-            session_search=not no_session_search,
-            max_threads=max_threads,
-            runtimes=names((runtimes,)) if runtimes else None,
-        )
-        with _trial_progress(budget) as step:
+        settings = _tune_settings(options)
+        with _trial_progress(settings.budget) as step:
             result = api.tune(
                 model,
                 output,
@@ -149,6 +127,18 @@ def tune(
     except SettingsError as exc:
         flag_error(ctx, exc)
     _print_tune(result, result.command, result.switch_file or Path())
+
+
+def _tune_settings(options: dict[str, Any]) -> TuneSettings:
+    """The search options into a ``TuneSettings``: each option's name is a field's, but
+    --no-session-search (``session_search``), and --input-shape and --runtimes are parsed."""
+    from opfuse.tuning.settings import TuneSettings
+    from opfuse.verification.compare import parse_input_shapes
+
+    options["input_shape"] = parse_input_shapes(list(options["input_shape"]))
+    options["session_search"] = not options.pop("no_session_search")
+    options["runtimes"] = names((options["runtimes"],)) if options["runtimes"] else None
+    return TuneSettings(**{f.name: options.pop(f.name) for f in dataclasses.fields(TuneSettings)})
 
 
 @contextmanager
