@@ -146,7 +146,7 @@ def ort_session_options(settings: SessionSettings) -> tuple[object, list[str]]:
     onnxruntime has it; otherwise an OpfuseError says how to run it."""
     import onnxruntime as ort
 
-    from opfuse.runtime.ort import session_options
+    from opfuse.model.sessions import session_options
 
     opts = session_options(
         settings.graph_optimization_level,
