@@ -88,10 +88,10 @@ class Workspace:
     @property
     def scoring(self) -> set[str]:
         found = self.cache.get("scoring")
-        if found is None:
+        if not isinstance(found, set):
             found = scoring_outputs(self.fused_model)
             self.cache["scoring"] = found
-        return found  # type: ignore[return-value]
+        return found
 
     def score(
         self,

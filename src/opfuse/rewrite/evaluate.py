@@ -100,7 +100,7 @@ def _expected_ok(value: ir.Value, array: np.ndarray) -> bool:
         except (TypeError, ValueError):  # a dtype numpy has no name for
             return False
     if value.shape is not None and all(isinstance(d, int) for d in value.shape):
-        return tuple(array.shape) == tuple(value.shape)  # type: ignore[arg-type]
+        return tuple(array.shape) == tuple(value.shape)
     return True
 
 

@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import onnxruntime as ort
@@ -139,7 +139,7 @@ def make_inputs_and_plan(
 
         proto = onnx.load_model(str(model), load_external_data=False)
     feeds, plan = verify_inputs.generate(specs, input_shapes, proto, seed)
-    return feeds, plan  # type: ignore[return-value]  # sequences are lists of arrays
+    return cast(dict[str, np.ndarray], feeds), plan  # a sequence input is a list of arrays
 
 
 def _load_npz(path: str | os.PathLike[str], specs: list) -> dict[str, np.ndarray]:
