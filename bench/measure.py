@@ -19,8 +19,9 @@ The harness measures onnxruntime on its own, on purpose: its sessions (``session
 place bench/ opens onnxruntime), its seeded inputs and its interleaved latency loop are
 written here, not taken from opfuse (``opfuse.model.sessions``, ``opfuse.verification``,
 ``opfuse.tuning.measure``), so that a change to the system under test cannot bias the
-figures that judge it; opfuse and the other tools' outputs are measured alike. The
-exception is the OpenVINO mode, which only opfuse's runtime layer can drive.
+figures that judge it; opfuse and the other tools' outputs are measured alike. What it
+takes from opfuse: the input permutation a model re-declared with ``--layout`` records in
+its metadata (to feed it), and, in the OpenVINO mode, opfuse's runtime layer.
 """
 
 from __future__ import annotations
