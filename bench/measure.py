@@ -15,6 +15,13 @@ process so that a model that crashes onnxruntime costs only its own row:
     python -m bench.measure openvino RESULT_JSON BUDGET_S INPUTS_NPZ ORIGINAL MODEL...
         median OpenVINO CPU latency of each, through opfuse.tuning.measure (paired, interleaved,
         the original twice for the noise), one thread
+The harness measures onnxruntime on its own, on purpose: its sessions (``session``, the one
+place bench/ opens onnxruntime), its seeded inputs and its interleaved latency loop are
+written here, not taken from opfuse (``opfuse.model.sessions``, ``opfuse.verification``,
+``opfuse.tuning.measure``), so that a change to the system under test cannot bias the
+figures that judge it; opfuse and the other tools' outputs are measured alike. What it
+takes from opfuse: the input permutation a model re-declared with ``--layout`` records in
+its metadata (to feed it), and, in the OpenVINO mode, opfuse's runtime layer.
 """
 
 from __future__ import annotations
@@ -82,20 +89,35 @@ def file_bytes(path: str | os.PathLike[str]) -> int:
     return total
 
 
-def session(path: str, level: str, threads: int = 1):
+def session(
+    model: str | bytes | Any,
+    level: str,
+    threads: int = 1,
+    optimized_path: str | None = None,
+    inter_threads: int | None = 1,
+):
+    """A CPU session on ``model`` (a path, serialized bytes or a ModelProto) at ``level``
+    (``off``, ``basic``, ``all``), ``threads`` intra-op threads (0: onnxruntime's default),
+    onnxruntime's log at errors only; ``optimized_path``: it saves the graph it runs there.
+    Every session bench/ opens is opened here."""
     import onnxruntime as ort
 
+    levels = {
+        "off": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }
     opts = ort.SessionOptions()
-    opts.graph_optimization_level = (
-        ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if level == "all"
-        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    )
+    opts.graph_optimization_level = levels[level]
     opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
+    if inter_threads is not None:
+        opts.inter_op_num_threads = inter_threads
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.log_severity_level = 3
-    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    if optimized_path is not None:
+        opts.optimized_model_filepath = optimized_path
+    source = model if isinstance(model, str | bytes) else model.SerializeToString()
+    return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
 
 
 def make_inputs(sess) -> dict[str, np.ndarray]:
@@ -143,7 +165,6 @@ def errors(ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> tuple[floa
 def _warm_onnxruntime() -> None:
     """Pay onnxruntime's one-time setup on a tiny model, so it is not in the first
     measured session's creation time."""
-    import onnxruntime as ort
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
@@ -153,9 +174,7 @@ def _warm_onnxruntime() -> None:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    sess = session(model, "all", threads=0, inter_threads=None)
     sess.run(None, {"x": np.zeros(1, np.float32)})
 
 

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from opfuse.runtime.memory import vmhwm_bytes
+
 POLL_S = 0.02
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,15 +48,9 @@ class ProcResult:
 
 
 def vmhwm_kb(pid: int | str = "self") -> int:
-    """Peak resident set size of a live process in KiB (0 if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    """Peak resident set size of a live process in KiB (0 if it is gone): opfuse's one
+    VmHWM reader (a measurement of the process, not of the system under test)."""
+    return vmhwm_bytes(pid) // 1024
 
 
 def run_python(args: list[str], timeout: float, env: dict[str, str] | None = None) -> ProcResult:

@@ -648,16 +648,9 @@ def outputs(
     """The first output of every sample (``every``: all outputs, a list per sample),
     onnxruntime CPU at ORT_ENABLE_ALL (the way the int8 model is deployed: its integer
     kernels exist only after the QDQ fusion); ``model``: a file or a ModelProto."""
-    import onnxruntime as ort
+    from bench.measure import session
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 2
-    opts.log_severity_level = 3
-    source = model if isinstance(model, (str, Path)) else model.SerializeToString()
-    sess = ort.InferenceSession(
-        str(source) if isinstance(source, Path) else source, opts,
-        providers=["CPUExecutionProvider"],
-    )  # fmt: skip
+    sess = session(str(model) if isinstance(model, Path) else model, "all", 2, inter_threads=None)
     if every:
         return [[np.asarray(o, np.float64) for o in sess.run(None, s)] for s in samples]
     return [np.asarray(sess.run(None, s)[0], dtype=np.float64) for s in samples]

@@ -82,13 +82,9 @@ def _onnxoptimizer(src: str, dst: str) -> None:
 
 
 def _ort_basic(src: str, dst: str) -> None:
-    import onnxruntime as ort
+    from bench.measure import session
 
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    opts.optimized_model_filepath = dst
-    opts.log_severity_level = 3
-    ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
+    session(src, "basic", threads=0, inter_threads=None, optimized_path=dst)
 
 
 TOOLS: dict[str, Tool] = {

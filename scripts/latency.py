@@ -18,16 +18,12 @@ import time
 import numpy as np
 import onnxruntime as ort
 
+from opfuse.model.sessions import open_session
 from opfuse.verification.compare import input_permutations, make_inputs
 
 
 def session(path: str, threads: int) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
-    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    return open_session(path, threads=threads, inter_threads=1, graph_opt="all")
 
 
 def main() -> None:

@@ -92,9 +92,12 @@ def test_a_rule_opens_no_runtime_the_engine_evaluates_constants():
     assert config["include_external_packages"] is True  # else onnxruntime is not in the graph
     contract = _contract("A rule imports no model I/O")
     assert contract["source_modules"] == ["opfuse.rules"]
-    assert {"onnxruntime", "opfuse.runtime"} <= set(contract["forbidden_modules"])
-    # the one way from a rule to onnxruntime: the engine's evaluator (a rewrite module)
-    assert contract["ignore_imports"] == ["opfuse.rewrite.evaluate -> onnxruntime"]
+    assert {"onnxruntime", "opfuse.runtime", "opfuse.model.sessions"} <= set(
+        contract["forbidden_modules"]
+    )
+    # the one way from a rule to onnxruntime: the engine's evaluator (a rewrite module),
+    # through the one session opener
+    assert contract["ignore_imports"] == ["opfuse.rewrite.evaluate -> opfuse.model.sessions"]
     assert contract.get("allow_indirect_imports") in (None, False)
 
 
@@ -127,6 +130,10 @@ def _lint_copy(tmp_path: Path, plant: dict[str, str]) -> subprocess.CompletedPro
         ({}, None),  # the copy itself keeps every contract: the harness is sound
         ({"hardswish.py": "import onnxruntime"}, "opfuse.rules.hardswish -> onnxruntime"),
         (
+            {"hardswish.py": "from opfuse.model.sessions import open_session"},
+            "opfuse.rules.hardswish -> opfuse.model.sessions",
+        ),
+        (
             {"softmax.py": "from opfuse.rules.layout._ops import Perm"},
             "opfuse.rules.softmax -> opfuse.rules.layout._ops",
         ),
@@ -135,7 +142,13 @@ def _lint_copy(tmp_path: Path, plant: dict[str, str]) -> subprocess.CompletedPro
             "opfuse.rules.layout._ops -> opfuse.rules.cse",
         ),
     ],
-    ids=["none", "onnxruntime-in-a-rule", "layout-internals", "layout-imports-a-rule"],
+    ids=[
+        "none",
+        "onnxruntime-in-a-rule",
+        "session-opener-in-a-rule",
+        "layout-internals",
+        "layout-imports-a-rule",
+    ],
 )
 def test_the_contracts_catch_what_they_forbid(tmp_path, plant, broken):
     proc = _lint_copy(tmp_path, plant)

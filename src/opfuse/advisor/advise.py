@@ -30,7 +30,7 @@ from opfuse.advisor.profile_readers import (
 from opfuse.advisor.report_types import AdviceReport
 from opfuse.advisor.sections import SCHEMA, read_outside, report
 from opfuse.advisor.trial import Trial
-from opfuse.errors import OpfuseError, first_line
+from opfuse.errors import OpfuseError
 from opfuse.model import io
 from opfuse.model.shapes import infer_shapes
 from opfuse.runtime.targets import Target, load_target
@@ -60,26 +60,17 @@ def _name_nodes(model: ir.Model) -> None:
 
 def _ort_graph(path: str | os.PathLike[str], level: str, provider: str, tmp: str) -> OpGraph:
     """The graph onnxruntime runs after its own optimizations at ``level``."""
-    import onnxruntime as ort
+    from opfuse.model.sessions import open_session
 
-    levels = {
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }
     out = os.path.join(tmp, f"ort_{level}_{Path(path).stem}.onnx")
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = levels.get(level, levels["all"])
-    opts.optimized_model_filepath = out
-    opts.log_severity_level = 3
-    providers = [provider] + (
-        ["CPUExecutionProvider"] if provider != "CPUExecutionProvider" else []
+    open_session(
+        path,
+        provider=provider,
+        cpu_fallback=True,
+        threads=0,
+        graph_opt=level if level in ("basic", "extended", "all") else "all",
+        optimized_path=out,
     )
-    try:
-        ort.InferenceSession(str(path), opts, providers=providers)
-    except Exception as exc:
-        first = first_line(exc)
-        raise OpfuseError(f"{path}: onnxruntime cannot load the model: {first}") from None
     return from_model(io.read_model(out))
 
 

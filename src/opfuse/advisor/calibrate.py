@@ -75,6 +75,8 @@ def measure_onnxruntime(provider: str, threads: int) -> tuple[float, float]:
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
+    from opfuse.model.sessions import open_session
+
     def session(node: onnx.NodeProto, shape: list[int]) -> ort.InferenceSession:
         value = helper.make_tensor_value_info
         graph = helper.make_graph(
@@ -85,13 +87,9 @@ def measure_onnxruntime(provider: str, threads: int) -> tuple[float, float]:
         )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         model.ir_version = 8
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.log_severity_level = 3
-        providers = [provider] + (
-            ["CPUExecutionProvider"] if provider != "CPUExecutionProvider" else []
+        return open_session(
+            model, provider=provider, cpu_fallback=True, threads=threads, errors="onnxruntime"
         )
-        return ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
 
     def best(sess: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> float:
         sess.run(None, feeds)  # warm-up

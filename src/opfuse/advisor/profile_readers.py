@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opfuse.errors import OpfuseError, first_line
+from opfuse.errors import OpfuseError
 
 KERNEL_SUFFIX = "_kernel_time"
 GRAPH_OPT_LEVELS = ("disable", "basic", "extended", "all")
@@ -222,6 +222,7 @@ def run_onnxruntime(
     import onnxruntime as ort
 
     from opfuse.model.io import check_output_path, write_text
+    from opfuse.model.sessions import open_session
     from opfuse.verification.compare import make_inputs, run_model
 
     if profile_out is not None:  # before the runs
@@ -233,29 +234,16 @@ def run_onnxruntime(
             f"--provider {provider}: not available here "
             f"({', '.join(ort.get_available_providers())})"
         )
-    levels = {
-        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }
     with tempfile.TemporaryDirectory(prefix="opfuse-profile-") as tmp:
-        opts = ort.SessionOptions()
-        opts.enable_profiling = True
-        opts.profile_file_prefix = os.path.join(tmp, "ort")
-        opts.graph_optimization_level = levels[graph_opt]
-        opts.intra_op_num_threads = threads
-        opts.log_severity_level = 3
-        if optimized_out is not None and graph_opt != "disable":
-            opts.optimized_model_filepath = str(optimized_out)
-        providers = [provider] + (
-            ["CPUExecutionProvider"] if provider != "CPUExecutionProvider" else []
+        sess = open_session(
+            model_path,
+            provider=provider,
+            cpu_fallback=True,
+            threads=threads,
+            graph_opt=graph_opt,
+            profile_prefix=os.path.join(tmp, "ort"),
+            optimized_path=optimized_out if graph_opt != "disable" else None,
         )
-        try:
-            sess = ort.InferenceSession(str(model_path), opts, providers=providers)
-        except Exception as exc:  # onnxruntime's own exception types
-            first = first_line(exc)
-            raise OpfuseError(f"{model_path}: onnxruntime cannot load the model: {first}") from None
         feeds = make_inputs(sess, input_shapes, model=model_path)
         total = warmup + runs
         for i in range(total):

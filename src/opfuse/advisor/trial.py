@@ -99,8 +99,10 @@ class Trial:
         ctx = PassContext(self.result.model, self.options, EffectLog())
         for e in Driver(ctx, infos).explain():
             if e.reason:
-                names = frozenset(n.name for n in e.nodes if n.name)
-                out.append(Refusal(e.info.name, e.info.section, e.reason, e.root.name or "", names))
+                covered = frozenset(n.name for n in e.nodes if n.name)
+                out.append(
+                    Refusal(e.info.name, e.info.section, e.reason, e.root.name or "", covered)
+                )
         return out
 
     def pass_summary(self) -> list[dict[str, object]]:

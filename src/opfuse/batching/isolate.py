@@ -23,6 +23,7 @@ from typing import Any
 
 from opfuse.batching.jobs import Job
 from opfuse.batching.task import base_record, run_task
+from opfuse.runtime.memory import vmhwm_bytes
 
 POLL_S = 0.1
 GRACE_S = 5  # the child's own alarm fires this long after the parent's timeout
@@ -43,18 +44,6 @@ def context() -> Any:
             ctx.set_forkserver_preload(PRELOAD)
             _context.append(ctx)
         return _context[0]
-
-
-def vmhwm_bytes(pid: int | str = "self") -> int:
-    """Peak resident memory of a live process (0 once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
 
 
 def _child(job: Job, outdir: str, conn: Connection) -> None:

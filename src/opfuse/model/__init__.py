@@ -1,2 +1,3 @@
 """The model as files and graphs: loading and saving (input checks, external data, atomic
-writes), walking a model's graphs and subgraphs, and shape inference merged back by name."""
+writes), walking a model's graphs and subgraphs, shape inference merged back by name, and the one
+place an onnxruntime session is opened (``sessions.open_session``)."""

@@ -435,8 +435,8 @@ def _move_into_place(staging: Path, staged: Path, target: Path, data_name: str |
         os.replace(staged, target)
     except OSError as exc:
         with contextlib.suppress(OSError):
-            if backup is not None and backup.exists():
-                os.replace(backup, data_target)  # type: ignore[arg-type]
+            if backup is not None and data_target is not None and backup.exists():
+                os.replace(backup, data_target)
             elif moved_data and data_target is not None:
                 data_target.unlink()
         raise OpfuseError(f"{target}: cannot write: {exc.strerror or exc}") from None

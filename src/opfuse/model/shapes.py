@@ -8,18 +8,32 @@ of the main graph keeps it to one serialization plus a linear walk.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
 import onnx
 import onnx_ir as ir
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 
 from opfuse.errors import OpfuseError
 from opfuse.model.graphs import all_graphs, proto_graphs
 from opfuse.model.set_aside import has_set_aside, to_proto
 
-try:  # onnx-ir's helper that strips large initializers before calling onnx's C API
-    from onnx_ir.passes.common._c_api_utils import call_onnx_api
-except ImportError:  # pragma: no cover - older or newer onnx-ir
-    call_onnx_api = None  # type: ignore[assignment]
+
+def _onnx_ir_c_api() -> (
+    Callable[[Callable[[onnx.ModelProto], onnx.ModelProto], ir.Model], onnx.ModelProto] | None
+):
+    """onnx-ir's helper that strips large initializers before calling onnx's C API (None
+    in an onnx-ir without it)."""
+    try:
+        from onnx_ir.passes.common._c_api_utils import call_onnx_api
+    except ImportError:  # pragma: no cover - older or newer onnx-ir
+        return None
+    return call_onnx_api
+
+
+call_onnx_api = _onnx_ir_c_api()
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +92,7 @@ def _without_initializers(proto: onnx.ModelProto, names: set[str]) -> onnx.Model
     return light
 
 
-def _copy_field(target, field, value) -> None:  # type: ignore[no-untyped-def]
+def _copy_field(target: Message, field: FieldDescriptor, value: Any) -> None:
     repeated = (
         field.is_repeated
         if hasattr(field, "is_repeated")  # protobuf >= 5.29; older ones have only label

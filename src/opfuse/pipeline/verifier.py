@@ -9,6 +9,7 @@ import os
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import onnx_ir as ir
@@ -149,5 +150,5 @@ class Verification:
 def save_inputs(feeds: Mapping[str, np.ndarray], path: Path_) -> Path:
     """The verifier's inputs as an .npz that ``--verify-inputs`` reads back."""
     buffer = _bytes_io.BytesIO()
-    np.savez(buffer, **dict(feeds))  # type: ignore[arg-type]
+    np.savez(buffer, **cast(dict[str, Any], feeds))  # numpy stubs: ** may bind allow_pickle
     return io.write_bytes(path, buffer.getvalue(), what="the inputs")

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from opfuse.errors import OpfuseError
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 Feed = dict[str, np.ndarray]
 PREFIX = "opfuse_stats__"  # the names of what this module adds to a copy of the model
@@ -28,19 +32,16 @@ def main_opset(model: onnx.ModelProto) -> int:
     return next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
 
 
-def session(model: onnx.ModelProto, outputs: Sequence[str]):  # type: ignore[no-untyped-def]
+def session(model: onnx.ModelProto, outputs: Sequence[str]) -> ort.InferenceSession:
     """A CPU session without graph optimizations on a copy of ``model`` whose graph outputs
     are ``outputs`` (the model's own, or any tensor inside it; the model is not changed)."""
-    import onnxruntime as ort
+    from opfuse.model.sessions import open_session
 
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     del copy.graph.output[:]
     copy.graph.output.extend(onnx.ValueInfoProto(name=n) for n in dict.fromkeys(outputs))
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(copy.SerializeToString(), opts, ["CPUExecutionProvider"])
+    return open_session(copy, graph_opt="off", threads=0, errors="onnxruntime")
 
 
 def tensor_names(model: onnx.ModelProto) -> set[str]:

@@ -17,7 +17,7 @@ import logging
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -262,7 +262,7 @@ def _quantize_once(
         "percentile": q.CalibrationMethod.Percentile,
     }
 
-    class Reader(q.CalibrationDataReader):  # type: ignore[misc]
+    class Reader(q.CalibrationDataReader):
         """The samples, one at a time."""
 
         def __init__(self) -> None:
@@ -325,7 +325,7 @@ def clean_up_proto(
         sample = None
         if verify_inputs is not None:
             sample = Path(tmp) / "sample.npz"
-            np.savez(sample, **verify_inputs)  # type: ignore[arg-type]
+            np.savez(sample, **cast(dict[str, Any], verify_inputs))  # stubs: allow_pickle
         try:
             clean_up(src, out, sample)
         except OpfuseError as exc:  # the quantized model: a failure here is ours

@@ -19,11 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
-import onnxruntime as ort
 
-from opfuse.errors import OpfuseError, first_line
+from opfuse.model.sessions import open_session
 from opfuse.model.shapes import infer_proto
-from opfuse.runtime.ort import session_options
 
 QUANTIZE, DEQUANTIZE = "QuantizeLinear", "DequantizeLinear"
 COMPUTE_OPS = frozenset({"Conv", "MatMul", "Gemm", "ConvTranspose"})
@@ -104,14 +102,16 @@ def fused_graph(model: onnx.ModelProto, providers: Sequence[str] | None = None) 
     with tempfile.TemporaryDirectory(prefix="opfuse-int8-") as tmp:
         source, saved = Path(tmp) / "model.onnx", Path(tmp) / "fused.onnx"
         onnx.save_model(model, str(source))
-        opts = session_options("extended", 1)
-        opts.optimized_model_filepath = str(saved)
-        try:
-            ort.InferenceSession(
-                str(source), opts, providers=list(providers or ["CPUExecutionProvider"])
-            )
-        except Exception as exc:  # onnxruntime raises its own exception types
-            raise OpfuseError(f"onnxruntime cannot load the model: {first_line(exc)}") from None
+        open_session(
+            source,
+            provider=list(providers or ["CPUExecutionProvider"]),
+            threads=1,
+            inter_threads=1,
+            execution_mode="sequential",
+            graph_opt="extended",
+            optimized_path=saved,
+            name="",  # a staged copy: its path says nothing
+        )
         return onnx.load_model(str(saved), load_external_data=False).graph
 
 

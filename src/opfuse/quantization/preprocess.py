@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,7 @@ class Preprocess:
     def parse(cls, text: str) -> Preprocess:
         """``key=value`` pairs separated by commas; lists with ``:``; ``size=H`` or
         ``size=HxW``. A bad key or value is a one-line OpfuseError."""
-        values: dict[str, object] = {}
+        values: dict[str, Any] = {}  # field -> value, checked as each is parsed
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, sep, value = item.partition("=")
             where = f"--preprocess {item!r}"
@@ -54,7 +55,7 @@ class Preprocess:
                     raise ValueError("keys are size, layout, order, scale, mean, std")
             except (ValueError, IndexError, ZeroDivisionError) as exc:
                 raise OpfuseError(f"{where}: {exc}") from None
-        made = dataclasses.replace(cls(), **values)  # type: ignore[arg-type]
+        made = dataclasses.replace(cls(), **values)
         if len(made.mean) != len(made.std) or 0.0 in made.std:
             raise OpfuseError("--preprocess: mean and std need one value per channel, std not 0")
         return made

@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -46,7 +47,7 @@ from opfuse.quantization.result import (
     decomposed_hardswish,
 )
 from opfuse.quantization.steps import parse_recipe
-from opfuse.quantization.trace import error_trace, largest_drops
+from opfuse.quantization.trace import TensorError, error_trace, largest_drops
 from opfuse.quantization.workspace import QuantizeInternalError, Workspace, run_model
 from opfuse.runtime import Runtime
 from opfuse.runtime.cpu import cpu_features
@@ -236,7 +237,7 @@ def _quantize(
     # verified on a real sample: generated inputs can be ones the model refuses (a voice
     # detector's window shorter than its STFT's padding, a rate it has no branch for)
     sample = work / "sample.npz"
-    np.savez(sample, **calib[0])  # type: ignore[arg-type]  # numpy stubs: allow_pickle
+    np.savez(sample, **cast(dict[str, Any], calib[0]))  # numpy stubs: allow_pickle
     fused_path = work / "fused.onnx"
     start = time.perf_counter()
 
@@ -397,11 +398,11 @@ def _quantize(
     if benchmark:
         say("measuring the speed")
         settings = runtime if isinstance(runtime, RuntimeSettings) else RuntimeSettings()
-        rt = settings.make() if runtime is None or runtime is settings else runtime
+        rt = settings.make() if runtime is None or isinstance(runtime, RuntimeSettings) else runtime
         result.speed = measure(
             source,
             {FLOAT_OPT: fused_path, INT8: int8_path},
-            rt,  # type: ignore[arg-type]
+            rt,
             seconds=settings.bench_seconds,
             feeds=held[0],
         )
@@ -454,7 +455,7 @@ def _write_report(report: str | os.PathLike[str] | None, result: QuantizeResult)
         io.write_text(report, json.dumps(result.to_json(), indent=2) + "\n", what="report")
 
 
-def _gate_message(gate: Gate, result: QuantizeResult, growth: list) -> str:  # type: ignore[type-arg]
+def _gate_message(gate: Gate, result: QuantizeResult, growth: list[TensorError]) -> str:
     grows = "; ".join(e.describe() for e in growth[:2])
     kept = (
         f"keeping {len(result.kept_float)} parts in float ({', '.join(k.node for k in result.kept_float)})"

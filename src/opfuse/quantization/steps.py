@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 import onnx
@@ -31,6 +31,9 @@ from opfuse.quantization.equalize import equalizable_pairs, equalize
 from opfuse.quantization.names import RECIPE_HELP
 from opfuse.quantization.smooth import smooth, smoothable
 from opfuse.quantization.workspace import Workspace
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 VERIFY_RTOL, VERIFY_ATOL = 1e-4, 1e-5  # the verifier's default bound (opfuse verify)
 VERIFY_SAMPLES = 4  # samples a float step is verified on
@@ -256,13 +259,10 @@ def float_check(ws: Workspace, changed: onnx.ModelProto) -> str:
     return ""
 
 
-def _disabled_session(model: onnx.ModelProto):  # type: ignore[no-untyped-def]
-    import onnxruntime as ort
+def _disabled_session(model: onnx.ModelProto) -> ort.InferenceSession:
+    from opfuse.model.sessions import open_session
 
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    opts.log_severity_level = 4
-    return ort.InferenceSession(model.SerializeToString(), opts, ["CPUExecutionProvider"])
+    return open_session(model, graph_opt="off", threads=0, errors="onnxruntime")
 
 
 def _disabled_run(

@@ -22,9 +22,13 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 MAX_SAMPLES = 8  # model runs per measure (here and in sensitivity)
 OUTLIER_SPREAD = 8.0  # a channel spread from which the summary names outlier channels
@@ -158,16 +162,13 @@ def _measure(
     return sqnr, spread
 
 
-def tensor_session(model: onnx.ModelProto, names: list[str]):  # type: ignore[no-untyped-def]
+def tensor_session(model: onnx.ModelProto, names: list[str]) -> ort.InferenceSession:
     """An onnxruntime session without graph optimizations whose outputs include ``names``."""
-    import onnxruntime as ort
+    from opfuse.model.sessions import open_session
 
     present = {o.name for o in model.graph.output}
     model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in present)
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), opts, ["CPUExecutionProvider"])
+    return open_session(model, graph_opt="off", threads=0, errors="onnxruntime")
 
 
 def sqnr_db(signal: float, noise: float) -> float:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 
 from opfuse.errors import OpfuseError, first_line
+from opfuse.model.sessions import open_session
 from opfuse.quantization.accuracy import OutputAccuracy, compare_outputs, scoring_outputs
 
 Sample = dict[str, np.ndarray]
@@ -88,10 +88,10 @@ class Workspace:
     @property
     def scoring(self) -> set[str]:
         found = self.cache.get("scoring")
-        if found is None:
+        if not isinstance(found, set):
             found = scoring_outputs(self.fused_model)
             self.cache["scoring"] = found
-        return found  # type: ignore[return-value]
+        return found
 
     def score(
         self,
@@ -117,11 +117,8 @@ def run_model(
     """The model's outputs per sample on onnxruntime CPU at its default optimizations
     (what a deployment runs: its int8 kernels come from its QDQ fusion). ``internal``:
     the model is one quantization made (a failure is exit 3, not bad input)."""
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    source = model if isinstance(model, str) else model.SerializeToString()
-    try:
-        sess = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+    try:  # the failure is worded below
+        sess = open_session(model, threads=0, errors="onnxruntime")
         return [sess.run(None, s) for s in samples]
     except Exception as exc:  # onnxruntime's own exception types
         if internal:

@@ -187,7 +187,7 @@ class Builder:
         value = ir.Value(name=self.names.value(name), const_value=tensor)
         tensor.name = value.name
         value.type = ir.TensorType(tensor.dtype)
-        value.shape = ir.Shape(tuple(tensor.shape))  # type: ignore[arg-type]
+        value.shape = ir.Shape(tensor.shape.numpy())  # a tensor's dims are integers
         self.initializers.append(value)
         return value
 

@@ -102,6 +102,8 @@ class Match:
         self.node_names: dict[str, ir.Node] = {}
         self.values: dict[str, ir.Value] = {}
         self.consts: dict[str, np.ndarray] = {}
+        # what a rule's check found and its rewrite uses (a plan), by the rule's own names
+        self.notes: dict[str, Any] = {}
 
     def _state(self) -> tuple[int, dict[str, ir.Node], dict[str, ir.Value], dict[str, Any]]:
         return len(self.nodes), dict(self.node_names), dict(self.values), dict(self.consts)

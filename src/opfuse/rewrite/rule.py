@@ -32,8 +32,9 @@ class Rule(Generic[M]):
     whole contract and a worked example.
     """
 
-    name: ClassVar[str]
-    pattern: ClassVar[Op | Or | None] = None
+    # name and pattern: class attributes, or set by __init__ for a rule made per op type
+    name: str
+    pattern: Op | Or | None = None
     roots: ClassVar[tuple[str, ...]] = ()  # defaults to the pattern's op types
     exclusive: ClassVar[bool] = True
     constants: ClassVar[tuple[str, ...]] = ()  # bound names that must be constant tensors

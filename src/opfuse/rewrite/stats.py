@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 MAX_EXAMPLES = 5
@@ -46,7 +47,7 @@ class EffectLog:
             stats = self._stats[key] = PatternStats(pass_name, section, pattern)
         return stats
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[PatternStats]:
         return iter(self._stats.values())
 
     def lines(self) -> list[str]:

@@ -68,19 +68,21 @@ def find_linear(value: ir.Value, kinds: tuple[str, ...] = LINEAR_OPS) -> Linear 
     transpose = producer(value, "Transpose")
     if transpose is not None:
         nodes.append(transpose)
-        value = transpose.inputs[0]  # type: ignore[assignment]
+        if (source := transpose.inputs[0]) is None:
+            return None
+        value = source
     bias_add = producer(value, "Add")
     bias = None
     if bias_add is not None:
         a, b = bias_add.inputs
         if producer(b, "MatMul") is not None:
             a, b = b, a
-        if producer(a, "MatMul") is None:
+        if a is None or producer(a, "MatMul") is None:
             return None
         if (bias := const_array(b)) is None:
             return "the MatMul's bias is not a constant"
         nodes.append(bias_add)
-        value = a  # type: ignore[assignment]
+        value = a
     node = producer(value, *kinds)
     if node is None:
         return None

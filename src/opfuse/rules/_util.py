@@ -20,10 +20,8 @@ def static_shape(value: ir.Value | None) -> tuple[int, ...] | None:
     """The value's shape when every dim is a known integer, else None."""
     if value is None or value.shape is None:
         return None
-    dims = tuple(value.shape)
-    if all(isinstance(d, int) for d in dims):
-        return tuple(int(d) for d in dims)  # type: ignore[arg-type]
-    return None
+    dims = tuple(d for d in value.shape if isinstance(d, int))
+    return dims if len(dims) == len(value.shape) else None
 
 
 def rank(value: ir.Value | None) -> int | None:

@@ -82,7 +82,10 @@ class AippRule(Rule):
         m = Match(node)
         m.nodes = [node, *chain]
         m.values["start"] = start
-        m.values["W"] = node.inputs[1]  # type: ignore[assignment]
+        weight = node.inputs[1]
+        if weight is None:
+            return None
+        m.values["W"] = weight
         if len(node.inputs) > 2 and node.inputs[2] is not None:
             m.values["B"] = node.inputs[2]
         m.node_names["conv"] = node
@@ -103,7 +106,7 @@ class AippRule(Rule):
         plan = self._plan(m, chain)
         if isinstance(plan, str):
             return plan
-        m.values["plan"] = plan  # type: ignore[assignment]
+        m.notes["plan"] = plan
         return None
 
     def _plan(self, m: Match, chain: list[ir.Node]) -> str | dict:
@@ -188,7 +191,7 @@ class AippRule(Rule):
         return None
 
     def rewrite(self, m: Match, b: Builder, ctx: PassContext) -> Mapping[ir.Value, ir.Value]:
-        plan: dict = m.values["plan"]  # type: ignore[assignment]
+        plan: dict = m.notes["plan"]
         chain = list(reversed(m.nodes[1:]))
         replaced: dict[ir.Value, ir.Value] = {}
         cur = m.value("start")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 
 import onnx_ir as ir
 
@@ -93,7 +93,7 @@ def _sample(value: ir.Value) -> bytes | None:
     return sample
 
 
-def _split_by_sample(groups) -> list[list[ir.Value]]:  # type: ignore[no-untyped-def]
+def _split_by_sample(groups: Iterable[list[ir.Value]]) -> list[list[ir.Value]]:
     """The groups of two or more values that also agree on their samples."""
     split: list[list[ir.Value]] = []
     for values in groups:

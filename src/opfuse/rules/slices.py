@@ -77,7 +77,7 @@ class SliceChainRule(Rule):
         first = _params(m, "s1", "e1", "a1", "p1", r)
         second = _params(m, "s2", "e2", "a2", "p2", r)
         if isinstance(first, str) or isinstance(second, str):
-            return first if isinstance(first, str) else second  # type: ignore[return-value]
+            return first if isinstance(first, str) else second
         merged = dict(first)
         for axis, outer in second.items():
             if axis not in first:

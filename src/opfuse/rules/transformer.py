@@ -167,15 +167,21 @@ class NormRule(Rule):
         m = Match(node)
         m.nodes += [node, *path, add, var, sq]
         m.node_names.update(add=add, var=var)
-        m.values["eps"] = add.inputs[1 - i]  # type: ignore[assignment]
+        eps = add.inputs[1 - i]
+        if eps is None:
+            return None
+        m.values["eps"] = eps
         if self.centered:
             sub = producer(num, "Sub")
             mean = producer(sub.inputs[1], "ReduceMean") if sub is not None else None
             if sub is None or mean is None or mean.inputs[0] is not sub.inputs[0]:
                 return None
+            centered = sub.inputs[0]
+            if centered is None:
+                return None
             m.nodes += [sub, mean]
             m.node_names.update(mean=mean)
-            m.values["x"] = sub.inputs[0]  # type: ignore[assignment]
+            m.values["x"] = centered
         else:
             m.values["x"] = num
         bind_constants(m)
@@ -222,7 +228,7 @@ class NormRule(Rule):
         x = m.value("x")
         axis, _ = self.axis(m)
         assert axis is not None and x.shape is not None and x.dtype is not None
-        norm_shape = tuple(int(d) for d in list(x.shape)[axis:])  # type: ignore[arg-type]
+        norm_shape = tuple(d for d in list(x.shape)[axis:] if isinstance(d, int))  # all are
         eps = float(m["eps"].reshape(-1)[0])
         ones = b.const(np.ones(norm_shape, x.dtype.numpy()), f"{m.root.name or self.name}.scale")
         attrs: dict[str, object] = {"axis": axis, "epsilon": eps}
@@ -268,9 +274,9 @@ class NormAffineRule(Rule):
     constants = ("scale", "bias", "p")
 
     def __init__(self, name: str, op_type: str, root: str) -> None:
-        self.name = name  # type: ignore[misc]
+        self.name = name
         self.op_type = op_type
-        self.pattern = Op(  # type: ignore[misc]
+        self.pattern = Op(
             root,
             Op(op_type, Var("x"), Var("scale"), Optional(Var("bias")), name="norm"),
             Var("p"),
@@ -354,14 +360,16 @@ def gelu_inner(act: ir.Node, x: ir.Value) -> tuple[str, list[ir.Node]] | None:
         if not close(scale.inputs[i], SQRT_2_OVER_PI):
             continue
         add = producer(scale.inputs[1 - i], "Add")
-        term = producer(other_input(add, x), "Mul") if add is not None else None
+        if add is None:
+            continue
+        term = producer(other_input(add, x), "Mul")
         if term is None:
             continue
         for j in (0, 1):
             if close(term.inputs[j], 0.044715):
                 cube = cubed(term.inputs[1 - j], x)
                 if cube is not None:
-                    return "tanh", [scale, add, term, *cube]  # type: ignore[list-item]
+                    return "tanh", [scale, add, term, *cube]
     return None
 
 

@@ -1,6 +1,7 @@
 """Runtimes opfuse measures latency on: one small interface (load, run, name and version),
 one module per runtime. onnxruntime is the default; OpenVINO is the optional extra
-``opfuse[openvino]``; ``fake`` gives deterministic timings for unit tests."""
+``opfuse[openvino]``; ``fake`` gives deterministic timings for unit tests. ``memory`` reads
+a process's peak resident memory. Sessions are opened by ``opfuse.model.sessions``."""
 
 from __future__ import annotations
 

@@ -10,10 +10,8 @@ from collections import Counter
 from pathlib import Path
 
 import onnx
-import onnxruntime as ort
 
-from opfuse.errors import OpfuseError, first_line
-from opfuse.runtime.ort import session_options
+from opfuse.model.sessions import open_session
 
 # onnxruntime's fused kernels (contrib ops and the ONNX ops its fusions produce)
 FUSED_OPS = frozenset(
@@ -56,13 +54,15 @@ def runtime_kernels(
     """Fused kernels onnxruntime makes from ``path`` at ORT_ENABLE_ALL, by op type."""
     with tempfile.TemporaryDirectory(prefix="opfuse-kernels-") as tmp:
         saved = Path(tmp) / "optimized.onnx"
-        opts = session_options("all", 1)
-        opts.optimized_model_filepath = str(saved)
-        try:
-            ort.InferenceSession(str(path), opts, providers=[provider])
-        except Exception as exc:  # onnxruntime raises its own exception types
-            first = first_line(exc)
-            raise OpfuseError(f"{path}: onnxruntime cannot load the model: {first}") from None
+        open_session(
+            path,
+            provider=provider,
+            threads=1,
+            inter_threads=1,
+            execution_mode="sequential",
+            graph_opt="all",
+            optimized_path=saved,
+        )
         graph = onnx.load_model(str(saved), load_external_data=False).graph
         return Counter(kind for node in graph.node if (kind := _kernel(node)) is not None)
 

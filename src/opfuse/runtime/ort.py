@@ -13,42 +13,12 @@ import onnx
 import onnxruntime as ort
 
 from opfuse.errors import OpfuseError, first_line
+
+# quiet and session_options moved to opfuse.model.sessions; the names stay importable from here
+from opfuse.model.sessions import LEVELS, open_session
+from opfuse.model.sessions import quiet as quiet
+from opfuse.model.sessions import session_options as session_options
 from opfuse.runtime import GRAPH_OPT_LEVELS
-
-LEVELS = {
-    "off": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-}
-
-
-MODES = {"sequential": ort.ExecutionMode.ORT_SEQUENTIAL, "parallel": ort.ExecutionMode.ORT_PARALLEL}
-
-
-def quiet() -> None:
-    """onnxruntime's default logger at errors only: the sessions opfuse makes set their
-    own severity, but subgraph resolution and the sessions of onnxruntime's quantizer log
-    through the default one (warnings about initializers they drop)."""
-    ort.set_default_logger_severity(3)
-
-
-quiet()
-
-
-def session_options(
-    graph_opt: str = "all",
-    threads: int = 1,
-    execution_mode: str = "sequential",
-    inter_threads: int = 1,
-) -> ort.SessionOptions:
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = LEVELS[graph_opt]
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = inter_threads
-    opts.execution_mode = MODES[execution_mode]
-    opts.log_severity_level = 3
-    return opts
 
 
 class OrtSession:
@@ -102,15 +72,14 @@ class OrtRuntime:
         self.inter_threads = inter_threads
 
     def load(self, path: str | os.PathLike[str]) -> OrtSession:
-        opts = session_options(
-            self.graph_opt, self.threads, self.execution_mode, self.inter_threads
+        sess = open_session(
+            path,
+            provider=self.provider,
+            threads=self.threads,
+            inter_threads=self.inter_threads,
+            execution_mode=self.execution_mode,
+            graph_opt=self.graph_opt,
         )
-        opts.log_severity_level = 4  # a refusal is reported once, as an OpfuseError
-        try:
-            sess = ort.InferenceSession(str(path), opts, providers=[self.provider])
-        except Exception as exc:  # onnxruntime raises its own exception types
-            first = first_line(exc)
-            raise OpfuseError(f"{path}: onnxruntime cannot load the model: {first}") from None
         return OrtSession(sess, path)
 
     def optimized_ops(self, path: str | os.PathLike[str]) -> Counter[str] | None:
@@ -118,13 +87,18 @@ class OrtRuntime:
         ``path`` at these settings, read from the one it saves (None if it cannot save it):
         two files with equal counts are the same model to the runtime, as far as a
         rewrite can tell."""
-        opts = session_options(self.graph_opt, 1)
-        opts.log_severity_level = 4  # a graph it cannot save only means: measure
         with tempfile.TemporaryDirectory(prefix="opfuse-ortgraph-") as tmp:
             saved = Path(tmp) / "optimized.onnx"
-            opts.optimized_model_filepath = str(saved)
-            try:
-                ort.InferenceSession(str(path), opts, providers=[self.provider])
+            try:  # a graph it cannot save only means: measure
+                open_session(
+                    path,
+                    provider=self.provider,
+                    threads=1,
+                    inter_threads=1,
+                    execution_mode="sequential",
+                    graph_opt=self.graph_opt,
+                    optimized_path=saved,
+                )
                 proto = onnx.load_model(str(saved), load_external_data=False)
             except Exception:  # an EP that cannot save its graph, a model over 2 GB
                 return None

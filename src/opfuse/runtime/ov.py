@@ -11,8 +11,18 @@ import numpy as np
 from opfuse.errors import OpfuseError, first_line
 
 
+class _InferRequest(Protocol):
+    def infer(self, inputs: dict[str, np.ndarray]) -> object: ...
+
+
+class _CompiledModel(Protocol):
+    """What a session needs of ``openvino.CompiledModel`` (openvino ships no stubs)."""
+
+    def create_infer_request(self) -> _InferRequest: ...
+
+
 class OpenVinoSession:
-    def __init__(self, compiled, path: str | os.PathLike[str] = "") -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, compiled: _CompiledModel, path: str | os.PathLike[str] = "") -> None:
         self.request = compiled.create_infer_request()
         self.path = path
 

@@ -8,6 +8,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from opfuse.errors import OpfuseError
 from opfuse.runtime import Runtime, get_runtime
@@ -86,12 +87,12 @@ class SessionSettings:
         """Read the settings a session file holds; one-line OpfuseError naming ``where``."""
         if not isinstance(data, dict) or data.get("schema") not in READ_SCHEMAS:
             raise OpfuseError(f"{where}: not an opfuse session file (schema {SESSION_SCHEMA})")
-        kwargs: dict[str, object] = {}
+        kwargs: dict[str, Any] = {}  # JSON values: the constructor and check() judge them
         for field in dataclasses.fields(cls):
             if field.name in data:
                 kwargs[field.name] = data[field.name]
         try:
-            settings = cls(**kwargs)  # type: ignore[arg-type]
+            settings = cls(**kwargs)
         except TypeError as exc:
             raise OpfuseError(f"{where}: {exc}") from None
         settings.check(where)
@@ -146,7 +147,7 @@ def ort_session_options(settings: SessionSettings) -> tuple[object, list[str]]:
     onnxruntime has it; otherwise an OpfuseError says how to run it."""
     import onnxruntime as ort
 
-    from opfuse.runtime.ort import session_options
+    from opfuse.model.sessions import session_options
 
     opts = session_options(
         settings.graph_optimization_level,

@@ -8,13 +8,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import onnxruntime as ort
 
 from opfuse.errors import OpfuseError, VerificationError, first_line
 from opfuse.model.graphs import INPUT_PERMUTATION_KEY
+from opfuse.model.sessions import open_session
 from opfuse.verification import inputs as verify_inputs
 from opfuse.verification import tolerance
 from opfuse.verification.inputs import InputPlan
@@ -38,19 +39,7 @@ class OptimizedModelRunError(OptimizedModelError, VerificationError):
 def session(
     path: str | os.PathLike[str], optimize: bool = False, threads: int = 0
 ) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = (
-        ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if optimize
-        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    )
-    opts.intra_op_num_threads = threads
-    opts.log_severity_level = 4  # its own log line would precede our one-line error
-    try:
-        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime raises its own exception types
-        first = first_line(exc)
-        raise OpfuseError(f"{path}: onnxruntime cannot load the model: {first}") from None
+    return open_session(path, graph_opt="all" if optimize else "off", threads=threads)
 
 
 def parse_input_shapes(specs: list[str] | None) -> dict[str, list[int]]:
@@ -150,7 +139,7 @@ def make_inputs_and_plan(
 
         proto = onnx.load_model(str(model), load_external_data=False)
     feeds, plan = verify_inputs.generate(specs, input_shapes, proto, seed)
-    return feeds, plan  # type: ignore[return-value]  # sequences are lists of arrays
+    return cast(dict[str, np.ndarray], feeds), plan  # a sequence input is a list of arrays
 
 
 def _load_npz(path: str | os.PathLike[str], specs: list) -> dict[str, np.ndarray]:
@@ -462,11 +451,6 @@ def judge_by_float64(
 
 
 def _proto_session(model: onnx.ModelProto) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    opts.log_severity_level = 4
-    return ort.InferenceSession(
-        model.SerializeToString(),
-        opts,
-        providers=["CPUExecutionProvider"],
-    )
+    # a float64 copy opfuse made: a refusal is onnxruntime's own exception (the caller
+    # keeps the plain rule)
+    return open_session(model, graph_opt="off", threads=0, errors="onnxruntime")
