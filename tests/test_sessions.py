@@ -106,8 +106,9 @@ def test_a_model_onnxruntime_refuses_is_one_line_naming_the_file(tmp_path):
     assert isinstance(info.value, OpfuseError) and info.value.exit_code == 2
     assert message.startswith(f"{bad}: onnxruntime cannot load the model: ")
     assert "\n" not in message and info.value.detail in message and info.value.detail
-    with pytest.raises(SessionError, match=r"^shown\.onnx: onnxruntime cannot load"):
+    with pytest.raises(SessionError, match=r"^shown\.onnx: onnxruntime cannot load") as named:
         open_session(bad, name="shown.onnx")
+    assert str(bad) not in str(named.value)  # a temporary copy is never named, even in the detail
     with pytest.raises(SessionError, match=r"^onnxruntime cannot load the model: "):
         open_session(b"not a model")  # in memory: no name unless given
     with pytest.raises(SessionError, match=r"^onnxruntime cannot load the model: "):

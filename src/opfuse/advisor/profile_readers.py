@@ -243,6 +243,7 @@ def run_onnxruntime(
             graph_opt=graph_opt,
             profile_prefix=os.path.join(tmp, "ort"),
             optimized_path=optimized_out if graph_opt != "disable" else None,
+            name=shown_as or model_path,
         )
         feeds = make_inputs(sess, input_shapes, model=model_path)
         total = warmup + runs

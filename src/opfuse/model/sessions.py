@@ -137,5 +137,7 @@ def open_session(
             raise
         detail = first_line(exc)
         shown = str(source) if name is None and isinstance(source, str) else str(name or "")
+        if isinstance(source, str) and shown:  # onnxruntime names the file it loaded
+            detail = detail.replace(source, shown)
         message = f"onnxruntime cannot load the model: {detail}"
         raise SessionError(f"{shown}: {message}" if shown else message, detail) from None
