@@ -273,3 +273,10 @@ def test_the_settings_and_reports_are_exported_from_opfuse():
     from opfuse.advisor.report_types import AdviceReport
 
     assert opfuse.AdviceReport is AdviceReport
+
+
+def test_advise_help_names_the_schema_the_json_has():
+    from opfuse.advisor.sections import SCHEMA
+
+    out = CliRunner().invoke(cli.app, ["advise", "--help"], terminal_width=200).output
+    assert f"schema {SCHEMA}" in " ".join(out.split())

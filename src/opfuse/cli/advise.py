@@ -114,7 +114,7 @@ def profile(model: Path, top: int, output: Path | None, fmt: str, **profiling: o
     type=click.Choice(["text", "json", "html"]),
     default="text",
     show_default=True,
-    help="The report as text, JSON (schema opfuse.advise/1) or a self-contained HTML page.",
+    help="The report as text, JSON (schema opfuse.advise/2) or a self-contained HTML page.",
 )
 @click.option("-o", "--output", type=PathArg, help="Write the report here.")
 @click.option(
