@@ -20,7 +20,7 @@ import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict, overload
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, overload
 
 import onnx
 import onnx_ir as ir
@@ -28,12 +28,12 @@ import onnxruntime as ort
 
 from opfuse.advisor.advise import AdviseOptions, advise
 from opfuse.batching import batch
-from opfuse.errors import EngineError, GateError, OpfuseError, VerificationError
+from opfuse.errors import EngineError, GateError, OpfuseError, SettingsError, VerificationError
 from opfuse.model import io
 from opfuse.pipeline import run as pipeline
-from opfuse.pipeline.options import make_options
+from opfuse.pipeline.options import OptimizeSettings
 from opfuse.pipeline.phases import Phases
-from opfuse.pipeline.run import OptimizeResult
+from opfuse.pipeline.run import OptimizeResult, save_inputs
 from opfuse.quantization.result import QuantizeResult
 from opfuse.rewrite.context import DEFAULT_FOLD_SIZE_LIMIT, Options
 from opfuse.rewrite.registry import PassInfo
@@ -53,6 +53,7 @@ from opfuse.tuning.deployment import (
     sha256_file,
 )
 from opfuse.verification.compare import OutputDiff, VerifyReport, check_feeds, compare_files
+from opfuse.verification.settings import VerifySettings
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -108,6 +109,8 @@ class OptimizeKeywords(TypedDict, total=False):
     target: str | None
     phases: Phases | None
     static_shapes: bool
+    optimize_settings: OptimizeSettings | None
+    verify_settings: VerifySettings | None
 
 
 def _as_file(model: ModelInput, folder: Path, name: str) -> Path:
@@ -161,6 +164,8 @@ def optimize(
     target: str | None = None,
     phases: Phases | None = None,
     static_shapes: bool = False,
+    optimize_settings: OptimizeSettings | None = None,
+    verify_settings: VerifySettings | None = None,
 ) -> OptimizeResult[onnx.ModelProto] | OptimizeResult[ir.Model]:
     """Optimize ``model`` (a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``) and
     verify the result against it under onnxruntime.
@@ -168,20 +173,32 @@ def optimize(
     Returns an ``OptimizeResult`` whose ``model`` is of the kind given (an
     ``onnx_ir.Model`` for a path); the model given is left unchanged. ``output`` also
     writes the result to that file (atomically; never over the input). The keywords are
-    ``opfuse optimize``'s options. Raises ``OpfuseError`` on bad input and
-    ``VerificationError`` (naming the first pass whose output differs) when the outputs
-    differ beyond ``atol * max(1, max|ref|) + rtol * |ref|``. ``static_shapes``
-    re-declares the inputs with the ``input_shape`` dims (``--static-shapes``).
+    ``opfuse optimize``'s options. Raises ``OpfuseError`` on bad input (``SettingsError``
+    naming the keyword for a refused setting) and ``VerificationError`` (naming the first
+    pass whose output differs) when the outputs differ beyond ``atol * max(1, max|ref|) +
+    rtol * |ref|``. ``static_shapes`` re-declares the inputs with the ``input_shape`` dims
+    (``--static-shapes``).
+
+    ``optimize_settings`` (``OptimizeSettings``: the passes, the cut, the graph options,
+    ``static_shapes``) and ``verify_settings`` (``VerifySettings``: tolerances, inputs,
+    seed, ``save_failing_inputs``) may be given instead of those keywords.
     """
-    if static_shapes and not input_shape:
-        raise OpfuseError("--static-shapes needs --input-shape NAME:D0,D1,... for the inputs")
-    options = make_options(
+    graph = _given(
+        optimize_settings,
+        OptimizeSettings,
+        fusion_switch_file=fusion_switch_file,
+        enable=tuple(enable),
+        disable=tuple(disable),
+        keep_inputs=tuple(keep_inputs or ()),
+        keep_outputs=tuple(keep_outputs or ()),
         fold_size_limit=fold_size_limit,
         target_opset=target_opset,
         layout=layout,
         target=target,
-        keep_inputs=keep_inputs,
-        keep_outputs=keep_outputs,
+        static_shapes=static_shapes,
+    )
+    checks = _verify_settings(
+        verify_settings, rtol, atol, input_shape, verify_inputs, seed, save_failing_inputs
     )
     workdir = tempfile.TemporaryDirectory(prefix="opfuse-")
     folder = Path(workdir.name)
@@ -189,21 +206,12 @@ def optimize(
     result = pipeline.optimize_file(
         source,
         output if output is not None else folder / "optimized.onnx",
-        fusion_switch_file=fusion_switch_file,
-        enable=list(enable),
-        disable=list(disable),
-        options=options,
+        settings=graph,
+        verifier=checks,
         verify=verify,
-        rtol=rtol,
-        atol=atol,
-        input_shapes={k: [int(d) for d in v] for k, v in (input_shape or {}).items()},
-        inputs_npz=verify_inputs,
-        seed=seed,
         fusion_result=fusion_result,
-        save_failing_inputs=save_failing_inputs,
         bisect=bisect,
         phases=phases,
-        static_shapes=static_shapes,
     )
     result.output = Path(output) if output is not None else None
     if isinstance(model, onnx.ModelProto):
@@ -226,27 +234,80 @@ def verify(
     input_shape: Mapping[str, Sequence[int]] | None = None,
     verify_inputs: str | os.PathLike[str] | None = None,
     seed: int = 0,
+    save_failing_inputs: str | os.PathLike[str] | None = None,
+    verify_settings: VerifySettings | None = None,
 ) -> VerifyReport:
     """Run both models (paths or in-memory models) under onnxruntime with its graph
     optimizations off on the same inputs and compare every output by name.
 
     Never raises for differing outputs: read ``report.ok`` and ``report.outputs``
-    (each with its error, the bound applied and the share of it the worst element used).
-    Raises ``OpfuseError`` on bad input."""
+    (each with its error, the bound applied and the share of it the worst element used);
+    with ``save_failing_inputs``, differing outputs also write the inputs there
+    (``report.saved_inputs``). ``verify_settings`` (``VerifySettings``) may be given
+    instead of the keywords. Raises ``OpfuseError`` on bad input."""
+    checks = _verify_settings(
+        verify_settings, rtol, atol, input_shape, verify_inputs, seed, save_failing_inputs
+    )
     with tempfile.TemporaryDirectory(prefix="opfuse-") as tmp:
         a = _as_file(original, Path(tmp), "original.onnx")
         b = _as_file(optimized, Path(tmp), "optimized.onnx")
         for path in (a, b):
             io.read_proto(path)
-        return compare_files(
+        if checks.save_failing_inputs is not None:
+            io.check_output_path(checks.save_failing_inputs, [a, b])
+        report = compare_files(
             a,
             b,
-            rtol=rtol,
-            atol=atol,
-            input_shapes={k: [int(d) for d in v] for k, v in (input_shape or {}).items()},
-            inputs_npz=verify_inputs,
-            seed=seed,
+            rtol=checks.rtol,
+            atol=checks.atol,
+            input_shapes=checks.shapes,
+            inputs_npz=checks.verify_inputs,
+            seed=checks.seed,
         )
+    if not report.ok and checks.save_failing_inputs is not None:
+        report.saved_inputs = save_inputs(report.feeds, checks.save_failing_inputs)
+    return report
+
+
+def _verify_settings(
+    given: VerifySettings | None,
+    rtol: float,
+    atol: float,
+    input_shape: Mapping[str, Sequence[int]] | None,
+    verify_inputs: str | os.PathLike[str] | None,
+    seed: int,
+    save_failing_inputs: str | os.PathLike[str] | None,
+) -> VerifySettings:
+    """``verify_settings``, or the verifier's keywords made into one."""
+    return _given(
+        given,
+        VerifySettings,
+        rtol=rtol,
+        atol=atol,
+        input_shape=input_shape or {},
+        verify_inputs=verify_inputs,
+        seed=seed,
+        save_failing_inputs=save_failing_inputs,
+    )
+
+
+_Settings = TypeVar("_Settings", OptimizeSettings, VerifySettings)
+
+
+def _given(given: _Settings | None, kind: type[_Settings], **keywords: Any) -> _Settings:
+    """The settings object given, else one made of the keywords; a keyword changed from
+    its default beside the object is refused (one of the two would be ignored)."""
+    if given is None:
+        return kind(**keywords)
+    if not isinstance(given, kind):
+        raise OpfuseError(f"expected {kind.__name__}, got {type(given).__name__}")
+    default = kind()
+    for name, value in keywords.items():
+        if value != getattr(default, name):
+            raise SettingsError(
+                name, value, f"give it in the {kind.__name__} or as a keyword, not both"
+            )
+    return given
 
 
 def passes() -> list[PassInfo]:

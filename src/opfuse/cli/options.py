@@ -1,16 +1,21 @@
 """The command line's options, declared once for every command that takes them: the
 graph-shaping options (optimize, batch), the verifier's (optimize, verify), the runtime's
-(optimize --benchmark, tune), and the checks that refuse options a run would ignore."""
+(optimize --benchmark, tune, quantize); ``settings_from``, which parses a command's options
+into the API's settings objects (``OptimizeSettings``, ``VerifySettings``,
+``RuntimeSettings``); ``flag_error``, which says an API ``SettingsError`` with the
+command's flags; and the checks that refuse options a run would ignore."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
 import click
 
-from opfuse.errors import OpfuseError
+from opfuse.errors import OpfuseError, SettingsError
 from opfuse.rewrite.context import DEFAULT_FOLD_SIZE_LIMIT
 from opfuse.runtime import GRAPH_OPT_LEVELS, RUNTIMES
 from opfuse.runtime.settings import RuntimeSettings
@@ -19,11 +24,29 @@ from opfuse.runtime.targets import builtin_targets
 F = TypeVar("F", bound=Callable[..., object])
 PathArg = click.Path(path_type=Path)
 RUNTIME_OPTIONS = ("runtime", "provider", "threads", "graph_opt", "bench_seconds")
+VERIFIER_OPTIONS = ("verify_inputs", "input_shape", "rtol", "atol", "seed", "save_failing_inputs")
+S = TypeVar("S")
 
 
 def names(values: tuple[str, ...]) -> list[str]:
     """Accept repeated options and comma-separated lists alike."""
     return [n.strip() for v in values for n in v.split(",") if n.strip()]
+
+
+def _input_shapes(specs: tuple[str, ...]) -> dict[str, list[int]]:
+    from opfuse.verification.compare import parse_input_shapes
+
+    return parse_input_shapes(list(specs))
+
+
+# how an option's text becomes its setting's value (the others are taken as click gives them)
+PARSERS: dict[str, Callable[[Any], object]] = {
+    "input_shape": _input_shapes,
+    "enable": names,
+    "disable": names,
+    "keep_inputs": names,
+    "keep_outputs": names,
+}
 
 
 def graph_options(f: F) -> F:
@@ -96,39 +119,28 @@ def verifier_options(f: F) -> F:
     return f
 
 
-def check_verifier_options(
-    verify: bool, npz: Path | None, npz_option: str, input_shape: tuple[str, ...]
-) -> None:
-    """Refuse verifier options that would be ignored: with --no-verify any of them, and
-    --input-shape next to an .npz (its arrays give the shapes)."""
-    ctx = click.get_current_context()
-    if not verify:
-        given = [
-            f"--{name.replace('_', '-')}"
-            for name in (
-                "verify_inputs",
-                "input_shape",
-                "rtol",
-                "atol",
-                "seed",
-                "save_failing_inputs",
-            )
-            if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
-        ]
-        if given:
-            one = len(given) == 1
-            raise OpfuseError(
-                f"{', '.join(given)} {'has' if one else 'have'} no effect with --no-verify "
-                f"(no verification runs); drop {'it' if one else 'them'} or --no-verify"
-            )
-    if npz is not None and input_shape:
+def refuse_without_verify(verify: bool) -> None:
+    """Verifier options with --no-verify would be ignored: refuse them."""
+    given = [] if verify else _given(VERIFIER_OPTIONS)
+    if given:
+        one = len(given) == 1
         raise OpfuseError(
-            f"--input-shape and {npz_option} {npz} both give the input shapes "
-            "(the .npz arrays' shapes are used); drop --input-shape"
+            f"{', '.join(given)} {'has' if one else 'have'} no effect with --no-verify "
+            f"(no verification runs); drop {'it' if one else 'them'} or --no-verify"
         )
 
 
-def runtime_options(f: Callable) -> Callable:
+def _given(names: tuple[str, ...]) -> list[str]:
+    """The flags of ``names`` given on the command line (not left at their default)."""
+    ctx = click.get_current_context()
+    return [
+        f"--{name.replace('_', '-')}"
+        for name in names
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+    ]
+
+
+def runtime_options(f: F) -> F:
     """--runtime, --provider, --threads, --graph-opt, --bench-seconds (into ``runtime``)."""
     options = [
         click.option(
@@ -163,21 +175,56 @@ def runtime_options(f: Callable) -> Callable:
     return f
 
 
-def settings_from(kwargs: dict[str, object]) -> RuntimeSettings:
-    """Pop the runtime options out of a command's keyword arguments."""
-    return RuntimeSettings(**{k: kwargs.pop(k) for k in RUNTIME_OPTIONS})  # type: ignore[arg-type]
+@overload
+def settings_from(params: dict[str, Any]) -> RuntimeSettings: ...
+@overload
+def settings_from(params: dict[str, Any], kind: type[S]) -> S: ...
+def settings_from(params: dict[str, Any], kind: type[Any] = RuntimeSettings) -> Any:
+    """Pop the options that are fields of ``kind`` (a settings type) out of a command's
+    keyword arguments, parsed (``--input-shape`` text, comma-separated pass names), into
+    one: the API checks them (``flag_error`` says a refusal with the flag)."""
+    picked = {f.name: params.pop(f.name) for f in fields(kind) if f.name in params}
+    for name, parse in PARSERS.items():
+        if name in picked:
+            picked[name] = parse(picked[name])
+    return kind(**picked)
+
+
+def flag_error(exc: SettingsError) -> OpfuseError:
+    """The API's ``SettingsError`` (``bench_seconds=0: must be more than 0``) said with
+    the running command's flags (``--bench-seconds 0: must be more than 0``): each setting
+    named as the option whose parameter has its name."""
+    ctx = click.get_current_context(silent=True)
+    params = {p.name: p for p in ctx.command.params} if ctx is not None else {}
+
+    def flag(name: str) -> str:
+        param = params.get(name)
+        if not isinstance(param, click.Option):
+            return name
+        return next((o for o in param.opts if o.startswith("--")), param.opts[0])
+
+    return OpfuseError(exc.text(flag, " "))
+
+
+def speaks_flags(command: click.Command) -> click.Command:
+    """``command`` with the API's refusals (``SettingsError``) said in its flags."""
+    callback = command.callback
+    assert callback is not None
+
+    @functools.wraps(callback)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return callback(*args, **kwargs)
+        except SettingsError as exc:
+            raise flag_error(exc) from None
+
+    command.callback = run
+    return command
 
 
 def refuse_without_benchmark(benchmark: bool) -> None:
     """Runtime options without --benchmark would be ignored: refuse them."""
-    if benchmark:
-        return
-    ctx = click.get_current_context()
-    given = [
-        f"--{name.replace('_', '-')}"
-        for name in RUNTIME_OPTIONS
-        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
-    ]
+    given = [] if benchmark else _given(RUNTIME_OPTIONS)
     if given:
         one = len(given) == 1
         raise OpfuseError(

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import onnx_ir as ir
 
-from opfuse.errors import OpfuseError
+from opfuse.errors import OpfuseError, SettingsError
 from opfuse.model import io
 from opfuse.model.shapes import declare_static_inputs
 from opfuse.pipeline.gcpause import paused_gc
 from opfuse.pipeline.opset import convert_opset, default_opset
 from opfuse.pipeline.optimizer import MAX_ROUNDS, op_counts, optimize_model
+from opfuse.pipeline.options import OptimizeSettings
 from opfuse.pipeline.phases import Phases
 from opfuse.pipeline.result import OptimizeResult, timings_text, verification_text
 from opfuse.pipeline.selection import (
@@ -36,6 +37,7 @@ from opfuse.pipeline.verifier import Verification, save_inputs
 from opfuse.rewrite.context import Options
 from opfuse.rewrite.stats import EffectLog
 from opfuse.verification.compare import check_feeds
+from opfuse.verification.settings import VerifySettings
 
 __all__ = [
     "COMMON_SUBEXPRESSIONS",
@@ -115,6 +117,8 @@ def optimize_file(
     bisect: bool = True,
     phases: Phases | None = None,
     static_shapes: bool = False,
+    settings: OptimizeSettings | None = None,
+    verifier: VerifySettings | None = None,
 ) -> OptimizeResult[ir.Model]:
     """Load, optimize, verify against the input and write atomically.
 
@@ -123,7 +127,26 @@ def optimize_file(
     Bad input raises OpfuseError before anything is written; a failed verification
     raises VerificationError naming the first pass to blame (``bisect``), saves the
     inputs to ``save_failing_inputs`` when given, and writes nothing else.
+
+    ``settings`` (``OptimizeSettings``) and ``verifier`` (``VerifySettings``), when given,
+    stand for the keywords they hold (``opfuse.optimize`` and batch's task give them; the
+    engine's own callers give the keywords).
     """
+    if settings is not None:
+        fusion_switch_file, enable, disable = (
+            settings.fusion_switch_file,
+            settings.enable,
+            settings.disable,
+        )
+        options, static_shapes = settings.options(), settings.static_shapes
+    if verifier is not None:
+        rtol, atol, seed, input_shapes = (
+            verifier.rtol,
+            verifier.atol,
+            verifier.seed,
+            verifier.shapes,
+        )
+        inputs_npz, save_failing_inputs = verifier.verify_inputs, verifier.save_failing_inputs
     phases = phases or Phases()
     job = _check(  # 1. check the request before the (possibly long) work
         input_path,
@@ -199,7 +222,11 @@ def _check(
     if input_shapes or inputs_npz is not None:
         check_feeds(input_path, input_shapes, inputs_npz)
     if static_shapes is not None and not static_shapes:
-        raise OpfuseError("--static-shapes needs --input-shape NAME:D0,D1,... for the inputs")
+        raise SettingsError(
+            "static_shapes",
+            True,
+            sentence="{static_shapes} needs {input_shape} NAME:D0,D1,... for the inputs",
+        )
     return Job(input_path, selection, options, static_shapes)
 
 
