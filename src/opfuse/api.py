@@ -1,6 +1,9 @@
 """The public Python API, re-exported by ``opfuse``: ``optimize``, ``verify``, ``passes``,
-``tune``, ``advise``, ``batch``, ``InferenceSession`` and the result and option types.
-Keyword names are the CLI's options.
+``tune``, ``advise``, ``batch``, ``InferenceSession``, and every type they take or return:
+the results, the errors, and the settings objects (``OptimizeSettings``,
+``VerifySettings``, ``RuntimeSettings``) that hold a group of options, checked when made
+(``SettingsError`` names the keyword). Keyword names are the CLI's options; a command
+parses its options into the same settings objects and calls the function here.
 
 A model is given as a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``. An in-memory
 model goes through the same checks and the same verifier as a file: it is written to a
@@ -27,7 +30,13 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from opfuse.advisor.advise import AdviseOptions, advise
-from opfuse.batching import batch
+from opfuse.batching.runner import (
+    BatchInterrupted,
+    BatchProgress,
+    BatchRecords,
+    BatchRun,
+    batch,
+)
 from opfuse.errors import EngineError, GateError, OpfuseError, SettingsError, VerificationError
 from opfuse.model import io
 from opfuse.pipeline import run as pipeline
@@ -60,18 +69,27 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AdviseOptions",
+    "BatchInterrupted",
+    "BatchProgress",
+    "BatchRecords",
+    "BatchRun",
     "EngineError",
     "GateError",
     "InferenceSession",
     "OpfuseError",
     "OptimizeResult",
+    "OptimizeSettings",
     "Options",
     "OutputDiff",
     "PassInfo",
+    "Phases",
     "QuantizeResult",
+    "RuntimeSettings",
+    "SettingsError",
     "TuneResult",
     "VerificationError",
     "VerifyReport",
+    "VerifySettings",
     "advise",
     "batch",
     "optimize",

@@ -23,7 +23,7 @@ from opfuse.pipeline.options import OptimizeSettings
 from opfuse.verification.settings import VerifySettings
 
 
-class Progress:
+class BatchProgress:
     """What the runner reports while it works (the CLI draws a bar from it)."""
 
     def planned(self, total: int, skipped: int) -> None: ...
@@ -98,10 +98,10 @@ def run_batch(
     workers: int | None = None,
     ray_address: str | None = None,
     force: bool = False,
-    progress: Progress | None = None,
+    progress: BatchProgress | None = None,
 ) -> BatchRun:
     """Run every model of INPUTS into OUTDIR; Ctrl-C returns what finished (interrupted)."""
-    progress = progress or Progress()
+    progress = progress or BatchProgress()
     out = Path(outdir)
     options.check()
     jobs = collect_jobs(inputs, options)
@@ -172,7 +172,7 @@ def batch(
     force: bool = False,
     optimize_settings: OptimizeSettings | None = None,
     verify_settings: VerifySettings | None = None,
-    progress: Progress | None = None,
+    progress: BatchProgress | None = None,
     **options: Any,
 ) -> BatchRecords:
     """Optimize (verify, and with ``advise=True`` advise) every model of ``inputs`` into

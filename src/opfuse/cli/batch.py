@@ -15,7 +15,7 @@ from rich.progress import Progress as Bar
 from rich.table import Table
 
 from opfuse.batching.jobs import Job
-from opfuse.batching.runner import BatchRun, Progress
+from opfuse.batching.runner import BatchProgress, BatchRun
 from opfuse.cli.console import console
 from opfuse.cli.options import PathArg, graph_options, settings_from
 from opfuse.errors import OpfuseError
@@ -33,7 +33,7 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * UNITS[m.group(2).upper()])
 
 
-class BarProgress(Progress):
+class BarProgress(BatchProgress):
     """A rich progress bar on stderr naming the models running now; without a terminal,
     one line per finished model instead."""
 

@@ -64,23 +64,3 @@ def _names(values: Iterable[str] | None) -> tuple[str, ...]:
     if isinstance(values, str):  # one name, not its letters
         values = [values]
     return tuple(values or ())
-
-
-def make_options(
-    *,
-    fold_size_limit: int = DEFAULT_FOLD_SIZE_LIMIT,
-    target_opset: int | None = None,
-    layout: str = "keep",
-    target: str | None = None,
-    keep_inputs: Sequence[str] | None = None,
-    keep_outputs: Sequence[str] | None = None,
-) -> Options:
-    """The passes' ``Options`` from the graph settings' names, checked."""
-    return OptimizeSettings(
-        keep_inputs=keep_inputs or (),
-        keep_outputs=keep_outputs or (),
-        fold_size_limit=fold_size_limit,
-        target_opset=target_opset,
-        layout=layout,
-        target=target,
-    ).options()
