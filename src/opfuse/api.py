@@ -232,14 +232,21 @@ def optimize(
         phases=phases,
     )
     result.output = Path(output) if output is not None else None
+    return _of_kind(model, result, workdir)
+
+
+def _of_kind(
+    model: ModelInput, result: OptimizeResult[ir.Model], workdir: tempfile.TemporaryDirectory[str]
+) -> OptimizeResult[onnx.ModelProto] | OptimizeResult[ir.Model]:
+    """The result with its model of the kind given: a ModelProto for a ModelProto (the
+    temporary folder removed), else the onnx_ir.Model (the folder kept: the model's lazy
+    external tensors may still read from it)."""
     if isinstance(model, onnx.ModelProto):
-        proto_result: OptimizeResult[onnx.ModelProto] = dataclasses.replace(
-            result,  # type: ignore[arg-type, assignment]
-            model=io.to_proto(result.model),
-        )
+        fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+        fields["model"] = io.to_proto(result.model)
         workdir.cleanup()
-        return proto_result
-    result.workdir = workdir  # lazy external tensors may still read from it
+        return OptimizeResult[onnx.ModelProto](**fields)
+    result.workdir = workdir
     return result
 
 
@@ -551,7 +558,7 @@ def quantize(
 PROTOBUF_LIMIT = 2**31 - 1
 
 
-class InferenceSession(ort.InferenceSession):  # type: ignore[misc]
+class InferenceSession(ort.InferenceSession):
     """A drop-in for ``onnxruntime.InferenceSession`` that runs the opfuse-optimized model.
 
     ``path_or_model``: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model`` (or the
@@ -590,7 +597,7 @@ class InferenceSession(ort.InferenceSession):  # type: ignore[misc]
                 )
             deployment = read_deployment(session_file)
             self.session_settings = deployment.session
-            sess_options, file_providers = ort_session_options(self.session_settings)  # type: ignore[assignment]
+            sess_options, file_providers = ort_session_options(self.session_settings)
             providers = providers or file_providers
             if deployment.graph is not None:
                 if deployment.graph.original or _is_tuned(path_or_model, deployment):

@@ -172,7 +172,7 @@ def _print_logs(result: OptimizeResult[Any], log_level: str) -> None:
             err.print(f"[INFO] OPFUSE {line}", soft_wrap=True, markup=False)
     if log_level == "debug":
         for r in result.log.reasons():
-            nodes = ", ".join(r["nodes"])  # type: ignore[arg-type]
+            nodes = ", ".join(r["nodes"])
             err.print(
                 f"[DEBUG] OPFUSE {r['pass']}: pattern={r['pattern']} not applied "
                 f"{r['count']}x: {r['reason']} ({nodes})",

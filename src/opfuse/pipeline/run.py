@@ -122,43 +122,34 @@ def optimize_file(
 ) -> OptimizeResult[ir.Model]:
     """Load, optimize, verify against the input and write atomically.
 
-    ``static_shapes``: re-declare the inputs with ``input_shapes`` first (all shape
-    arithmetic then folds; the output accepts only those shapes).
-    Bad input raises OpfuseError before anything is written; a failed verification
-    raises VerificationError naming the first pass to blame (``bisect``), saves the
-    inputs to ``save_failing_inputs`` when given, and writes nothing else.
-
     ``settings`` (``OptimizeSettings``) and ``verifier`` (``VerifySettings``), when given,
-    stand for the keywords they hold (``opfuse.optimize`` and batch's task give them; the
-    engine's own callers give the keywords).
+    stand for the keywords they hold (``opfuse.optimize`` and batch's task give them).
+    ``static_shapes``: re-declare the inputs with ``input_shapes`` first (all shape
+    arithmetic then folds; the output accepts only those shapes). Bad input raises
+    OpfuseError before anything is written; a failed verification raises VerificationError
+    naming the first pass to blame (``bisect``), saves the inputs to
+    ``save_failing_inputs`` when given, and writes nothing else.
     """
-    if settings is not None:
-        fusion_switch_file, enable, disable = (
-            settings.fusion_switch_file,
-            settings.enable,
-            settings.disable,
-        )
-        options, static_shapes = settings.options(), settings.static_shapes
-    if verifier is not None:
-        rtol, atol, seed, input_shapes = (
-            verifier.rtol,
-            verifier.atol,
-            verifier.seed,
-            verifier.shapes,
-        )
-        inputs_npz, save_failing_inputs = verifier.verify_inputs, verifier.save_failing_inputs
+    if settings is not None:  # the settings objects stand for their keywords
+        fusion_switch_file, options = settings.fusion_switch_file, settings.options()
+        enable, disable, static_shapes = settings.enable, settings.disable, settings.static_shapes
+    checks = verifier or VerifySettings(
+        rtol=rtol,
+        atol=atol,
+        input_shape=input_shapes or {},
+        verify_inputs=inputs_npz,
+        seed=seed,
+        save_failing_inputs=save_failing_inputs,
+    )
     phases = phases or Phases()
     job = _check(  # 1. check the request before the (possibly long) work
         input_path,
         output_path,
-        side_files=[fusion_result, save_failing_inputs],
-        switch_file=fusion_switch_file,
-        switch_table=switch_table,
-        enable=enable,
-        disable=disable,
+        side_files=[fusion_result, checks.save_failing_inputs],
+        switches=(fusion_switch_file, switch_table, enable, disable),
         options=options,
-        feeds=(input_shapes, inputs_npz) if verify else (None, None),
-        static_shapes=(input_shapes or {}) if static_shapes else None,
+        feeds=checks if verify else VerifySettings(),
+        static_shapes=checks.shapes if static_shapes else None,
     )
     with paused_gc():  # one pause over load and optimize: the loaded graph is not garbage
         with phases("load"):  # 2. load
@@ -170,17 +161,9 @@ def optimize_file(
             result = _optimize(job, original, phases)
     verification = None
     if verify:  # 4. verify, the staged output, before it is moved into place
+        reoptimize = job.reoptimize if bisect else None
         verification = Verification(
-            input_path,
-            rtol=rtol,
-            atol=atol,
-            input_shapes=input_shapes,
-            inputs_npz=inputs_npz,
-            seed=seed,
-            save_failing_inputs=save_failing_inputs,
-            reoptimize=job.reoptimize if bisect else None,
-            external=external,
-            phases=phases,
+            input_path, checks, reoptimize=reoptimize, external=external, phases=phases
         )
     # 5. write: staged beside the output, moved into place once verified
     with (
@@ -200,12 +183,9 @@ def _check(
     output_path: PathLike,
     *,
     side_files: list[PathLike | None],
-    switch_file: PathLike | None,
-    switch_table: SwitchTable | None,
-    enable: Iterable[str],
-    disable: Iterable[str],
+    switches: tuple[PathLike | None, SwitchTable | None, Iterable[str], Iterable[str]],
     options: Options | None,
-    feeds: tuple[Mapping[str, list[int]] | None, PathLike | None],
+    feeds: VerifySettings,
     static_shapes: Mapping[str, list[int]] | None,
 ) -> Job:
     """Step 1: the output paths (none over the input), the switches (the passes selected
@@ -215,12 +195,12 @@ def _check(
     for extra in side_files:
         if extra is not None:
             io.check_output_path(extra, [input_path, output_path])
+    switch_file, switch_table, enable, disable = switches
     if switch_file is not None:
         switch_table = parse_switch_file(switch_file)
     selection = select(switch_table, enable, disable, where=str(switch_file or "switch file"))
-    input_shapes, inputs_npz = feeds
-    if input_shapes or inputs_npz is not None:
-        check_feeds(input_path, input_shapes, inputs_npz)
+    if feeds.input_shape or feeds.verify_inputs is not None:
+        check_feeds(input_path, feeds.shapes, feeds.verify_inputs)
     if static_shapes is not None and not static_shapes:
         raise SettingsError(
             "static_shapes",
