@@ -17,7 +17,7 @@ from rich.table import Table
 from opfuse.batching.jobs import Job
 from opfuse.batching.runner import BatchProgress, BatchRun
 from opfuse.cli.console import console
-from opfuse.cli.options import PathArg, graph_options, settings_from
+from opfuse.cli.options import PathArg, format_option, graph_options, settings_from
 from opfuse.errors import OpfuseError
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -167,14 +167,7 @@ def print_summary(run: BatchRun, console: Console) -> None:
 @click.option("--atol", default=1e-5, show_default=True, help="Absolute tolerance.")
 @click.option("--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224.")
 @graph_options
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="json: the summary and every record on stdout.",
-)
+@format_option("json: the summary and every record on stdout.")
 def batch(
     inputs: tuple[Path, ...],
     outdir: Path,

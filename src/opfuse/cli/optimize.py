@@ -14,6 +14,7 @@ from opfuse.cli.benchmark import benchmark_lines, opset_hints
 from opfuse.cli.console import deprecated, err, out, progress, size
 from opfuse.cli.options import (
     PathArg,
+    format_option,
     graph_options,
     refuse_without_benchmark,
     refuse_without_verify,
@@ -62,14 +63,7 @@ LOG_LEVELS = ("error", "warning", "info", "debug")
     show_default=True,
     help="info prints the effect log, debug also why patterns did not fire (on stderr).",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="Summary on stdout: a table, or JSON (counts, passes, verification, timings).",
-)
+@format_option("Summary on stdout: a table, or JSON (counts, passes, verification, timings).")
 @click.option(
     "--verify/--no-verify",
     default=True,

@@ -49,6 +49,20 @@ PARSERS: dict[str, Callable[[Any], object]] = {
 }
 
 
+def format_option(text: str, *formats: str) -> Callable[[F], F]:
+    """--format (into ``fmt``) with the help ``text``: ``formats``, the first the default
+    [table, json]."""
+    formats = formats or ("table", "json")
+    return click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(list(formats)),
+        default=formats[0],
+        show_default=True,
+        help=text,
+    )
+
+
 def graph_options(f: F) -> F:
     """--fold-size-limit, --target-opset, --layout, --target."""
     for option in reversed(

@@ -12,7 +12,7 @@ import click
 from rich.table import Table
 
 from opfuse.cli.console import deprecated, err, out, progress
-from opfuse.cli.options import PathArg, settings_from, verifier_options
+from opfuse.cli.options import PathArg, format_option, settings_from, verifier_options
 from opfuse.errors import EXIT_STATUSES, OpfuseError
 
 if TYPE_CHECKING:
@@ -24,14 +24,7 @@ if TYPE_CHECKING:
 @click.argument("optimized", type=PathArg)
 @verifier_options
 @click.option("--inputs", "old_inputs", type=PathArg, hidden=True)
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="A table per output, or JSON.",
-)
+@format_option("A table per output, or JSON.")
 def verify(
     original: Path, optimized: Path, old_inputs: Path | None, fmt: str, **params: Any
 ) -> None:
