@@ -516,20 +516,8 @@ def quantize(
     from opfuse.quantization.preprocess import Preprocess
     from opfuse.quantization.run import quantize_file
 
-    if not isinstance(model, str | os.PathLike | onnx.ModelProto):
-        raise OpfuseError(
-            f"model: expected a path or an onnx.ModelProto, got {type(model).__name__}"
-        )
-    if output is not None and not isinstance(output, str | os.PathLike):
-        raise OpfuseError(f"output: expected a path or None, got {type(output).__name__}")
-    for label, value in (("samples", samples), ("target_opset", target_opset)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise OpfuseError(f"{label}: expected an int, got {type(value).__name__}")
-    for label, text in (("max_drop", max_drop), ("recipe", recipe), ("preprocess", preprocess)):
-        if text is not None and not isinstance(text, str):
-            raise OpfuseError(f"{label}: expected a string, got {type(text).__name__}")
-    if isinstance(exclude, str) or not all(isinstance(e, str) for e in exclude):
-        raise OpfuseError("exclude: expected a list of op types or node names")
+    _check_types(model, output, {"samples": samples, "target_opset": target_opset})
+    _check_texts({"max_drop": max_drop, "recipe": recipe, "preprocess": preprocess}, exclude)
     return quantize_file(
         model,
         output,
@@ -553,6 +541,30 @@ def quantize(
         progress=progress,
         command=_command,
     )
+
+
+def _check_types(model: object, output: object, counts: Mapping[str, object]) -> None:
+    """``quantize``'s arguments of the wrong type: a one-line OpfuseError naming them."""
+    if not isinstance(model, str | os.PathLike | onnx.ModelProto):
+        raise OpfuseError(
+            f"model: expected a path or an onnx.ModelProto, got {type(model).__name__}"
+        )
+    if output is not None and not isinstance(output, str | os.PathLike):
+        raise OpfuseError(f"output: expected a path or None, got {type(output).__name__}")
+    for label, value in counts.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise OpfuseError(f"{label}: expected an int, got {type(value).__name__}")
+
+
+def _check_texts(texts: Mapping[str, object], exclude: object) -> None:
+    """``quantize``'s texts (and ``exclude``, names) of the wrong type."""
+    for label, text in texts.items():
+        if text is not None and not isinstance(text, str):
+            raise OpfuseError(f"{label}: expected a string, got {type(text).__name__}")
+    if isinstance(exclude, str) or not (
+        isinstance(exclude, Iterable) and all(isinstance(e, str) for e in exclude)
+    ):
+        raise OpfuseError("exclude: expected a list of op types or node names")
 
 
 PROTOBUF_LIMIT = 2**31 - 1
