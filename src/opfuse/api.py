@@ -690,6 +690,7 @@ def _refuse_graph_keywords(given: dict[str, Any], where: str | os.PathLike[str])
         "layout",
         "static_shapes",
         "fusion_switch_file",
+        "optimize_settings",
     ):
         if key in given and given[key] not in (None, (), [], False, "keep"):
             raise OpfuseError(
