@@ -135,12 +135,27 @@ def verifier_options(f: F) -> F:
 
 def refuse_without_verify(verify: bool) -> None:
     """Verifier options with --no-verify would be ignored: refuse them."""
-    given = [] if verify else _given(VERIFIER_OPTIONS)
+    _refuse_ignored(
+        VERIFIER_OPTIONS,
+        not verify,
+        "{flags} {has} no effect with --no-verify (no verification runs); drop {it} or --no-verify",
+    )
+
+
+def _refuse_ignored(names: tuple[str, ...], ignored: bool, message: str) -> None:
+    """Refuse the flags of ``names`` given on the command line when a run ``ignored``
+    them; ``message`` says why (``{flags}``, ``{has}``, ``{applies}``, ``{it}`` agree
+    with how many there are)."""
+    given = _given(names) if ignored else []
     if given:
         one = len(given) == 1
         raise OpfuseError(
-            f"{', '.join(given)} {'has' if one else 'have'} no effect with --no-verify "
-            f"(no verification runs); drop {'it' if one else 'them'} or --no-verify"
+            message.format(
+                flags=", ".join(given),
+                has="has" if one else "have",
+                applies="applies" if one else "apply",
+                it="it" if one else "them",
+            )
         )
 
 
@@ -238,10 +253,8 @@ def speaks_flags(command: click.Command) -> click.Command:
 
 def refuse_without_benchmark(benchmark: bool) -> None:
     """Runtime options without --benchmark would be ignored: refuse them."""
-    given = [] if benchmark else _given(RUNTIME_OPTIONS)
-    if given:
-        one = len(given) == 1
-        raise OpfuseError(
-            f"{', '.join(given)} only appl{'ies' if one else 'y'} with --benchmark; "
-            f"add it or drop {'it' if one else 'them'}"
-        )
+    _refuse_ignored(
+        RUNTIME_OPTIONS,
+        not benchmark,
+        "{flags} only {applies} with --benchmark; add it or drop {it}",
+    )
