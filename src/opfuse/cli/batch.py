@@ -17,7 +17,14 @@ from rich.table import Table
 from opfuse.batching.jobs import Job
 from opfuse.batching.runner import BatchProgress, BatchRun
 from opfuse.cli.console import console
-from opfuse.cli.options import PathArg, format_option, graph_options, settings_from
+from opfuse.cli.options import (
+    PathArg,
+    format_option,
+    graph_options,
+    settings_from,
+    switch_options,
+    verifier_options,
+)
 from opfuse.errors import OpfuseError
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -154,18 +161,27 @@ def print_summary(run: BatchRun, console: Console) -> None:
     type=float,
     help="Also run opfuse tune with this budget (seconds) per model; NAME.tuned.onnx.",
 )
-@click.option("--fusion-switch-file", type=PathArg, help="CANN-format switch file for all models.")
-@click.option("--enable", multiple=True, help="Turn a pass on.")
-@click.option("--disable", multiple=True, help="Turn a pass off.")
+@switch_options.only(
+    "fusion_switch_file",
+    "enable",
+    "disable",
+    fusion_switch_file="CANN-format switch file for all models.",
+    enable="Turn a pass on.",
+    disable="Turn a pass off.",
+)
 @click.option(
     "--verify/--no-verify",
     default=True,
     show_default=True,
     help="Compare each output with its input model before writing it.",
 )
-@click.option("--rtol", default=1e-4, show_default=True, help="Relative tolerance.")
-@click.option("--atol", default=1e-5, show_default=True, help="Absolute tolerance.")
-@click.option("--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224.")
+@verifier_options.only(
+    "rtol",
+    "atol",
+    "input_shape",
+    atol="Absolute tolerance.",
+    input_shape="Dims for dynamic inputs: NAME:1,3,224,224.",
+)
 @graph_options
 @format_option("json: the summary and every record on stdout.")
 def batch(

@@ -20,6 +20,7 @@ from opfuse.cli.options import (
     refuse_without_verify,
     runtime_options,
     settings_from,
+    switch_options,
     verifier_options,
 )
 from opfuse.errors import EXIT_STATUSES, OpfuseError
@@ -34,15 +35,7 @@ LOG_LEVELS = ("error", "warning", "info", "debug")
 @click.command(epilog=EXIT_STATUSES)
 @click.argument("model", type=PathArg)
 @click.option("-o", "--output", type=PathArg, required=True, help="Where to write the result.")
-@click.option(
-    "--fusion-switch-file", type=PathArg, help="CANN-format JSON file turning passes on/off."
-)
-@click.option(
-    "--enable", multiple=True, help="Turn a pass on (overrides the switch file; repeatable)."
-)
-@click.option(
-    "--disable", multiple=True, help="Turn a pass off (overrides the switch file; repeatable)."
-)
+@switch_options
 @click.option(
     "--keep-inputs",
     multiple=True,

@@ -23,8 +23,6 @@ from opfuse.runtime.targets import builtin_targets
 
 F = TypeVar("F", bound=Callable[..., object])
 PathArg = click.Path(path_type=Path)
-RUNTIME_OPTIONS = ("runtime", "provider", "threads", "graph_opt", "bench_seconds")
-VERIFIER_OPTIONS = ("verify_inputs", "input_shape", "rtol", "atol", "seed", "save_failing_inputs")
 S = TypeVar("S")
 
 
@@ -63,80 +61,114 @@ def format_option(text: str, *formats: str) -> Callable[[F], F]:
     )
 
 
-def graph_options(f: F) -> F:
-    """--fold-size-limit, --target-opset, --layout, --target."""
-    for option in reversed(
-        [
-            click.option(
-                "--fold-size-limit",
-                default=DEFAULT_FOLD_SIZE_LIMIT,
-                show_default=True,
-                help="Largest constant (bytes) a fold may create, unless it frees as much; "
-                "a fold also grows the model by at most 4 KiB.",
-            ),
-            click.option(
-                "--target-opset",
-                type=int,
-                help="Convert to this opset first (enables newer fusions). "
-                "[default: keep the model's]",
-            ),
-            click.option(
-                "--layout",
-                type=click.Choice(["keep", "nchw", "nhwc"]),
-                default="keep",
-                show_default=True,
-                help="Layout of image inputs/outputs; nchw changes the model's interface.",
-            ),
-            click.option(
-                "--target",
-                type=click.Choice(builtin_targets()),
-                help="Runtime whose UBFusion passes may run. [default: none]",
-            ),
-        ]
-    ):
-        f = option(f)
-    return f
+class Group:
+    """Options declared once, by parameter name (the field of the settings object they
+    parse into; the flag is the name with dashes): ``@GROUP`` adds them all to a command,
+    ``@GROUP.only(*names, **helps)`` some of them, with the command's own help texts."""
+
+    def __init__(self, **options: dict[str, Any]) -> None:
+        self.options = options
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.options)
+
+    def __call__(self, f: F) -> F:
+        return self.only(*self.options)(f)
+
+    def only(self, *names: str, **helps: str) -> Callable[[F], F]:
+        def add(f: F) -> F:
+            for name in reversed(names):
+                attrs = {**self.options[name], **({"help": helps[name]} if name in helps else {})}
+                f = click.option("--" + name.replace("_", "-"), **attrs)(f)
+            return f
+
+        return add
 
 
-def verifier_options(f: F) -> F:
-    """--rtol, --atol, --input-shape, --verify-inputs, --seed, --save-failing-inputs."""
-    for option in reversed(
-        [
-            click.option("--rtol", default=1e-4, show_default=True, help="Relative tolerance."),
-            click.option(
-                "--atol",
-                default=1e-5,
-                show_default=True,
-                help="Absolute tolerance, scaled by the output's magnitude.",
-            ),
-            click.option(
-                "--input-shape",
-                multiple=True,
-                help="Dims for dynamic inputs: NAME:1,3,224,224 (repeatable). "
-                "[default: 1 for the first dynamic axis, 32 for the others]",
-            ),
-            click.option(
-                "--verify-inputs",
-                type=PathArg,
-                help=".npz of input arrays for the verifier (instead of random inputs).",
-            ),
-            click.option("--seed", default=0, show_default=True, help="Seed of the random inputs."),
-            click.option(
-                "--save-failing-inputs",
-                type=PathArg,
-                help="On a failed verification, write its inputs to this .npz "
-                "(replay them with --verify-inputs).",
-            ),
-        ]
-    ):
-        f = option(f)
-    return f
+# the passes: a switch file, --enable, --disable (optimize, batch)
+switch_options = Group(
+    fusion_switch_file={"type": PathArg, "help": "CANN-format JSON file turning passes on/off."},
+    enable={"multiple": True, "help": "Turn a pass on (overrides the switch file; repeatable)."},
+    disable={"multiple": True, "help": "Turn a pass off (overrides the switch file; repeatable)."},
+)
+# --fold-size-limit, --target-opset, --layout, --target (optimize, batch)
+graph_options = Group(
+    fold_size_limit={
+        "default": DEFAULT_FOLD_SIZE_LIMIT,
+        "show_default": True,
+        "help": "Largest constant (bytes) a fold may create, unless it frees as much; "
+        "a fold also grows the model by at most 4 KiB.",
+    },
+    target_opset={
+        "type": int,
+        "help": "Convert to this opset first (enables newer fusions). [default: keep the model's]",
+    },
+    layout={
+        "type": click.Choice(["keep", "nchw", "nhwc"]),
+        "default": "keep",
+        "show_default": True,
+        "help": "Layout of image inputs/outputs; nchw changes the model's interface.",
+    },
+    target={
+        "type": click.Choice(builtin_targets()),
+        "help": "Runtime whose UBFusion passes may run. [default: none]",
+    },
+)
+# --rtol, --atol, --input-shape, --verify-inputs, --seed, --save-failing-inputs (optimize,
+# verify; batch some of them)
+verifier_options = Group(
+    rtol={"default": 1e-4, "show_default": True, "help": "Relative tolerance."},
+    atol={
+        "default": 1e-5,
+        "show_default": True,
+        "help": "Absolute tolerance, scaled by the output's magnitude.",
+    },
+    input_shape={
+        "multiple": True,
+        "help": "Dims for dynamic inputs: NAME:1,3,224,224 (repeatable). "
+        "[default: 1 for the first dynamic axis, 32 for the others]",
+    },
+    verify_inputs={
+        "type": PathArg,
+        "help": ".npz of input arrays for the verifier (instead of random inputs).",
+    },
+    seed={"default": 0, "show_default": True, "help": "Seed of the random inputs."},
+    save_failing_inputs={
+        "type": PathArg,
+        "help": "On a failed verification, write its inputs to this .npz "
+        "(replay them with --verify-inputs).",
+    },
+)
+# --runtime, --provider, --threads, --graph-opt, --bench-seconds (optimize --benchmark,
+# tune, quantize)
+runtime_options = Group(
+    runtime={
+        "type": click.Choice(RUNTIMES),
+        "default": "onnxruntime",
+        "show_default": True,
+        "help": "Runtime to measure on (openvino: pip install 'opfuse[openvino]').",
+    },
+    provider={"help": "onnxruntime execution provider [default: CPUExecutionProvider]."},
+    threads={"default": 1, "show_default": True, "help": "Intra-op threads (0: the runtime's)."},
+    graph_opt={
+        "type": click.Choice(GRAPH_OPT_LEVELS),
+        "default": "all",
+        "show_default": True,
+        "help": "onnxruntime's graph optimization level while measuring (all: what users run).",
+    },
+    bench_seconds={
+        "default": 5.0,
+        "show_default": True,
+        "help": "Measuring time per comparison, after the warm-up.",
+    },
+)
 
 
 def refuse_without_verify(verify: bool) -> None:
     """Verifier options with --no-verify would be ignored: refuse them."""
     _refuse_ignored(
-        VERIFIER_OPTIONS,
+        ("verify_inputs", "input_shape", "rtol", "atol", "seed", "save_failing_inputs"),
         not verify,
         "{flags} {has} no effect with --no-verify (no verification runs); drop {it} or --no-verify",
     )
@@ -167,41 +199,6 @@ def _given(names: tuple[str, ...]) -> list[str]:
         for name in names
         if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
     ]
-
-
-def runtime_options(f: F) -> F:
-    """--runtime, --provider, --threads, --graph-opt, --bench-seconds (into ``runtime``)."""
-    options = [
-        click.option(
-            "--runtime",
-            type=click.Choice(RUNTIMES),
-            default="onnxruntime",
-            show_default=True,
-            help="Runtime to measure on (openvino: pip install 'opfuse[openvino]').",
-        ),
-        click.option(
-            "--provider", help="onnxruntime execution provider [default: CPUExecutionProvider]."
-        ),
-        click.option(
-            "--threads", default=1, show_default=True, help="Intra-op threads (0: the runtime's)."
-        ),
-        click.option(
-            "--graph-opt",
-            type=click.Choice(GRAPH_OPT_LEVELS),
-            default="all",
-            show_default=True,
-            help="onnxruntime's graph optimization level while measuring (all: what users run).",
-        ),
-        click.option(
-            "--bench-seconds",
-            default=5.0,
-            show_default=True,
-            help="Measuring time per comparison, after the warm-up.",
-        ),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f
 
 
 @overload
@@ -254,7 +251,7 @@ def speaks_flags(command: click.Command) -> click.Command:
 def refuse_without_benchmark(benchmark: bool) -> None:
     """Runtime options without --benchmark would be ignored: refuse them."""
     _refuse_ignored(
-        RUNTIME_OPTIONS,
+        runtime_options.names,
         not benchmark,
         "{flags} only {applies} with --benchmark; add it or drop {it}",
     )
