@@ -91,11 +91,11 @@ def test_the_verification_blames_the_candidate_not_the_reference(tmp_path):
 
 
 def test_an_optimizer_error_names_the_input_file_once(tmp_path):
-    from opfuse.pipeline.options import make_options
+    from opfuse.pipeline.options import OptimizeSettings
 
-    options = make_options(keep_inputs=["no_such_tensor"])
+    settings = OptimizeSettings(keep_inputs=["no_such_tensor"])
     with pytest.raises(OpfuseError) as exc:
-        run.optimize_file(EXAMPLE, tmp_path / "o.onnx", options=options)
+        run.optimize_file(EXAMPLE, tmp_path / "o.onnx", settings=settings)
     message = str(exc.value)
     assert message.startswith(f"{EXAMPLE}: ") and message.count(str(EXAMPLE)) == 1
     assert "no_such_tensor" in message and not (tmp_path / "o.onnx").exists()

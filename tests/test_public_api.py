@@ -118,7 +118,7 @@ def test_in_memory_verify_reports_bound_share_and_inputs():
 def test_bad_model_and_bad_options_are_opfuse_errors(tmp_path):
     with pytest.raises(OpfuseError, match="expected a path, an onnx.ModelProto"):
         opfuse.optimize(42)  # type: ignore[call-overload]
-    with pytest.raises(OpfuseError, match="--target 'tpu': unknown; the known targets"):
+    with pytest.raises(OpfuseError, match="target='tpu': unknown; the known targets"):
         opfuse.optimize(EXAMPLE, target="tpu")
     with pytest.raises(OpfuseError, match="no such file"):
         opfuse.optimize(tmp_path / "missing.onnx")

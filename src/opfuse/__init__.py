@@ -26,17 +26,23 @@ except PackageNotFoundError:  # a source tree on sys.path, not installed
     __version__ = "0+unknown"
 
 if TYPE_CHECKING:
-    from opfuse.api import (  # profile, advise and tune's types (issue 33)
+    from opfuse.api import (
         AdviceReport,
         AdviseOptions,
+        BatchInterrupted,
+        BatchProgress,
+        BatchRecords,
+        BatchRun,
         EngineError,
         GateError,
         InferenceSession,
         OpfuseError,
         OptimizeResult,
+        OptimizeSettings,
         Options,
         OutputDiff,
         PassInfo,
+        Phases,
         ProfileReport,
         ProfileSettings,
         QuantizeResult,
@@ -46,6 +52,7 @@ if TYPE_CHECKING:
         TuneSettings,
         VerificationError,
         VerifyReport,
+        VerifySettings,
         advise,
         batch,
         optimize,
@@ -57,37 +64,41 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "AdviceReport",
     "AdviseOptions",
+    "BatchInterrupted",
+    "BatchProgress",
+    "BatchRecords",
+    "BatchRun",
     "EngineError",
     "GateError",
     "InferenceSession",
     "OpfuseError",
     "OptimizeResult",
+    "OptimizeSettings",
     "Options",
     "OutputDiff",
     "PassInfo",
+    "Phases",
+    "ProfileReport",
+    "ProfileSettings",
     "QuantizeResult",
+    "RuntimeSettings",
+    "SettingsError",
     "TuneResult",
+    "TuneSettings",
     "VerificationError",
     "VerifyReport",
+    "VerifySettings",
     "__version__",
     "advise",
     "batch",
     "optimize",
     "passes",
+    "profile",
     "quantize",
     "tune",
     "verify",
-]
-# profile, advise and tune: the settings they take and the reports they return (issue 33)
-__all__ += [
-    "AdviceReport",
-    "ProfileReport",
-    "ProfileSettings",
-    "RuntimeSettings",
-    "SettingsError",
-    "TuneSettings",
-    "profile",
 ]
 
 _compat.install()

@@ -1,6 +1,9 @@
 """The public Python API, re-exported by ``opfuse``: ``optimize``, ``verify``, ``passes``,
-``tune``, ``advise``, ``batch``, ``InferenceSession`` and the result and option types.
-Keyword names are the CLI's options.
+``tune``, ``advise``, ``batch``, ``InferenceSession``, and every type they take or return:
+the results, the errors, and the settings objects (``OptimizeSettings``,
+``VerifySettings``, ``RuntimeSettings``) that hold a group of options, checked when made
+(``SettingsError`` names the keyword). Keyword names are the CLI's options; a command
+parses its options into the same settings objects and calls the function here.
 
 A model is given as a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``. An in-memory
 model goes through the same checks and the same verifier as a file: it is written to a
@@ -32,13 +35,19 @@ from opfuse.advisor.analysis import AdviseOptions
 from opfuse.advisor.profile_report import ProfileReport
 from opfuse.advisor.report_types import AdviceReport
 from opfuse.advisor.settings import ProfileSettings
-from opfuse.batching import batch
+from opfuse.batching.runner import (
+    BatchInterrupted,
+    BatchProgress,
+    BatchRecords,
+    BatchRun,
+    batch,
+)
 from opfuse.errors import EngineError, GateError, OpfuseError, SettingsError, VerificationError
 from opfuse.model import io
 from opfuse.pipeline import run as pipeline
-from opfuse.pipeline.options import make_options
+from opfuse.pipeline.options import OptimizeSettings
 from opfuse.pipeline.phases import Phases
-from opfuse.pipeline.run import OptimizeResult
+from opfuse.pipeline.run import OptimizeResult, save_inputs
 from opfuse.quantization.result import QuantizeResult
 from opfuse.rewrite.context import DEFAULT_FOLD_SIZE_LIMIT, Options
 from opfuse.rewrite.registry import PassInfo
@@ -58,41 +67,46 @@ from opfuse.tuning.deployment import (
 )
 from opfuse.tuning.settings import TuneSettings
 from opfuse.verification.compare import OutputDiff, VerifyReport, compare_files
+from opfuse.verification.settings import VerifySettings
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 __all__ = [
+    "AdviceReport",
     "AdviseOptions",
+    "BatchInterrupted",
+    "BatchProgress",
+    "BatchRecords",
+    "BatchRun",
     "EngineError",
     "GateError",
     "InferenceSession",
     "OpfuseError",
     "OptimizeResult",
+    "OptimizeSettings",
     "Options",
     "OutputDiff",
     "PassInfo",
+    "Phases",
+    "ProfileReport",
+    "ProfileSettings",
     "QuantizeResult",
+    "RuntimeSettings",
+    "SettingsError",
     "TuneResult",
+    "TuneSettings",
     "VerificationError",
     "VerifyReport",
+    "VerifySettings",
     "advise",
     "batch",
     "optimize",
     "passes",
+    "profile",
     "quantize",
     "tune",
     "verify",
-]
-# profile, advise and tune: the settings they take and the reports they return (issue 33)
-__all__ += [
-    "AdviceReport",
-    "ProfileReport",
-    "ProfileSettings",
-    "RuntimeSettings",
-    "SettingsError",
-    "TuneSettings",
-    "profile",
 ]
 
 ModelInput = str | os.PathLike[str] | onnx.ModelProto | ir.Model
@@ -123,6 +137,8 @@ class OptimizeKeywords(TypedDict, total=False):
     target: str | None
     phases: Phases | None
     static_shapes: bool
+    optimize_settings: OptimizeSettings | None
+    verify_settings: VerifySettings | None
 
 
 def _as_file(model: ModelInput, folder: Path, name: str) -> Path:
@@ -176,6 +192,8 @@ def optimize(
     target: str | None = None,
     phases: Phases | None = None,
     static_shapes: bool = False,
+    optimize_settings: OptimizeSettings | None = None,
+    verify_settings: VerifySettings | None = None,
 ) -> OptimizeResult[onnx.ModelProto] | OptimizeResult[ir.Model]:
     """Optimize ``model`` (a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``) and
     verify the result against it under onnxruntime.
@@ -183,20 +201,32 @@ def optimize(
     Returns an ``OptimizeResult`` whose ``model`` is of the kind given (an
     ``onnx_ir.Model`` for a path); the model given is left unchanged. ``output`` also
     writes the result to that file (atomically; never over the input). The keywords are
-    ``opfuse optimize``'s options. Raises ``OpfuseError`` on bad input and
-    ``VerificationError`` (naming the first pass whose output differs) when the outputs
-    differ beyond ``atol * max(1, max|ref|) + rtol * |ref|``. ``static_shapes``
-    re-declares the inputs with the ``input_shape`` dims (``--static-shapes``).
+    ``opfuse optimize``'s options. Raises ``OpfuseError`` on bad input (``SettingsError``
+    naming the keyword for a refused setting) and ``VerificationError`` (naming the first
+    pass whose output differs) when the outputs differ beyond ``atol * max(1, max|ref|) +
+    rtol * |ref|``. ``static_shapes`` re-declares the inputs with the ``input_shape`` dims
+    (``--static-shapes``).
+
+    ``optimize_settings`` (``OptimizeSettings``: the passes, the cut, the graph options,
+    ``static_shapes``) and ``verify_settings`` (``VerifySettings``: tolerances, inputs,
+    seed, ``save_failing_inputs``) may be given instead of those keywords.
     """
-    if static_shapes and not input_shape:
-        raise OpfuseError("--static-shapes needs --input-shape NAME:D0,D1,... for the inputs")
-    options = make_options(
+    graph = _given(
+        optimize_settings,
+        OptimizeSettings,
+        fusion_switch_file=fusion_switch_file,
+        enable=tuple(enable),
+        disable=tuple(disable),
+        keep_inputs=tuple(keep_inputs or ()),
+        keep_outputs=tuple(keep_outputs or ()),
         fold_size_limit=fold_size_limit,
         target_opset=target_opset,
         layout=layout,
         target=target,
-        keep_inputs=keep_inputs,
-        keep_outputs=keep_outputs,
+        static_shapes=static_shapes,
+    )
+    checks = _verify_settings(
+        verify_settings, rtol, atol, input_shape, verify_inputs, seed, save_failing_inputs
     )
     workdir = tempfile.TemporaryDirectory(prefix="opfuse-")
     folder = Path(workdir.name)
@@ -204,31 +234,29 @@ def optimize(
     result = pipeline.optimize_file(
         source,
         output if output is not None else folder / "optimized.onnx",
-        fusion_switch_file=fusion_switch_file,
-        enable=list(enable),
-        disable=list(disable),
-        options=options,
+        settings=graph,
+        verifier=checks,
         verify=verify,
-        rtol=rtol,
-        atol=atol,
-        input_shapes={k: [int(d) for d in v] for k, v in (input_shape or {}).items()},
-        inputs_npz=verify_inputs,
-        seed=seed,
         fusion_result=fusion_result,
-        save_failing_inputs=save_failing_inputs,
         bisect=bisect,
         phases=phases,
-        static_shapes=static_shapes,
     )
     result.output = Path(output) if output is not None else None
+    return _of_kind(model, result, workdir)
+
+
+def _of_kind(
+    model: ModelInput, result: OptimizeResult[ir.Model], workdir: tempfile.TemporaryDirectory[str]
+) -> OptimizeResult[onnx.ModelProto] | OptimizeResult[ir.Model]:
+    """The result with its model of the kind given: a ModelProto for a ModelProto (the
+    temporary folder removed), else the onnx_ir.Model (the folder kept: the model's lazy
+    external tensors may still read from it)."""
     if isinstance(model, onnx.ModelProto):
-        proto_result: OptimizeResult[onnx.ModelProto] = dataclasses.replace(
-            result,  # type: ignore[arg-type, assignment]
-            model=io.to_proto(result.model),
-        )
+        fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+        fields["model"] = io.to_proto(result.model)
         workdir.cleanup()
-        return proto_result
-    result.workdir = workdir  # lazy external tensors may still read from it
+        return OptimizeResult[onnx.ModelProto](**fields)
+    result.workdir = workdir
     return result
 
 
@@ -241,27 +269,80 @@ def verify(
     input_shape: Mapping[str, Sequence[int]] | None = None,
     verify_inputs: str | os.PathLike[str] | None = None,
     seed: int = 0,
+    save_failing_inputs: str | os.PathLike[str] | None = None,
+    verify_settings: VerifySettings | None = None,
 ) -> VerifyReport:
     """Run both models (paths or in-memory models) under onnxruntime with its graph
     optimizations off on the same inputs and compare every output by name.
 
     Never raises for differing outputs: read ``report.ok`` and ``report.outputs``
-    (each with its error, the bound applied and the share of it the worst element used).
-    Raises ``OpfuseError`` on bad input."""
+    (each with its error, the bound applied and the share of it the worst element used);
+    with ``save_failing_inputs``, differing outputs also write the inputs there
+    (``report.saved_inputs``). ``verify_settings`` (``VerifySettings``) may be given
+    instead of the keywords. Raises ``OpfuseError`` on bad input."""
+    checks = _verify_settings(
+        verify_settings, rtol, atol, input_shape, verify_inputs, seed, save_failing_inputs
+    )
     with tempfile.TemporaryDirectory(prefix="opfuse-") as tmp:
         a = _as_file(original, Path(tmp), "original.onnx")
         b = _as_file(optimized, Path(tmp), "optimized.onnx")
         for path in (a, b):
             io.read_proto(path)
-        return compare_files(
+        if checks.save_failing_inputs is not None:
+            io.check_output_path(checks.save_failing_inputs, [a, b])
+        report = compare_files(
             a,
             b,
-            rtol=rtol,
-            atol=atol,
-            input_shapes={k: [int(d) for d in v] for k, v in (input_shape or {}).items()},
-            inputs_npz=verify_inputs,
-            seed=seed,
+            rtol=checks.rtol,
+            atol=checks.atol,
+            input_shapes=checks.shapes,
+            inputs_npz=checks.verify_inputs,
+            seed=checks.seed,
         )
+    if not report.ok and checks.save_failing_inputs is not None:
+        report.saved_inputs = save_inputs(report.feeds, checks.save_failing_inputs)
+    return report
+
+
+def _verify_settings(
+    given: VerifySettings | None,
+    rtol: float,
+    atol: float,
+    input_shape: Mapping[str, Sequence[int]] | None,
+    verify_inputs: str | os.PathLike[str] | None,
+    seed: int,
+    save_failing_inputs: str | os.PathLike[str] | None,
+) -> VerifySettings:
+    """``verify_settings``, or the verifier's keywords made into one."""
+    return _given(
+        given,
+        VerifySettings,
+        rtol=rtol,
+        atol=atol,
+        input_shape=input_shape or {},
+        verify_inputs=verify_inputs,
+        seed=seed,
+        save_failing_inputs=save_failing_inputs,
+    )
+
+
+_Settings = TypeVar("_Settings", OptimizeSettings, VerifySettings, TuneSettings, RuntimeSettings)
+
+
+def _given(given: _Settings | None, kind: type[_Settings], **keywords: Any) -> _Settings:
+    """The settings object given, else one made of the keywords; a keyword changed from
+    its default beside the object is refused (one of the two would be ignored)."""
+    if given is None:
+        return kind(**keywords)
+    if not isinstance(given, kind):
+        raise OpfuseError(f"expected {kind.__name__}, got {type(given).__name__}")
+    default = kind()
+    for name, value in keywords.items():
+        if value != getattr(default, name):
+            raise SettingsError(
+                name, value, f"give it in the {kind.__name__} or as a keyword, not both"
+            )
+    return given
 
 
 def passes() -> list[PassInfo]:
@@ -364,48 +445,32 @@ def tune(
     return conductor.tune_file(
         model,
         conductor.TuneOutputs.beside(output, switch_file_out, report),
-        _one_of(
+        _given(
             settings,
-            TuneSettings(
-                budget=budget,
-                rtol=rtol,
-                atol=atol,
-                input_shape=input_shape,
-                verify_inputs=verify_inputs,
-                static_shapes=static_shapes,
-                layout=layout,
-                allow_interface_change=allow_interface_change,
-                session_search=session_search,
-                max_threads=max_threads,
-                runtimes=runtimes,
-            ),
-        ),  # fmt: skip
-        _one_of(
+            TuneSettings,
+            budget=budget,
+            rtol=rtol,
+            atol=atol,
+            input_shape=input_shape,
+            verify_inputs=verify_inputs,
+            static_shapes=static_shapes,
+            layout=layout,
+            allow_interface_change=allow_interface_change,
+            session_search=session_search,
+            max_threads=max_threads,
+            runtimes=runtimes,
+        ),
+        _given(
             runtime_settings,
-            RuntimeSettings(runtime, provider, threads, graph_opt, bench_seconds),
+            RuntimeSettings,
+            runtime=runtime,
+            provider=provider,
+            threads=threads,
+            graph_opt=graph_opt,
+            bench_seconds=bench_seconds,
         ),
         progress,
     )
-
-
-_Settings = TypeVar("_Settings", TuneSettings, RuntimeSettings)
-
-
-def _one_of(given: _Settings | None, from_keywords: _Settings) -> _Settings:
-    """The settings object given, else the one its keywords made; refused when both say
-    something (a keyword off its default beside the object)."""
-    if given is None:
-        return from_keywords
-    default = type(from_keywords)()
-    said = [
-        f.name
-        for f in dataclasses.fields(from_keywords)
-        if getattr(from_keywords, f.name) != getattr(default, f.name)
-    ]
-    if said:
-        name = type(given).__name__
-        raise OpfuseError(f"give the {name} or its keywords, not both ({', '.join(said)})")
-    return given
 
 
 def quantize(
@@ -457,20 +522,8 @@ def quantize(
     from opfuse.quantization.preprocess import Preprocess
     from opfuse.quantization.run import quantize_file
 
-    if not isinstance(model, str | os.PathLike | onnx.ModelProto):
-        raise OpfuseError(
-            f"model: expected a path or an onnx.ModelProto, got {type(model).__name__}"
-        )
-    if output is not None and not isinstance(output, str | os.PathLike):
-        raise OpfuseError(f"output: expected a path or None, got {type(output).__name__}")
-    for label, value in (("samples", samples), ("target_opset", target_opset)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise OpfuseError(f"{label}: expected an int, got {type(value).__name__}")
-    for label, text in (("max_drop", max_drop), ("recipe", recipe), ("preprocess", preprocess)):
-        if text is not None and not isinstance(text, str):
-            raise OpfuseError(f"{label}: expected a string, got {type(text).__name__}")
-    if isinstance(exclude, str) or not all(isinstance(e, str) for e in exclude):
-        raise OpfuseError("exclude: expected a list of op types or node names")
+    _check_types(model, output, {"samples": samples, "target_opset": target_opset})
+    _check_texts({"max_drop": max_drop, "recipe": recipe, "preprocess": preprocess}, exclude)
     return quantize_file(
         model,
         output,
@@ -496,10 +549,34 @@ def quantize(
     )
 
 
+def _check_types(model: object, output: object, counts: Mapping[str, object]) -> None:
+    """``quantize``'s arguments of the wrong type: a one-line OpfuseError naming them."""
+    if not isinstance(model, str | os.PathLike | onnx.ModelProto):
+        raise OpfuseError(
+            f"model: expected a path or an onnx.ModelProto, got {type(model).__name__}"
+        )
+    if output is not None and not isinstance(output, str | os.PathLike):
+        raise OpfuseError(f"output: expected a path or None, got {type(output).__name__}")
+    for label, value in counts.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise OpfuseError(f"{label}: expected an int, got {type(value).__name__}")
+
+
+def _check_texts(texts: Mapping[str, object], exclude: object) -> None:
+    """``quantize``'s texts (and ``exclude``, names) of the wrong type."""
+    for label, text in texts.items():
+        if text is not None and not isinstance(text, str):
+            raise OpfuseError(f"{label}: expected a string, got {type(text).__name__}")
+    if isinstance(exclude, str) or not (
+        isinstance(exclude, Iterable) and all(isinstance(e, str) for e in exclude)
+    ):
+        raise OpfuseError("exclude: expected a list of op types or node names")
+
+
 PROTOBUF_LIMIT = 2**31 - 1
 
 
-class InferenceSession(ort.InferenceSession):  # type: ignore[misc]
+class InferenceSession(ort.InferenceSession):
     """A drop-in for ``onnxruntime.InferenceSession`` that runs the opfuse-optimized model.
 
     ``path_or_model``: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model`` (or the
@@ -538,7 +615,7 @@ class InferenceSession(ort.InferenceSession):  # type: ignore[misc]
                 )
             deployment = read_deployment(session_file)
             self.session_settings = deployment.session
-            sess_options, file_providers = ort_session_options(self.session_settings)  # type: ignore[assignment]
+            sess_options, file_providers = ort_session_options(self.session_settings)
             providers = providers or file_providers
             if deployment.graph is not None:
                 if deployment.graph.original or _is_tuned(path_or_model, deployment):
@@ -619,6 +696,7 @@ def _refuse_graph_keywords(given: dict[str, Any], where: str | os.PathLike[str])
         "layout",
         "static_shapes",
         "fusion_switch_file",
+        "optimize_settings",
     ):
         if key in given and given[key] not in (None, (), [], False, "keep"):
             raise OpfuseError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 EXIT_STATUSES = (
@@ -58,11 +59,41 @@ class SettingsError(OpfuseError):
     """A setting the API refuses. ``field`` is the API's name for it (a keyword of
     ``opfuse.optimize`` or an attribute of a settings object), ``value`` what was given and
     ``problem`` what is wrong, so that the command line can say it with its own flag
-    (``cli.options.flag_error``) while the API's message names the keyword."""
+    (``cli.options.flag_error``) while the API's message names the keyword:
+    ``bench_seconds=0: must be more than 0`` here, ``--bench-seconds 0: must be more than
+    0`` on the command line.
 
-    def __init__(self, field: str, value: object, problem: str) -> None:
+    ``problem`` may name other settings as ``{name}``. A check between two settings gives
+    the whole ``sentence`` instead (its settings as ``{name}``, the value as ``{value}``):
+    ``{static_shapes} needs {input_shape} ...``."""
+
+    def __init__(
+        self, field: str, value: object, problem: str = "", *, sentence: str | None = None
+    ) -> None:
         self.field = field
         self.value = value
         self.problem = problem
-        shown = f"{value:g}" if isinstance(value, float) else str(value)
-        super().__init__(f"{field}={shown}: {problem}")
+        self.sentence = sentence
+        super().__init__(self.text(lambda name: name, "="))
+
+    def text(self, name: Callable[[str], str], joiner: str) -> str:
+        """The message with each setting called ``name(setting)``; ``joiner`` goes between
+        the setting and its value (``=`` in the API, a space on the command line)."""
+        value = self.value
+        shown = f"{value:g}" if isinstance(value, float) else repr(value)
+        shown = str(value) if not isinstance(value, str | float) else shown
+        names = _Names(name, shown)
+        if self.sentence is not None:
+            return self.sentence.format_map(names)
+        return f"{name(self.field)}{joiner}{shown}: {self.problem.format_map(names)}"
+
+
+class _Names(dict[str, str]):
+    """``{setting}`` in a message: the setting's name as the caller says it."""
+
+    def __init__(self, name: Callable[[str], str], value: str) -> None:
+        super().__init__(value=value)
+        self.name = name
+
+    def __missing__(self, key: str) -> str:
+        return self.name(key)

@@ -45,7 +45,7 @@ class ProfileSettings:
             )
         if self.graph_opt is not None and self.graph_opt not in GRAPH_OPT_LEVELS:
             raise SettingsError(
-                "graph_opt", repr(self.graph_opt), f"expected one of {', '.join(GRAPH_OPT_LEVELS)}"
+                "graph_opt", self.graph_opt, f"expected one of {', '.join(GRAPH_OPT_LEVELS)}"
             )
 
     def profiling(self) -> ProfileSettings:

@@ -16,8 +16,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from opfuse.errors import OpfuseError
+from opfuse.errors import OpfuseError, SettingsError
+from opfuse.pipeline.options import OptimizeSettings
 from opfuse.rewrite.context import DEFAULT_FOLD_SIZE_LIMIT
+from opfuse.verification.settings import VerifySettings
 
 # per-model options a .jsonl manifest line may set, with the type each takes
 MANIFEST_KEYS = {
@@ -55,7 +57,15 @@ class TaskOptions:
     max_memory: int = 8 << 30
 
     def check(self) -> None:
-        """Refuse limits no model could run under (one error, before any model runs)."""
+        """Refuse limits no model could run under, and what would fail every model (the
+        switch file, pass names, graph options): one error, before any model runs."""
+        from opfuse.pipeline.selection import select_passes
+        from opfuse.pipeline.switch import parse_switch_file
+
+        if self.switch_file is not None:
+            parse_switch_file(self.switch_file)
+        select_passes(None, self.enable, self.disable)
+        self.optimize_settings()
         if self.timeout <= 0:
             raise OpfuseError(f"--timeout {self.timeout:g}: give a number of seconds above 0")
         if self.max_memory < 0:
@@ -65,6 +75,63 @@ class TaskOptions:
                 f"--tune {self.tune:g}: the budget must be above 0 and below --timeout "
                 f"{self.timeout:g} (the timeout covers optimize, verify and tune)"
             )
+
+    @classmethod
+    def of(
+        cls,
+        optimize: OptimizeSettings | None,
+        checks: VerifySettings | None,
+        /,
+        **options: Any,
+    ) -> TaskOptions:
+        """The options of ``opfuse.batch``: the settings objects' fields that a task
+        carries, and the task's own (``options``); what a task cannot carry is refused."""
+        given: dict[str, Any] = {}
+        if optimize is not None:
+            unused = ("keep_inputs", "keep_outputs", "static_shapes")
+            _refuse_unused(optimize, OptimizeSettings(), unused)
+            switch_file = optimize.fusion_switch_file
+            given.update(
+                switch_file=str(Path(switch_file).resolve()) if switch_file else None,
+                enable=optimize.enable,
+                disable=optimize.disable,
+                fold_size_limit=optimize.fold_size_limit,
+                target_opset=optimize.target_opset,
+                layout=optimize.layout,
+                target=optimize.target,
+            )
+        if checks is not None:
+            _refuse_unused(checks, VerifySettings(), ("seed", "save_failing_inputs"))
+            given.update(
+                rtol=checks.rtol,
+                atol=checks.atol,
+                input_shape=checks.shapes or None,
+                verify_inputs=str(checks.verify_inputs) if checks.verify_inputs else None,
+            )
+        for name in sorted(set(given) & set(options)):
+            raise SettingsError(name, options[name], "give it in the settings or as a keyword")
+        return cls(**options, **given)
+
+    def optimize_settings(self) -> OptimizeSettings:
+        """What one model's optimizer takes (``pipeline.run.optimize_file``)."""
+        return OptimizeSettings(
+            fusion_switch_file=self.switch_file,
+            enable=self.enable,
+            disable=self.disable,
+            fold_size_limit=self.fold_size_limit,
+            target_opset=self.target_opset,
+            layout=self.layout,
+            target=self.target,
+        )
+
+    def verify_settings(self) -> VerifySettings:
+        """What one model's verifier takes."""
+        return VerifySettings(
+            rtol=self.rtol,
+            atol=self.atol,
+            input_shape=self.input_shape or {},
+            verify_inputs=self.verify_inputs,
+        )
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -79,6 +146,13 @@ class TaskOptions:
         """A short digest of the options that decide a model's result (resume key)."""
         data = {k: v for k, v in self.to_json().items() if k not in LIMIT_KEYS}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _refuse_unused(given: object, default: object, names: tuple[str, ...]) -> None:
+    """A setting ``opfuse.batch`` does not apply to each model: refused, not ignored."""
+    for name in names:
+        if getattr(given, name) != getattr(default, name):
+            raise SettingsError(name, getattr(given, name), "opfuse.batch does not take it")
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,11 @@ from opfuse.batching.jobs import Job, TaskOptions, check_outdir, collect_jobs
 from opfuse.batching.summary import write_summary_html
 from opfuse.batching.task import sha256_file
 from opfuse.errors import OpfuseError
+from opfuse.pipeline.options import OptimizeSettings
+from opfuse.verification.settings import VerifySettings
 
 
-class Progress:
+class BatchProgress:
     """What the runner reports while it works (the CLI draws a bar from it)."""
 
     def planned(self, total: int, skipped: int) -> None: ...
@@ -96,10 +98,10 @@ def run_batch(
     workers: int | None = None,
     ray_address: str | None = None,
     force: bool = False,
-    progress: Progress | None = None,
+    progress: BatchProgress | None = None,
 ) -> BatchRun:
     """Run every model of INPUTS into OUTDIR; Ctrl-C returns what finished (interrupted)."""
-    progress = progress or Progress()
+    progress = progress or BatchProgress()
     out = Path(outdir)
     options.check()
     jobs = collect_jobs(inputs, options)
@@ -143,6 +145,23 @@ def run_batch(
     return run
 
 
+class BatchRecords(list[dict[str, Any]]):
+    """What ``opfuse.batch`` returns: one record per model, in input order (a list), and
+    the run they came from (``run``: its summary, the folder, whether it was interrupted)."""
+
+    def __init__(self, run: BatchRun) -> None:
+        super().__init__(run.records)
+        self.run = run
+
+
+class BatchInterrupted(KeyboardInterrupt):
+    """``opfuse.batch`` was interrupted (Ctrl-C): ``records`` holds what finished."""
+
+    def __init__(self, records: BatchRecords) -> None:
+        super().__init__()
+        self.records = records
+
+
 def batch(
     inputs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
     outdir: str | os.PathLike[str],
@@ -151,15 +170,23 @@ def batch(
     workers: int | None = None,
     ray_address: str | None = None,
     force: bool = False,
+    optimize_settings: OptimizeSettings | None = None,
+    verify_settings: VerifySettings | None = None,
+    progress: BatchProgress | None = None,
     **options: Any,
-) -> list[dict[str, Any]]:
+) -> BatchRecords:
     """Optimize (verify, and with ``advise=True`` advise) every model of ``inputs`` into
-    ``outdir``, each in its own worker process; return one record per model.
+    ``outdir``, each in its own worker process; return one record per model (a list,
+    ``BatchRecords``, whose ``run`` holds the summary).
 
     ``inputs``: model files, folders or manifests. ``engine``: "local" (``workers``
     processes) or "ray" (``ray_address``: an existing cluster; None starts a local one).
-    ``options``: the fields of ``TaskOptions`` (``timeout``, ``max_memory``, ``rtol``...).
+    ``options``: the fields of ``TaskOptions`` (``timeout``, ``max_memory``, ``rtol``...);
+    ``optimize_settings`` (``OptimizeSettings``) and ``verify_settings``
+    (``VerifySettings``) may give the optimizer's and the verifier's instead.
     Models done before with the same bytes and options are not redone unless ``force``.
+    ``progress`` hears of each model as it starts and ends. Ctrl-C raises
+    ``BatchInterrupted`` (a ``KeyboardInterrupt``) holding the records of what finished.
     """
     if isinstance(inputs, str | os.PathLike):
         inputs = [inputs]
@@ -173,12 +200,14 @@ def batch(
     run = run_batch(
         inputs,
         outdir,
-        TaskOptions(**options),
+        TaskOptions.of(optimize_settings, verify_settings, **options),
         engine=engine,
         workers=workers,
         ray_address=ray_address,
         force=force,
+        progress=progress,
     )
+    records = BatchRecords(run)
     if run.interrupted:
-        raise KeyboardInterrupt
-    return run.records
+        raise BatchInterrupted(records)
+    return records

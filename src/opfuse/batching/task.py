@@ -97,29 +97,18 @@ def status_of(exc: BaseException) -> str:
 
 
 def optimize_model_file(job: Job, output: Path) -> Any:
-    """The one adapter between batch and the optimizer: optimize, verify, write."""
-    from opfuse.pipeline.options import make_options
+    """The one adapter between batch and the optimizer: optimize, verify, write (the
+    pipeline function ``opfuse.optimize`` calls, with the same settings objects)."""
     from opfuse.pipeline.run import optimize_file
 
     o = job.options
     return optimize_file(
         job.model,
         output,
-        fusion_switch_file=o.switch_file,
-        enable=list(o.enable),
-        disable=list(o.disable),
-        options=make_options(
-            fold_size_limit=o.fold_size_limit,
-            target_opset=o.target_opset,
-            layout=o.layout,
-            target=o.target,
-        ),
-        fusion_result=output.with_suffix(".fusion_result.json"),
+        settings=o.optimize_settings(),
+        verifier=o.verify_settings(),
         verify=o.verify,
-        rtol=o.rtol,
-        atol=o.atol,
-        input_shapes={k: [int(d) for d in v] for k, v in (o.input_shape or {}).items()},
-        inputs_npz=o.verify_inputs,
+        fusion_result=output.with_suffix(".fusion_result.json"),
     )
 
 

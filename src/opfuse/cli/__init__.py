@@ -1,6 +1,8 @@
 """The ``opfuse`` command line: one module per command (optimize, verify, passes, tune,
 profile, advise, batch), sharing the option declarations of ``cli.options`` and the
-consoles of ``cli.console``; this module is the group and the entry point.
+consoles of ``cli.console``; this module is the group and the entry point. Each command
+parses its options into the API's settings objects and calls ``opfuse.api``; a setting the
+API refuses (``SettingsError``) is said with the command's flag (``cli.options.flag_error``).
 
 Errors are one line on stderr with exit status 2 (1 for a failed verification), never a
 traceback unless ``--debug`` is given. Logs, warnings and progress go to stderr; stdout
@@ -19,6 +21,7 @@ from opfuse.cli.advise import advise, profile
 from opfuse.cli.batch import batch
 from opfuse.cli.console import DEBUG, err
 from opfuse.cli.optimize import optimize
+from opfuse.cli.options import speaks_flags
 from opfuse.cli.passes import passes
 from opfuse.cli.quantize import quantize
 from opfuse.cli.tune import tune
@@ -36,7 +39,7 @@ def app(debug: bool) -> None:
 
 
 for _command in (optimize, verify, passes, profile, advise, tune, quantize, batch):
-    app.add_command(_command)
+    app.add_command(speaks_flags(_command))  # the API's refusals said in the flags
 
 
 # commands that handle one model and exit: their process skips the collector's last walk

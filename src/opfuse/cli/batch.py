@@ -15,12 +15,18 @@ from rich.progress import Progress as Bar
 from rich.table import Table
 
 from opfuse.batching.jobs import Job
-from opfuse.batching.runner import BatchRun, Progress
+from opfuse.batching.runner import BatchProgress, BatchRun
 from opfuse.cli.console import console
-from opfuse.cli.options import graph_options
+from opfuse.cli.options import (
+    PathArg,
+    format_option,
+    graph_options,
+    settings_from,
+    switch_options,
+    verifier_options,
+)
 from opfuse.errors import OpfuseError
 
-PathArg = click.Path(path_type=Path)
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 SHOWN_RUNNING = 3
 ERROR_WIDTH = 120
@@ -34,7 +40,7 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * UNITS[m.group(2).upper()])
 
 
-class BarProgress(Progress):
+class BarProgress(BatchProgress):
     """A rich progress bar on stderr naming the models running now; without a terminal,
     one line per finished model instead."""
 
@@ -155,27 +161,29 @@ def print_summary(run: BatchRun, console: Console) -> None:
     type=float,
     help="Also run opfuse tune with this budget (seconds) per model; NAME.tuned.onnx.",
 )
-@click.option("--fusion-switch-file", type=PathArg, help="CANN-format switch file for all models.")
-@click.option("--enable", multiple=True, help="Turn a pass on.")
-@click.option("--disable", multiple=True, help="Turn a pass off.")
+@switch_options.only(
+    "fusion_switch_file",
+    "enable",
+    "disable",
+    fusion_switch_file="CANN-format switch file for all models.",
+    enable="Turn a pass on.",
+    disable="Turn a pass off.",
+)
 @click.option(
     "--verify/--no-verify",
     default=True,
     show_default=True,
     help="Compare each output with its input model before writing it.",
 )
-@click.option("--rtol", default=1e-4, show_default=True, help="Relative tolerance.")
-@click.option("--atol", default=1e-5, show_default=True, help="Absolute tolerance.")
-@click.option("--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224.")
-@graph_options
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="json: the summary and every record on stdout.",
+@verifier_options.only(
+    "rtol",
+    "atol",
+    "input_shape",
+    atol="Absolute tolerance.",
+    input_shape="Dims for dynamic inputs: NAME:1,3,224,224.",
 )
+@graph_options
+@format_option("json: the summary and every record on stdout.")
 def batch(
     inputs: tuple[Path, ...],
     outdir: Path,
@@ -187,55 +195,21 @@ def batch(
     advise: bool,
     benchmark: bool,
     tune_budget: float | None,
-    fusion_switch_file: Path | None,
-    enable: tuple[str, ...],
-    disable: tuple[str, ...],
     verify: bool,
-    rtol: float,
-    atol: float,
-    input_shape: tuple[str, ...],
-    fold_size_limit: int,
-    target_opset: int | None,
-    layout: str,
-    target: str | None,
     fmt: str,
+    **params: Any,
 ) -> None:
     """Optimize and verify every model of INPUTS (files, folders, .txt/.jsonl manifests)
     into OUTDIR, each in its own worker process; resumable (see docs/BATCH.md)."""
-    from opfuse.batching.jobs import TaskOptions
-    from opfuse.batching.runner import run_batch
+    from opfuse import api
+    from opfuse.batching.runner import BatchInterrupted
     from opfuse.batching.summary import summary_json
-    from opfuse.pipeline.switch import parse_switch_file
-    from opfuse.verification.compare import parse_input_shapes
+    from opfuse.pipeline.options import OptimizeSettings
+    from opfuse.verification.settings import VerifySettings
 
-    if fusion_switch_file is not None:
-        parse_switch_file(fusion_switch_file)  # a bad file is one error now, not one per model
-    # what would fail every model fails once, now: pass names, --target, --layout...
-    from opfuse.pipeline.options import make_options
-    from opfuse.pipeline.run import select_passes
-
-    select_passes(None, _split(enable), _split(disable))
-    make_options(
-        fold_size_limit=fold_size_limit, target_opset=target_opset, layout=layout, target=target
-    )
-    options = TaskOptions(
-        verify=verify,
-        rtol=rtol,
-        atol=atol,
-        input_shape=parse_input_shapes(list(input_shape)) or None,
-        switch_file=str(fusion_switch_file.resolve()) if fusion_switch_file else None,
-        enable=_split(enable),
-        disable=_split(disable),
-        fold_size_limit=fold_size_limit,
-        target_opset=target_opset,
-        layout=layout,
-        target=target,
-        advise=advise,
-        benchmark=benchmark,
-        tune=tune_budget,
-        timeout=timeout,
-        max_memory=parse_size(max_memory),
-    )
+    graph = settings_from(params, OptimizeSettings)
+    checks = settings_from(params, VerifySettings)
+    limit = parse_size(max_memory)
     err = console(stderr=True)  # COLUMNS, else the terminal's width, else 100 columns
     out = console()
     if ray_address not in (None, "local", "auto") and Path(ray_address).exists():
@@ -244,19 +218,28 @@ def batch(
             "after the inputs (or write --ray=ADDRESS)"
         )
     _skip_main_in_workers()
-    engine = "local" if ray_address is None else "ray"
-    address = None if ray_address in (None, "local") else ray_address
     with BarProgress(err) as progress:
-        run = run_batch(
-            inputs,
-            outdir,
-            options,
-            engine=engine,
-            workers=workers,
-            ray_address=address,
-            force=force,
-            progress=progress,
-        )
+        try:
+            records = api.batch(
+                inputs,
+                outdir,
+                engine="local" if ray_address is None else "ray",
+                workers=workers,
+                ray_address=None if ray_address in (None, "local") else ray_address,
+                force=force,
+                optimize_settings=graph,
+                verify_settings=checks,
+                progress=progress,
+                verify=verify,
+                advise=advise,
+                benchmark=benchmark,
+                tune=tune_budget,
+                timeout=timeout,
+                max_memory=limit,
+            )
+        except BatchInterrupted as exc:
+            records = exc.records
+    run = records.run
     if fmt == "json":
         click.echo(summary_json(run.records, run.summary()), nl=False)
     else:
@@ -274,7 +257,3 @@ def _skip_main_in_workers() -> None:
     main = sys.modules.get("__main__")
     if main is not None and getattr(main, "__spec__", None) is None:
         main.__spec__ = importlib.util.find_spec("opfuse.__main__")
-
-
-def _split(values: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(n.strip() for v in values for n in v.split(",") if n.strip())

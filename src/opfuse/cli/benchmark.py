@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from opfuse.errors import OpfuseError
 from opfuse.runtime.settings import RuntimeSettings
 
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
-def opset_hints(model) -> list[str]:  # type: ignore[no-untyped-def]
+
+def opset_hints(model: ir.Model) -> list[str]:
     """``GeluFusionPass would fire at a higher opset: 18 matches at --target-opset 20``"""
     from opfuse.tuning.variants import opset_upgrades
 

@@ -14,12 +14,13 @@ from opfuse.cli.benchmark import benchmark_lines, opset_hints
 from opfuse.cli.console import deprecated, err, out, progress, size
 from opfuse.cli.options import (
     PathArg,
-    check_verifier_options,
+    format_option,
     graph_options,
-    names,
     refuse_without_benchmark,
+    refuse_without_verify,
     runtime_options,
     settings_from,
+    switch_options,
     verifier_options,
 )
 from opfuse.errors import EXIT_STATUSES, OpfuseError
@@ -34,15 +35,7 @@ LOG_LEVELS = ("error", "warning", "info", "debug")
 @click.command(epilog=EXIT_STATUSES)
 @click.argument("model", type=PathArg)
 @click.option("-o", "--output", type=PathArg, required=True, help="Where to write the result.")
-@click.option(
-    "--fusion-switch-file", type=PathArg, help="CANN-format JSON file turning passes on/off."
-)
-@click.option(
-    "--enable", multiple=True, help="Turn a pass on (overrides the switch file; repeatable)."
-)
-@click.option(
-    "--disable", multiple=True, help="Turn a pass off (overrides the switch file; repeatable)."
-)
+@switch_options
 @click.option(
     "--keep-inputs",
     multiple=True,
@@ -63,14 +56,7 @@ LOG_LEVELS = ("error", "warning", "info", "debug")
     show_default=True,
     help="info prints the effect log, debug also why patterns did not fire (on stderr).",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="Summary on stdout: a table, or JSON (counts, passes, verification, timings).",
-)
+@format_option("Summary on stdout: a table, or JSON (counts, passes, verification, timings).")
 @click.option(
     "--verify/--no-verify",
     default=True,
@@ -96,36 +82,20 @@ LOG_LEVELS = ("error", "warning", "info", "debug")
 def optimize(
     model: Path,
     output: Path,
-    fusion_switch_file: Path | None,
-    enable: tuple[str, ...],
-    disable: tuple[str, ...],
-    keep_inputs: tuple[str, ...],
-    keep_outputs: tuple[str, ...],
     old_inputs: tuple[str, ...],
     old_outputs: tuple[str, ...],
     fusion_result: Path | None,
     log_level: str,
     fmt: str,
     verify: bool,
-    rtol: float,
-    atol: float,
-    input_shape: tuple[str, ...],
-    verify_inputs: Path | None,
-    seed: int,
-    save_failing_inputs: Path | None,
     bisect: bool,
-    fold_size_limit: int,
-    target_opset: int | None,
-    layout: str,
-    target: str | None,
-    static_shapes: bool,
     benchmark: bool,
-    **runtime: object,
+    **params: Any,
 ) -> None:
     """Fuse and simplify MODEL, verify it, and write it to OUTPUT."""
-    from opfuse.pipeline.options import make_options
-    from opfuse.pipeline.run import optimize_file
-    from opfuse.verification.compare import parse_input_shapes
+    from opfuse import api
+    from opfuse.pipeline.options import OptimizeSettings
+    from opfuse.verification.settings import VerifySettings
 
     for old, new, values in (
         ("--inputs", "--keep-inputs", old_inputs),
@@ -133,46 +103,51 @@ def optimize(
     ):
         if values:
             deprecated(old, new)
-    if static_shapes and not verify:
+    params["keep_inputs"] += old_inputs
+    params["keep_outputs"] += old_outputs
+    if params["static_shapes"] and not verify:
         raise OpfuseError("--static-shapes changes the model's inputs: drop --no-verify")
-    check_verifier_options(verify, verify_inputs, "--verify-inputs", input_shape)
+    refuse_without_verify(verify)
+    checks = settings_from(params, VerifySettings)
     refuse_without_benchmark(benchmark)
-    settings = settings_from(runtime)
+    runtime = settings_from(params)
     if benchmark:
         from opfuse.tuning.measure import feeds_for
 
-        settings.make()  # a bad --runtime/--provider fails before the work
+        runtime.make()  # a bad --runtime/--provider fails before the work
         # as does a model the measurement's inputs cannot run (optimize's one-line error
         # and hint, exit 2): before the output is written, not after (--no-verify)
-        feeds_for(model, parse_input_shapes(list(input_shape)), verify_inputs)
-    options = make_options(
-        fold_size_limit=fold_size_limit,
-        target_opset=target_opset,
-        layout=layout,
-        target=target,
-        keep_inputs=names(keep_inputs + old_inputs),
-        keep_outputs=names(keep_outputs + old_outputs),
-    )
+        feeds_for(model, checks.shapes, checks.verify_inputs)
     with progress() as phases:
-        result = optimize_file(
+        result = api.optimize(
             model,
-            output,
-            fusion_switch_file=fusion_switch_file,
-            enable=names(enable),
-            disable=names(disable),
-            options=options,
-            verify=verify,
-            rtol=rtol,
-            atol=atol,
-            input_shapes=parse_input_shapes(list(input_shape)),
-            inputs_npz=verify_inputs,
-            seed=seed,
+            output=output,
             fusion_result=fusion_result,
-            save_failing_inputs=save_failing_inputs,
+            verify=verify,
             bisect=bisect,
             phases=phases,
-            static_shapes=static_shapes,
+            optimize_settings=settings_from(params, OptimizeSettings),
+            verify_settings=checks,
         )
+    _print_logs(result, log_level)
+    if fmt == "json":
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        _print_summary(result, model, output)
+        for line in opset_hints(result.model):
+            out.print(f"note: {line}", markup=False)
+    if benchmark:
+        lines, warnings = benchmark_lines(
+            model, output, runtime, checks.shapes, checks.verify_inputs
+        )
+        for line in lines:  # on stderr under --format json, which owns stdout
+            (err if fmt == "json" else out).print(line, markup=False, soft_wrap=True)
+        for warning in warnings:
+            err.print(f"opfuse: warning: {warning}", markup=False, soft_wrap=True)
+
+
+def _print_logs(result: OptimizeResult[Any], log_level: str) -> None:
+    """The warnings, and the effect log at --log-level info/debug, on stderr."""
     if log_level != "error":
         input_warnings = [] if result.verify is None else result.verify.input_warnings
         for warning in [*result.warnings, *input_warnings]:
@@ -184,27 +159,13 @@ def optimize(
             err.print(f"[INFO] OPFUSE {line}", soft_wrap=True, markup=False)
     if log_level == "debug":
         for r in result.log.reasons():
-            nodes = ", ".join(r["nodes"])  # type: ignore[arg-type]
+            nodes = ", ".join(r["nodes"])
             err.print(
                 f"[DEBUG] OPFUSE {r['pass']}: pattern={r['pattern']} not applied "
                 f"{r['count']}x: {r['reason']} ({nodes})",
                 soft_wrap=True,
                 markup=False,
             )
-    if fmt == "json":
-        click.echo(json.dumps(result.to_json(), indent=2))
-    else:
-        _print_summary(result, model, output)
-        for line in opset_hints(result.model):
-            out.print(f"note: {line}", markup=False)
-    if benchmark:
-        lines, warnings = benchmark_lines(
-            model, output, settings, parse_input_shapes(list(input_shape)), verify_inputs
-        )
-        for line in lines:  # on stderr under --format json, which owns stdout
-            (err if fmt == "json" else out).print(line, markup=False, soft_wrap=True)
-        for warning in warnings:
-            err.print(f"opfuse: warning: {warning}", markup=False, soft_wrap=True)
 
 
 def _print_summary(result: OptimizeResult[Any], model: Path, output: Path) -> None:

@@ -1,13 +1,17 @@
 """The command line's options, declared once for every command that takes them: the
 graph-shaping options (optimize, batch), the verifier's (optimize, verify), the runtime's
-(optimize --benchmark, tune), and the checks that refuse options a run would ignore."""
+(optimize --benchmark, tune, quantize); ``settings_from``, which parses a command's options
+into the API's settings objects (``OptimizeSettings``, ``VerifySettings``,
+``RuntimeSettings``); ``flag_error``, which says an API ``SettingsError`` with the
+command's flags; and the checks that refuse options a run would ignore."""
 
 from __future__ import annotations
 
-import re
+import functools
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar, overload
 
 import click
 
@@ -21,7 +25,7 @@ from opfuse.runtime.targets import builtin_targets
 
 F = TypeVar("F", bound=Callable[..., object])
 PathArg = click.Path(path_type=Path)
-RUNTIME_OPTIONS = ("runtime", "provider", "threads", "graph_opt", "bench_seconds")
+S = TypeVar("S")
 
 
 def names(values: tuple[str, ...]) -> list[str]:
@@ -29,167 +33,233 @@ def names(values: tuple[str, ...]) -> list[str]:
     return [n.strip() for v in values for n in v.split(",") if n.strip()]
 
 
-def graph_options(f: F) -> F:
-    """--fold-size-limit, --target-opset, --layout, --target."""
-    for option in reversed(
-        [
-            click.option(
-                "--fold-size-limit",
-                default=DEFAULT_FOLD_SIZE_LIMIT,
-                show_default=True,
-                help="Largest constant (bytes) a fold may create, unless it frees as much; "
-                "a fold also grows the model by at most 4 KiB.",
-            ),
-            click.option(
-                "--target-opset",
-                type=int,
-                help="Convert to this opset first (enables newer fusions). "
-                "[default: keep the model's]",
-            ),
-            click.option(
-                "--layout",
-                type=click.Choice(["keep", "nchw", "nhwc"]),
-                default="keep",
-                show_default=True,
-                help="Layout of image inputs/outputs; nchw changes the model's interface.",
-            ),
-            click.option(
-                "--target",
-                type=click.Choice(builtin_targets()),
-                help="Runtime whose UBFusion passes may run. [default: none]",
-            ),
-        ]
-    ):
-        f = option(f)
-    return f
+def _input_shapes(specs: tuple[str, ...]) -> dict[str, list[int]]:
+    from opfuse.verification.compare import parse_input_shapes
+
+    return parse_input_shapes(list(specs))
 
 
-def verifier_options(f: F) -> F:
-    """--rtol, --atol, --input-shape, --verify-inputs, --seed, --save-failing-inputs."""
-    for option in reversed(
-        [
-            click.option("--rtol", default=1e-4, show_default=True, help="Relative tolerance."),
-            click.option(
-                "--atol",
-                default=1e-5,
-                show_default=True,
-                help="Absolute tolerance, scaled by the output's magnitude.",
-            ),
-            click.option(
-                "--input-shape",
-                multiple=True,
-                help="Dims for dynamic inputs: NAME:1,3,224,224 (repeatable). "
-                "[default: 1 for the first dynamic axis, 32 for the others]",
-            ),
-            click.option(
-                "--verify-inputs",
-                type=PathArg,
-                help=".npz of input arrays for the verifier (instead of random inputs).",
-            ),
-            click.option("--seed", default=0, show_default=True, help="Seed of the random inputs."),
-            click.option(
-                "--save-failing-inputs",
-                type=PathArg,
-                help="On a failed verification, write its inputs to this .npz "
-                "(replay them with --verify-inputs).",
-            ),
-        ]
-    ):
-        f = option(f)
-    return f
+# how an option's text becomes its setting's value (the others are taken as click gives them)
+PARSERS: dict[str, Callable[[Any], object]] = {
+    "input_shape": _input_shapes,
+    "enable": names,
+    "disable": names,
+    "keep_inputs": names,
+    "keep_outputs": names,
+}
 
 
-def check_verifier_options(
-    verify: bool, npz: Path | None, npz_option: str, input_shape: tuple[str, ...]
-) -> None:
-    """Refuse verifier options that would be ignored: with --no-verify any of them, and
-    --input-shape next to an .npz (its arrays give the shapes)."""
-    ctx = click.get_current_context()
-    if not verify:
-        given = [
-            f"--{name.replace('_', '-')}"
-            for name in (
-                "verify_inputs",
-                "input_shape",
-                "rtol",
-                "atol",
-                "seed",
-                "save_failing_inputs",
-            )
-            if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
-        ]
-        if given:
-            one = len(given) == 1
-            raise OpfuseError(
-                f"{', '.join(given)} {'has' if one else 'have'} no effect with --no-verify "
-                f"(no verification runs); drop {'it' if one else 'them'} or --no-verify"
-            )
-    if npz is not None and input_shape:
+def format_option(text: str, *formats: str) -> Callable[[F], F]:
+    """--format (into ``fmt``) with the help ``text``: ``formats``, the first the default
+    [table, json]."""
+    formats = formats or ("table", "json")
+    return click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(list(formats)),
+        default=formats[0],
+        show_default=True,
+        help=text,
+    )
+
+
+class Group:
+    """Options declared once, by parameter name (the field of the settings object they
+    parse into; the flag is the name with dashes): ``@GROUP`` adds them all to a command,
+    ``@GROUP.only(*names, **helps)`` some of them, with the command's own help texts."""
+
+    def __init__(self, **options: dict[str, Any]) -> None:
+        self.options = options
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.options)
+
+    def __call__(self, f: F) -> F:
+        return self.only(*self.options)(f)
+
+    def only(self, *names: str, **helps: str) -> Callable[[F], F]:
+        def add(f: F) -> F:
+            for name in reversed(names):
+                attrs = {**self.options[name], **({"help": helps[name]} if name in helps else {})}
+                f = click.option("--" + name.replace("_", "-"), **attrs)(f)
+            return f
+
+        return add
+
+
+# the passes: a switch file, --enable, --disable (optimize, batch)
+switch_options = Group(
+    fusion_switch_file={"type": PathArg, "help": "CANN-format JSON file turning passes on/off."},
+    enable={"multiple": True, "help": "Turn a pass on (overrides the switch file; repeatable)."},
+    disable={"multiple": True, "help": "Turn a pass off (overrides the switch file; repeatable)."},
+)
+# --fold-size-limit, --target-opset, --layout, --target (optimize, batch)
+graph_options = Group(
+    fold_size_limit={
+        "default": DEFAULT_FOLD_SIZE_LIMIT,
+        "show_default": True,
+        "help": "Largest constant (bytes) a fold may create, unless it frees as much; "
+        "a fold also grows the model by at most 4 KiB.",
+    },
+    target_opset={
+        "type": int,
+        "help": "Convert to this opset first (enables newer fusions). [default: keep the model's]",
+    },
+    layout={
+        "type": click.Choice(["keep", "nchw", "nhwc"]),
+        "default": "keep",
+        "show_default": True,
+        "help": "Layout of image inputs/outputs; nchw changes the model's interface.",
+    },
+    target={
+        "type": click.Choice(builtin_targets()),
+        "help": "Runtime whose UBFusion passes may run. [default: none]",
+    },
+)
+# --rtol, --atol, --input-shape, --verify-inputs, --seed, --save-failing-inputs (optimize,
+# verify; batch some of them)
+verifier_options = Group(
+    rtol={"default": 1e-4, "show_default": True, "help": "Relative tolerance."},
+    atol={
+        "default": 1e-5,
+        "show_default": True,
+        "help": "Absolute tolerance, scaled by the output's magnitude.",
+    },
+    input_shape={
+        "multiple": True,
+        "help": "Dims for dynamic inputs: NAME:1,3,224,224 (repeatable). "
+        "[default: 1 for the first dynamic axis, 32 for the others]",
+    },
+    verify_inputs={
+        "type": PathArg,
+        "help": ".npz of input arrays for the verifier (instead of random inputs).",
+    },
+    seed={"default": 0, "show_default": True, "help": "Seed of the random inputs."},
+    save_failing_inputs={
+        "type": PathArg,
+        "help": "On a failed verification, write its inputs to this .npz "
+        "(replay them with --verify-inputs).",
+    },
+)
+# --runtime, --provider, --threads, --graph-opt, --bench-seconds (optimize --benchmark,
+# tune, quantize)
+runtime_options = Group(
+    runtime={
+        "type": click.Choice(RUNTIMES),
+        "default": "onnxruntime",
+        "show_default": True,
+        "help": "Runtime to measure on (openvino: pip install 'opfuse[openvino]').",
+    },
+    provider={"help": "onnxruntime execution provider [default: CPUExecutionProvider]."},
+    threads={"default": 1, "show_default": True, "help": "Intra-op threads (0: the runtime's)."},
+    graph_opt={
+        "type": click.Choice(GRAPH_OPT_LEVELS),
+        "default": "all",
+        "show_default": True,
+        "help": "onnxruntime's graph optimization level while measuring (all: what users run).",
+    },
+    bench_seconds={
+        "default": 5.0,
+        "show_default": True,
+        "help": "Measuring time per comparison, after the warm-up.",
+    },
+)
+
+
+def refuse_without_verify(verify: bool) -> None:
+    """Verifier options with --no-verify would be ignored: refuse them."""
+    _refuse_ignored(
+        ("verify_inputs", "input_shape", "rtol", "atol", "seed", "save_failing_inputs"),
+        not verify,
+        "{flags} {has} no effect with --no-verify (no verification runs); drop {it} or --no-verify",
+    )
+
+
+def _refuse_ignored(names: tuple[str, ...], ignored: bool, message: str) -> None:
+    """Refuse the flags of ``names`` given on the command line when a run ``ignored``
+    them; ``message`` says why (``{flags}``, ``{has}``, ``{applies}``, ``{it}`` agree
+    with how many there are)."""
+    given = _given(names) if ignored else []
+    if given:
+        one = len(given) == 1
         raise OpfuseError(
-            f"--input-shape and {npz_option} {npz} both give the input shapes "
-            "(the .npz arrays' shapes are used); drop --input-shape"
+            message.format(
+                flags=", ".join(given),
+                has="has" if one else "have",
+                applies="applies" if one else "apply",
+                it="it" if one else "them",
+            )
         )
 
 
-def runtime_options(f: Callable) -> Callable:
-    """--runtime, --provider, --threads, --graph-opt, --bench-seconds (into ``runtime``)."""
-    options = [
-        click.option(
-            "--runtime",
-            type=click.Choice(RUNTIMES),
-            default="onnxruntime",
-            show_default=True,
-            help="Runtime to measure on (openvino: pip install 'opfuse[openvino]').",
-        ),
-        click.option(
-            "--provider", help="onnxruntime execution provider [default: CPUExecutionProvider]."
-        ),
-        click.option(
-            "--threads", default=1, show_default=True, help="Intra-op threads (0: the runtime's)."
-        ),
-        click.option(
-            "--graph-opt",
-            type=click.Choice(GRAPH_OPT_LEVELS),
-            default="all",
-            show_default=True,
-            help="onnxruntime's graph optimization level while measuring (all: what users run).",
-        ),
-        click.option(
-            "--bench-seconds",
-            default=5.0,
-            show_default=True,
-            help="Measuring time per comparison, after the warm-up.",
-        ),
+def _given(names: tuple[str, ...]) -> list[str]:
+    """The flags of ``names`` given on the command line (not left at their default)."""
+    ctx = click.get_current_context()
+    return [
+        f"--{name.replace('_', '-')}"
+        for name in names
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
     ]
-    for option in reversed(options):
-        f = option(f)
-    return f
 
 
-def settings_from(kwargs: dict[str, object]) -> RuntimeSettings:
-    """Pop the runtime options out of a command's keyword arguments."""
-    return RuntimeSettings(**{k: kwargs.pop(k) for k in RUNTIME_OPTIONS})  # type: ignore[arg-type]
+@overload
+def settings_from(params: dict[str, Any]) -> RuntimeSettings: ...
+@overload
+def settings_from(params: dict[str, Any], kind: type[S]) -> S: ...
+def settings_from(params: dict[str, Any], kind: type[Any] = RuntimeSettings) -> Any:
+    """Pop the options that are fields of ``kind`` (a settings type) out of a command's
+    keyword arguments, parsed (``--input-shape`` text, comma-separated pass names), into
+    one: the API checks them (``flag_error`` says a refusal with the flag)."""
+    picked = {f.name: params.pop(f.name) for f in fields(kind) if f.name in params}
+    for name, parse in PARSERS.items():
+        if name in picked:
+            picked[name] = parse(picked[name])
+    return kind(**picked)
+
+
+def flag_error(exc: SettingsError) -> OpfuseError:
+    """The API's ``SettingsError`` (``bench_seconds=0: must be more than 0``) said with
+    the running command's flags (``--bench-seconds 0: must be more than 0``): each setting
+    named as the option whose parameter has its name."""
+    ctx = click.get_current_context(silent=True)
+    params = {p.name: p for p in ctx.command.params} if ctx is not None else {}
+
+    def flag(name: str) -> str:
+        param = params.get(name)
+        if not isinstance(param, click.Option):
+            return name
+        return next((o for o in param.opts if o.startswith("--")), param.opts[0])
+
+    return OpfuseError(exc.text(flag, " "))
+
+
+def speaks_flags(command: click.Command) -> click.Command:
+    """``command`` with the API's refusals (``SettingsError``) said in its flags."""
+    callback = command.callback
+    assert callback is not None
+
+    @functools.wraps(callback)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return callback(*args, **kwargs)
+        except SettingsError as exc:
+            raise flag_error(exc) from None
+
+    command.callback = run
+    return command
 
 
 def refuse_without_benchmark(benchmark: bool) -> None:
     """Runtime options without --benchmark would be ignored: refuse them."""
-    if benchmark:
-        return
-    ctx = click.get_current_context()
-    given = [
-        f"--{name.replace('_', '-')}"
-        for name in RUNTIME_OPTIONS
-        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
-    ]
-    if given:
-        one = len(given) == 1
-        raise OpfuseError(
-            f"{', '.join(given)} only appl{'ies' if one else 'y'} with --benchmark; "
-            f"add it or drop {'it' if one else 'them'}"
-        )
+    _refuse_ignored(
+        runtime_options.names,
+        not benchmark,
+        "{flags} only {applies} with --benchmark; add it or drop {it}",
+    )
 
 
-# -- the profiling options of opfuse profile and opfuse advise, and settings errors as flags
+# -- the profiling options of opfuse profile and opfuse advise
 
 PROFILE_OPTIONS = ("runs", "warmup", "threads", "provider", "graph_opt", "input_shape")
 
@@ -242,33 +312,4 @@ def profile_settings(kwargs: dict[str, object]) -> ProfileSettings:
 
     given: dict[str, Any] = {k: kwargs.pop(k) for k in PROFILE_OPTIONS}
     shapes = parse_input_shapes(list(given.pop("input_shape")))
-    try:
-        return ProfileSettings(**given, input_shapes=shapes)
-    except SettingsError as exc:
-        flag_error(click.get_current_context(), exc)
-
-
-def flag_error(ctx: click.Context, err: SettingsError) -> NoReturn:
-    """A settings object's ``SettingsError`` said with the command's flags: ``--budget 0:
-    must be more than 0`` for ``budget=0: must be more than 0`` (a flag without its value:
-    ``--static-shapes needs --input-shape ...``); the other settings the problem names are
-    flags too. An error of a setting the command has no option for is raised as it is."""
-    flags = {
-        p.name: max(p.opts, key=len)
-        for p in ctx.command.params
-        if isinstance(p, click.Option) and p.name
-    }
-    option = next(
-        (p for p in ctx.command.params if isinstance(p, click.Option) and p.name == err.field),
-        None,
-    )
-    if option is None:
-        raise err
-    problem = re.sub(r"\b[a-z]+(?:_[a-z]+)+\b", lambda m: flags.get(m[0], m[0]), err.problem)
-    value = f"{err.value:g}" if isinstance(err.value, float) else str(err.value)
-    said = (
-        f"{flags[err.field]} {problem}"
-        if option.is_flag
-        else f"{flags[err.field]} {value}: {problem}"
-    )
-    raise OpfuseError(said) from None
+    return ProfileSettings(**given, input_shapes=shapes)  # refused: speaks_flags says it

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from opfuse.cli.console import out
+from opfuse.cli.options import format_option
 from opfuse.errors import EXIT_STATUSES
 
 if TYPE_CHECKING:
@@ -19,14 +20,7 @@ if TYPE_CHECKING:
 
 
 @click.command(epilog=EXIT_STATUSES)
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json", "markdown"]),
-    default="table",
-    show_default=True,
-    help="A table, JSON, or the markdown of docs/PASSES.md.",
-)
+@format_option("A table, JSON, or the markdown of docs/PASSES.md.", "table", "json", "markdown")
 @click.option(
     "-v",
     "--verbose",

@@ -17,8 +17,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from opfuse.cli.console import console, err
-from opfuse.cli.options import F, PathArg, flag_error, names, runtime_options, settings_from
-from opfuse.errors import SettingsError
+from opfuse.cli.options import F, PathArg, names, runtime_options, settings_from
 from opfuse.tuning.measure import pct
 
 if TYPE_CHECKING:
@@ -110,22 +109,18 @@ def tune(
     opfuse.InferenceSession(OUTPUT or MODEL, session_file=...)."""
     from opfuse import api
 
-    ctx = click.get_current_context()
     runtime_settings = settings_from(options)
-    try:
-        settings = _tune_settings(options)
-        with _trial_progress(settings.budget) as step:
-            result = api.tune(
-                model,
-                output,
-                settings=settings,
-                runtime_settings=runtime_settings,
-                switch_file_out=switch_file_out,
-                report=report,
-                progress=step,
-            )
-    except SettingsError as exc:
-        flag_error(ctx, exc)
+    settings = _tune_settings(options)  # a refusal: speaks_flags says it with the flag
+    with _trial_progress(settings.budget) as step:
+        result = api.tune(
+            model,
+            output,
+            settings=settings,
+            runtime_settings=runtime_settings,
+            switch_file_out=switch_file_out,
+            report=report,
+            progress=step,
+        )
     _print_tune(result, result.command, result.switch_file or Path())
 
 

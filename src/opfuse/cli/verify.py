@@ -6,13 +6,17 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
 
 from opfuse.cli.console import deprecated, err, out, progress
-from opfuse.cli.options import PathArg, check_verifier_options, verifier_options
+from opfuse.cli.options import PathArg, format_option, settings_from, verifier_options
 from opfuse.errors import EXIT_STATUSES, OpfuseError
+
+if TYPE_CHECKING:
+    from opfuse.verification.compare import VerifyReport
 
 
 @click.command(epilog=EXIT_STATUSES)
@@ -20,84 +24,60 @@ from opfuse.errors import EXIT_STATUSES, OpfuseError
 @click.argument("optimized", type=PathArg)
 @verifier_options
 @click.option("--inputs", "old_inputs", type=PathArg, hidden=True)
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="A table per output, or JSON.",
-)
+@format_option("A table per output, or JSON.")
 def verify(
-    original: Path,
-    optimized: Path,
-    rtol: float,
-    atol: float,
-    input_shape: tuple[str, ...],
-    verify_inputs: Path | None,
-    seed: int,
-    save_failing_inputs: Path | None,
-    old_inputs: Path | None,
-    fmt: str,
+    original: Path, optimized: Path, old_inputs: Path | None, fmt: str, **params: Any
 ) -> None:
     """Run both models under onnxruntime (its optimizations off) and compare outputs.
 
     An output passes when every element is within atol * max(1, max|ref|) + rtol * |ref|;
     the table shows that bound and how much of it the worst element used."""
-    from opfuse.model.io import check_output_path, read_proto
-    from opfuse.pipeline.run import save_inputs
-    from opfuse.verification.compare import compare_files, parse_input_shapes
-    from opfuse.verification.messages import bound_text, failure_message, inputs_text, share
+    from opfuse import api
+    from opfuse.verification.messages import failure_message
+    from opfuse.verification.settings import VerifySettings
 
     if old_inputs is not None:
-        if verify_inputs is not None:
+        if params["verify_inputs"] is not None:
             raise OpfuseError("--inputs is the old name of --verify-inputs; give only one")
         deprecated("--inputs", "--verify-inputs")
-        verify_inputs = old_inputs
-    check_verifier_options(True, verify_inputs, "--verify-inputs", input_shape)
-    for path in (original, optimized):
-        read_proto(path)
-    if save_failing_inputs is not None:
-        check_output_path(save_failing_inputs, [original, optimized])
+        params["verify_inputs"] = old_inputs
+    checks = settings_from(params, VerifySettings)
     with progress() as phases, phases("verify"):
-        report = compare_files(
-            original,
-            optimized,
-            rtol=rtol,
-            atol=atol,
-            input_shapes=parse_input_shapes(list(input_shape)),
-            inputs_npz=verify_inputs,
-            seed=seed,
-        )
+        report = api.verify(original, optimized, verify_settings=checks)
     if fmt == "json":
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
-        table = Table(
-            title=f"rtol {rtol:g}, atol {atol:g}; inputs {inputs_text(report)}",
-            title_justify="left",
-        )
-        for col in ("output", "max abs error", "max rel error", "bound", "used", "result"):
-            table.add_column(col, overflow="fold")
-        for o in report.outputs:
-            verdict = "ok" if o.ok else f"DIFFERS {o.detail}"
-            table.add_row(
-                o.name,
-                f"{o.max_abs:.3g}",
-                f"{o.max_rel:.3g}",
-                bound_text(o, rtol),
-                share(o),
-                verdict,
-            )
-        out.print(table)
+        _print_table(report)
     for warning in report.input_warnings:
         err.print(f"opfuse: warning: {warning}", markup=False, soft_wrap=True)
     if not report.ok:
-        saved = None
-        if save_failing_inputs is not None:
-            saved = str(save_inputs(report.feeds, save_failing_inputs))
+        saved = None if report.saved_inputs is None else str(report.saved_inputs)
         err.print(
             f"opfuse: verification failed: {failure_message(report, saved=saved)}",
             markup=False,
             soft_wrap=True,
         )
         sys.exit(1)
+
+
+def _print_table(report: VerifyReport) -> None:
+    """One row per output: its errors, the bound applied, the share of it used, the verdict."""
+    from opfuse.verification.messages import bound_text, inputs_text, share
+
+    table = Table(
+        title=f"rtol {report.rtol:g}, atol {report.atol:g}; inputs {inputs_text(report)}",
+        title_justify="left",
+    )
+    for col in ("output", "max abs error", "max rel error", "bound", "used", "result"):
+        table.add_column(col, overflow="fold")
+    for o in report.outputs:
+        verdict = "ok" if o.ok else f"DIFFERS {o.detail}"
+        table.add_row(
+            o.name,
+            f"{o.max_abs:.3g}",
+            f"{o.max_rel:.3g}",
+            bound_text(o, report.rtol),
+            share(o),
+            verdict,
+        )
+    out.print(table)

@@ -1,44 +1,66 @@
-"""The optimizer's ``Options`` from the command line's option names, checked (shared by
-the CLI, the Python API and batch)."""
+"""What shapes the optimized graph (``OptimizeSettings``): the passes (a switch file,
+``enable``/``disable``), the cut (``keep_inputs``/``keep_outputs``), the graph options
+(fold size, target opset, layout, target) and static input shapes, checked once when made.
+``opfuse.optimize`` and ``opfuse.batch`` take it; the command line's graph options
+(``cli.options.graph_options``) and pass switches parse into it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
-from opfuse.errors import OpfuseError
+from opfuse.errors import SettingsError
 from opfuse.rewrite.context import DEFAULT_FOLD_SIZE_LIMIT, Options
 from opfuse.runtime.targets import builtin_targets
 
 LAYOUTS = ("keep", "nchw", "nhwc")
+PathLike = str | os.PathLike[str]
 
 
-def check_target(target: str | None) -> None:
-    """``--target`` names one of the built-in targets."""
-    known = builtin_targets()
-    if target is not None and target not in known:
-        raise OpfuseError(f"--target {target!r}: unknown; the known targets are {', '.join(known)}")
+@dataclass(frozen=True)
+class OptimizeSettings:
+    """The optimizer's settings besides the model and the verifier, checked when made (a
+    ``SettingsError`` names the field). ``static_shapes`` re-declares the inputs with the
+    verifier's ``input_shape`` dims (``VerifySettings``)."""
+
+    fusion_switch_file: PathLike | None = None
+    enable: Sequence[str] = ()
+    disable: Sequence[str] = ()
+    keep_inputs: Sequence[str] = ()
+    keep_outputs: Sequence[str] = ()
+    fold_size_limit: int = DEFAULT_FOLD_SIZE_LIMIT
+    target_opset: int | None = None
+    layout: str = "keep"
+    target: str | None = None
+    static_shapes: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("enable", "disable", "keep_inputs", "keep_outputs"):
+            object.__setattr__(self, name, _names(getattr(self, name)))
+        known = builtin_targets()
+        if self.target is not None and self.target not in known:
+            raise SettingsError(
+                "target", self.target, f"unknown; the known targets are {', '.join(known)}"
+            )
+        if self.layout not in LAYOUTS:
+            raise SettingsError("layout", self.layout, f"expected one of {', '.join(LAYOUTS)}")
+        if self.fold_size_limit < 0:
+            raise SettingsError("fold_size_limit", self.fold_size_limit, "must be 0 or more")
+
+    def options(self) -> Options:
+        """The passes' ``Options``."""
+        return Options(
+            fold_size_limit=self.fold_size_limit,
+            target_opset=self.target_opset,
+            layout=self.layout,
+            target=self.target,
+            keep_inputs=list(self.keep_inputs) or None,
+            keep_outputs=list(self.keep_outputs) or None,
+        )
 
 
-def make_options(
-    *,
-    fold_size_limit: int = DEFAULT_FOLD_SIZE_LIMIT,
-    target_opset: int | None = None,
-    layout: str = "keep",
-    target: str | None = None,
-    keep_inputs: Sequence[str] | None = None,
-    keep_outputs: Sequence[str] | None = None,
-) -> Options:
-    """The passes' ``Options`` from the CLI's option names, checked."""
-    check_target(target)
-    if layout not in LAYOUTS:
-        raise OpfuseError(f"--layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
-    if fold_size_limit < 0:
-        raise OpfuseError(f"--fold-size-limit {fold_size_limit}: must be 0 or more")
-    return Options(
-        fold_size_limit=fold_size_limit,
-        target_opset=target_opset,
-        layout=layout,
-        target=target,
-        keep_inputs=list(keep_inputs) if keep_inputs else None,
-        keep_outputs=list(keep_outputs) if keep_outputs else None,
-    )
+def _names(values: Iterable[str] | None) -> tuple[str, ...]:
+    if isinstance(values, str):  # one name, not its letters
+        values = [values]
+    return tuple(values or ())

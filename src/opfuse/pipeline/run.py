@@ -16,12 +16,13 @@ from pathlib import Path
 
 import onnx_ir as ir
 
-from opfuse.errors import OpfuseError
+from opfuse.errors import OpfuseError, SettingsError
 from opfuse.model import io
 from opfuse.model.shapes import declare_static_inputs
 from opfuse.pipeline.gcpause import paused_gc
 from opfuse.pipeline.opset import convert_opset, default_opset
 from opfuse.pipeline.optimizer import MAX_ROUNDS, op_counts, optimize_model
+from opfuse.pipeline.options import OptimizeSettings
 from opfuse.pipeline.phases import Phases
 from opfuse.pipeline.result import OptimizeResult, timings_text, verification_text
 from opfuse.pipeline.selection import (
@@ -36,6 +37,7 @@ from opfuse.pipeline.verifier import Verification, save_inputs
 from opfuse.rewrite.context import Options
 from opfuse.rewrite.stats import EffectLog
 from opfuse.verification.compare import check_feeds
+from opfuse.verification.settings import VerifySettings
 
 __all__ = [
     "COMMON_SUBEXPRESSIONS",
@@ -115,27 +117,39 @@ def optimize_file(
     bisect: bool = True,
     phases: Phases | None = None,
     static_shapes: bool = False,
+    settings: OptimizeSettings | None = None,
+    verifier: VerifySettings | None = None,
 ) -> OptimizeResult[ir.Model]:
     """Load, optimize, verify against the input and write atomically.
 
+    ``settings`` (``OptimizeSettings``) and ``verifier`` (``VerifySettings``), when given,
+    stand for the keywords they hold (``opfuse.optimize`` and batch's task give them).
     ``static_shapes``: re-declare the inputs with ``input_shapes`` first (all shape
-    arithmetic then folds; the output accepts only those shapes).
-    Bad input raises OpfuseError before anything is written; a failed verification
-    raises VerificationError naming the first pass to blame (``bisect``), saves the
-    inputs to ``save_failing_inputs`` when given, and writes nothing else.
+    arithmetic then folds; the output accepts only those shapes). Bad input raises
+    OpfuseError before anything is written; a failed verification raises VerificationError
+    naming the first pass to blame (``bisect``), saves the inputs to
+    ``save_failing_inputs`` when given, and writes nothing else.
     """
+    if settings is not None:  # the settings objects stand for their keywords
+        fusion_switch_file, options = settings.fusion_switch_file, settings.options()
+        enable, disable, static_shapes = settings.enable, settings.disable, settings.static_shapes
+    checks = verifier or VerifySettings(
+        rtol=rtol,
+        atol=atol,
+        input_shape=input_shapes or {},
+        verify_inputs=inputs_npz,
+        seed=seed,
+        save_failing_inputs=save_failing_inputs,
+    )
     phases = phases or Phases()
     job = _check(  # 1. check the request before the (possibly long) work
         input_path,
         output_path,
-        side_files=[fusion_result, save_failing_inputs],
-        switch_file=fusion_switch_file,
-        switch_table=switch_table,
-        enable=enable,
-        disable=disable,
+        side_files=[fusion_result, checks.save_failing_inputs],
+        switches=(fusion_switch_file, switch_table, enable, disable),
         options=options,
-        feeds=(input_shapes, inputs_npz) if verify else (None, None),
-        static_shapes=(input_shapes or {}) if static_shapes else None,
+        feeds=checks if verify else VerifySettings(),
+        static_shapes=checks.shapes if static_shapes else None,
     )
     with paused_gc():  # one pause over load and optimize: the loaded graph is not garbage
         with phases("load"):  # 2. load
@@ -147,17 +161,9 @@ def optimize_file(
             result = _optimize(job, original, phases)
     verification = None
     if verify:  # 4. verify, the staged output, before it is moved into place
+        reoptimize = job.reoptimize if bisect else None
         verification = Verification(
-            input_path,
-            rtol=rtol,
-            atol=atol,
-            input_shapes=input_shapes,
-            inputs_npz=inputs_npz,
-            seed=seed,
-            save_failing_inputs=save_failing_inputs,
-            reoptimize=job.reoptimize if bisect else None,
-            external=external,
-            phases=phases,
+            input_path, checks, reoptimize=reoptimize, external=external, phases=phases
         )
     # 5. write: staged beside the output, moved into place once verified
     with (
@@ -177,12 +183,9 @@ def _check(
     output_path: PathLike,
     *,
     side_files: list[PathLike | None],
-    switch_file: PathLike | None,
-    switch_table: SwitchTable | None,
-    enable: Iterable[str],
-    disable: Iterable[str],
+    switches: tuple[PathLike | None, SwitchTable | None, Iterable[str], Iterable[str]],
     options: Options | None,
-    feeds: tuple[Mapping[str, list[int]] | None, PathLike | None],
+    feeds: VerifySettings,
     static_shapes: Mapping[str, list[int]] | None,
 ) -> Job:
     """Step 1: the output paths (none over the input), the switches (the passes selected
@@ -192,14 +195,18 @@ def _check(
     for extra in side_files:
         if extra is not None:
             io.check_output_path(extra, [input_path, output_path])
+    switch_file, switch_table, enable, disable = switches
     if switch_file is not None:
         switch_table = parse_switch_file(switch_file)
     selection = select(switch_table, enable, disable, where=str(switch_file or "switch file"))
-    input_shapes, inputs_npz = feeds
-    if input_shapes or inputs_npz is not None:
-        check_feeds(input_path, input_shapes, inputs_npz)
+    if feeds.input_shape or feeds.verify_inputs is not None:
+        check_feeds(input_path, feeds.shapes, feeds.verify_inputs)
     if static_shapes is not None and not static_shapes:
-        raise OpfuseError("--static-shapes needs --input-shape NAME:D0,D1,... for the inputs")
+        raise SettingsError(
+            "static_shapes",
+            True,
+            sentence="{static_shapes} needs {input_shape} NAME:D0,D1,... for the inputs",
+        )
     return Job(input_path, selection, options, static_shapes)
 
 

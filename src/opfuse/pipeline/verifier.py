@@ -23,6 +23,7 @@ from opfuse.rules import get_pass
 from opfuse.verification.bisect import first_bad_pass
 from opfuse.verification.compare import OptimizedModelError, VerifyReport, compare_files, session
 from opfuse.verification.messages import failure_message
+from opfuse.verification.settings import VerifySettings
 
 Path_ = str | os.PathLike[str]
 
@@ -31,28 +32,22 @@ class Verification:
     """The reference (the input, or its conversion when onnxruntime cannot load its opset),
     its comparison with a candidate, and the bisection that blames a pass.
 
+    ``settings``: the tolerances, the inputs, where a failure's inputs go.
     ``reoptimize(disabled)``: the input optimized again with the passes ``disabled`` off
     too (the bisection's probe); ``None`` turns the bisection off."""
 
     def __init__(
         self,
         input_path: Path_,
+        settings: VerifySettings | None = None,
         *,
-        rtol: float = 1e-4,
-        atol: float = 1e-5,
-        input_shapes: Mapping[str, list[int]] | None = None,
-        inputs_npz: Path_ | None = None,
-        seed: int = 0,
-        save_failing_inputs: Path_ | None = None,
         reoptimize: Callable[[list[str]], ir.Model] | None = None,
         external: bool | None = None,
         phases: Phases | None = None,
     ) -> None:
         self.reference: Path_ = input_path
         self.input_path = input_path
-        self.rtol, self.atol, self.seed = rtol, atol, seed
-        self.input_shapes, self.inputs_npz = input_shapes, inputs_npz
-        self.save_failing_inputs = save_failing_inputs
+        self.settings = settings or VerifySettings()
         self.reoptimize = reoptimize
         self.external = external  # the bisection's models keep the output's external data
         self.phases = phases or Phases()
@@ -63,11 +58,11 @@ class Verification:
         return compare_files(
             self.reference,
             candidate,
-            rtol=self.rtol,
-            atol=self.atol,
-            input_shapes=self.input_shapes,
-            inputs_npz=self.inputs_npz,
-            seed=self.seed,
+            rtol=self.settings.rtol,
+            atol=self.settings.atol,
+            input_shapes=self.settings.shapes,
+            inputs_npz=self.settings.verify_inputs,
+            seed=self.settings.seed,
         )
 
     def check(self, result: OptimizeResult[ir.Model], original: ir.Model, staged: Path) -> None:
@@ -82,8 +77,8 @@ class Verification:
             raise self.failure(result, text) from None
         if not result.verify.ok:
             saved = None
-            if self.save_failing_inputs is not None:
-                saved = save_inputs(result.verify.feeds, self.save_failing_inputs)
+            if self.settings.save_failing_inputs is not None:
+                saved = save_inputs(result.verify.feeds, self.settings.save_failing_inputs)
             raise self.failure(result, None, saved)
 
     def fails_without(self, disabled: list[str]) -> bool:

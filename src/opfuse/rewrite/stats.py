@@ -5,10 +5,18 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 MAX_EXAMPLES = 5
 SECTION_LOG_NAME = {"GraphFusion": "GraphFusionPass", "UBFusion": "UBFusionPass"}
 SECTION_RESULT_KEY = {"GraphFusion": "graph_fusion", "UBFusion": "ub_fusion"}
+
+
+# why a pass's pattern matched but did not fire, how often, at which nodes ("pass" is a
+# keyword: the functional form)
+Reason = TypedDict(
+    "Reason", {"pass": str, "pattern": str, "reason": str, "count": int, "nodes": list[str]}
+)
 
 
 @dataclass
@@ -74,7 +82,7 @@ class EffectLog:
             for section, passes in totals.items()
         }
 
-    def reasons(self) -> list[dict[str, object]]:
+    def reasons(self) -> list[Reason]:
         """Why patterns matched but did not fire: for the advisor and --log-level debug."""
         return [
             {

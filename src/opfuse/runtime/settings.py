@@ -10,21 +10,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opfuse.errors import OpfuseError
+from opfuse.errors import OpfuseError, SettingsError
 from opfuse.runtime import Runtime, get_runtime
 
 
 @dataclass(frozen=True)
 class RuntimeSettings:
+    """The runtime a measurement runs on: ``runtime`` (onnxruntime or openvino), the
+    onnxruntime execution ``provider``, intra-op ``threads`` (0: the runtime's),
+    onnxruntime's graph optimization level ``graph_opt``, and ``bench_seconds`` of
+    measuring per comparison; checked when made (a ``SettingsError`` names the field)."""
+
     runtime: str = "onnxruntime"
     provider: str | None = None
     threads: int = 1
     graph_opt: str = "all"
     bench_seconds: float = 5.0
 
-    def make(self) -> Runtime:
+    def __post_init__(self) -> None:
         if self.bench_seconds <= 0:
-            raise OpfuseError(f"--bench-seconds {self.bench_seconds:g}: must be more than 0")
+            raise SettingsError("bench_seconds", float(self.bench_seconds), "must be more than 0")
+
+    def make(self) -> Runtime:
+        """The runtime (an unknown runtime or provider is an ``OpfuseError``)."""
         return get_runtime(
             self.runtime, provider=self.provider, threads=self.threads, graph_opt=self.graph_opt
         )

@@ -49,23 +49,23 @@ class TuneSettings:
             raise SettingsError(
                 "verify_inputs",
                 self.verify_inputs,
-                "both it and input_shape give the input shapes (the .npz arrays' shapes are "
-                "used); drop input_shape",
+                "both it and {input_shape} give the input shapes (the .npz arrays' shapes are "
+                "used); drop {input_shape}",
             )
         if self.static_shapes and not self.input_shape:
             raise SettingsError(
-                "static_shapes", True, "needs input_shape NAME:D0,D1,... for the inputs"
+                "static_shapes",
+                True,
+                sentence="{static_shapes} needs {input_shape} NAME:D0,D1,... for the inputs",
             )
         for name in self.layout:
             if name not in LAYOUTS:
-                raise SettingsError("layout", repr(name), f"expected {' or '.join(LAYOUTS)}")
+                raise SettingsError("layout", name, f"expected {' or '.join(LAYOUTS)}")
         if self.max_threads is not None and self.max_threads < 1:
             raise SettingsError("max_threads", self.max_threads, "must be 1 or more")
         for name in self.runtimes or ():
             if name not in RUNTIMES:
-                raise SettingsError(
-                    "runtimes", repr(name), f"expected some of {', '.join(RUNTIMES)}"
-                )
+                raise SettingsError("runtimes", name, f"expected some of {', '.join(RUNTIMES)}")
 
     @property
     def input_shapes(self) -> dict[str, list[int]]:

@@ -223,6 +223,8 @@ class VerifyReport:
     inputs: list[str] = field(default_factory=list)  # how each input was generated
     # generated inputs that decide a branch real inputs may not take (verification.inputs)
     input_warnings: list[str] = field(default_factory=list)
+    # where the inputs of a failed comparison were written (``save_failing_inputs``)
+    saved_inputs: Path | None = None
 
     @property
     def ok(self) -> bool:
