@@ -96,7 +96,7 @@ TOOLS: dict[str, Tool] = {
             "opfuse",
             "`opfuse optimize --no-verify` (default switches)",
             _opfuse,
-            ("opfuse.cli", "opfuse.pipeline.run"),
+            ("opfuse.cli", "opfuse.pipeline.conductor"),
         ),
         Tool(
             "opfuse-tune",

@@ -38,7 +38,7 @@ def run_opfuse(path: Path) -> tuple[int, float]:
     import onnx_ir as ir
 
     from opfuse.model import io
-    from opfuse.pipeline.run import optimize_model
+    from opfuse.pipeline.conductor import optimize_model
 
     model = io.load_model(path)
     start = time.perf_counter()

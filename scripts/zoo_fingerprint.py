@@ -36,7 +36,7 @@ def op_types(graph: onnx.GraphProto, counts: Counter[str]) -> Counter[str]:
 
 def fingerprint(path: Path) -> dict[str, object]:
     from opfuse.model import io
-    from opfuse.pipeline.run import optimize_model
+    from opfuse.pipeline.conductor import optimize_model
 
     try:
         result = optimize_model(io.load_model(path))

@@ -238,7 +238,7 @@ def _alarm(signum: int, frame: object) -> None:
 def classify(case: Path) -> tuple[str, str, str, float]:
     """(test name, class, detail, seconds) for one test folder."""
     from opfuse.errors import OpfuseError, VerificationError
-    from opfuse.pipeline.run import optimize_file
+    from opfuse.pipeline.conductor import optimize_file
 
     name = f"{case.parent.name}/{case.name}"
     start = time.perf_counter()
@@ -283,7 +283,7 @@ def _unverified(
     """Exit 1 or 2 with verification on: optimize again without it and judge the output.
     A correct output makes a verifier failure a false alarm and an exit 2 "undecided"."""
     from opfuse.errors import OpfuseError
-    from opfuse.pipeline.run import optimize_file
+    from opfuse.pipeline.conductor import optimize_file
 
     try:
         optimize_file(case / "model.onnx", out, verify=False)

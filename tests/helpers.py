@@ -11,7 +11,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from opfuse.pipeline.run import OptimizeResult, optimize_model
+from opfuse.pipeline.conductor import OptimizeResult, optimize_model
 from opfuse.rewrite.context import Options
 from opfuse.verification.compare import compare_arrays
 

@@ -185,7 +185,7 @@ def test_verify_an_optimized_model_that_cannot_run_is_a_failed_verification(tmp_
 def test_optimize_checks_verification_inputs_before_it_works(tmp_path, monkeypatch, kwargs):
     """A bad --input-shape or .npz fails at once, not after the optimization."""
     from opfuse.errors import OpfuseError
-    from opfuse.pipeline import run as api
+    from opfuse.pipeline import conductor as api
 
     def must_not_run(*args, **kw):
         raise AssertionError("optimized before checking the verification inputs")

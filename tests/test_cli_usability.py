@@ -225,8 +225,8 @@ def test_bisect_finds_the_first_failing_pass_with_few_reruns():
 
 
 def test_phases_are_told_as_they_start_and_timed(tmp_path):
+    from opfuse.pipeline.conductor import optimize_file
     from opfuse.pipeline.phases import Phases
-    from opfuse.pipeline.run import optimize_file
 
     told: list[str] = []
     result = optimize_file(EXAMPLE, tmp_path / "o.onnx", phases=Phases(told.append))

@@ -9,7 +9,8 @@ import onnx
 import pytest
 
 from opfuse.errors import OpfuseError, VerificationError
-from opfuse.pipeline import run, selection, switch
+from opfuse.pipeline import conductor as run
+from opfuse.pipeline import selection, switch
 from opfuse.pipeline.selection import select
 from opfuse.pipeline.verifier import Verification
 from opfuse.verification.compare import (
@@ -91,7 +92,7 @@ def test_the_verification_blames_the_candidate_not_the_reference(tmp_path):
 
 
 def test_an_optimizer_error_names_the_input_file_once(tmp_path):
-    from opfuse.pipeline.options import OptimizeSettings
+    from opfuse.pipeline.settings import OptimizeSettings
 
     settings = OptimizeSettings(keep_inputs=["no_such_tensor"])
     with pytest.raises(OpfuseError) as exc:

@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from helpers import assert_same_outputs, copy_model
-from opfuse.pipeline.run import optimize_model
+from opfuse.pipeline.conductor import optimize_model
 
 RNG = np.random.default_rng(0)
 C = 4  # channels everywhere: loop-carried tensors keep their shape

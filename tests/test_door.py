@@ -20,8 +20,8 @@ from opfuse.batching.jobs import Job, TaskOptions
 from opfuse.batching.runner import BatchRecords, BatchRun
 from opfuse.cli import app
 from opfuse.errors import OpfuseError, SettingsError
-from opfuse.pipeline import run as pipeline
-from opfuse.pipeline.options import OptimizeSettings
+from opfuse.pipeline import conductor as pipeline
+from opfuse.pipeline.settings import OptimizeSettings
 from opfuse.runtime.settings import RuntimeSettings
 from opfuse.verification.settings import VerifySettings
 

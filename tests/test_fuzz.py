@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from fuzz_graphs import graphs
-from opfuse.pipeline.run import OptimizeResult, optimize_model
+from opfuse.pipeline.conductor import OptimizeResult, optimize_model
 from opfuse.verification import tolerance
 from opfuse.verification.compare import compare_arrays
 

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from opfuse.errors import OpfuseError
 from opfuse.model import io
-from opfuse.pipeline.run import optimize_file
+from opfuse.pipeline.conductor import optimize_file
 
 
 def conv_model() -> onnx.ModelProto:

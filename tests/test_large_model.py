@@ -90,7 +90,7 @@ OPTIMIZE = textwrap.dedent(
     import json, sys, time
     import onnx_ir as ir
     from opfuse.model import io
-    from opfuse.pipeline.run import optimize_model
+    from opfuse.pipeline.conductor import optimize_model
 
     def status(key):
         for line in open("/proc/self/status"):

@@ -195,9 +195,9 @@ def test_old_module_paths_still_import_with_a_deprecation_warning():
         "assert new.__spec__.name == 'opfuse.model.io'\n"
         "warnings.simplefilter('error'); from opfuse import api\n"
         "try:\n    api.optimize_file\nexcept DeprecationWarning as w:\n"
-        "    assert 'opfuse.pipeline.run.optimize_file' in str(w), w\n"
+        "    assert 'opfuse.pipeline.conductor.optimize_file' in str(w), w\n"
         "else:\n    raise SystemExit('no warning')\n"
-        "warnings.simplefilter('ignore'); from opfuse.pipeline.run import optimize_file\n"
+        "warnings.simplefilter('ignore'); from opfuse.pipeline.conductor import optimize_file\n"
         "assert api.optimize_file is optimize_file\n"
         "import opfuse; assert callable(opfuse.verify) and callable(opfuse.passes)\n"
     )

@@ -15,7 +15,7 @@ from onnx import helper as h
 from onnx import numpy_helper
 
 from opfuse.model.constants import Lifted, lift_constants
-from opfuse.pipeline.run import OptimizeResult, optimize_file, optimize_model
+from opfuse.pipeline.conductor import OptimizeResult, optimize_file, optimize_model
 
 
 def constants_model(ir_version: int = 8) -> onnx.ModelProto:

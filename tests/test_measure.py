@@ -28,7 +28,7 @@ def opfuse(*args: object) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def optimized(tmp_path_factory) -> Path:
-    from opfuse.pipeline.run import optimize_file
+    from opfuse.pipeline.conductor import optimize_file
 
     out = tmp_path_factory.mktemp("m") / "convnet.opt.onnx"
     optimize_file(EXAMPLE, out)

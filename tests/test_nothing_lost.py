@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from opfuse.errors import OpfuseError
 from opfuse.model import io
-from opfuse.pipeline.run import optimize_file, optimize_model
+from opfuse.pipeline.conductor import optimize_file, optimize_model
 
 RNG = np.random.default_rng(0)
 

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from opfuse.model import io
 from opfuse.model.shapes import infer_shapes
-from opfuse.pipeline.run import optimize_model
+from opfuse.pipeline.conductor import optimize_model
 from opfuse.rules.batchnorm import scaled_weight
 from opfuse.rules.cse import dedupe_initializers
 from test_fuzz import check_equivalent

@@ -4,8 +4,8 @@ nothing for itself and nothing it reads has changed since; the result stays a fi
 from __future__ import annotations
 
 from helpers import model_from_text, op_types
+from opfuse.pipeline.conductor import optimize_model
 from opfuse.pipeline.rounds import ChangeClock
-from opfuse.pipeline.run import optimize_model
 from opfuse.rewrite.passinfo import PassInfo
 from opfuse.rules import get_pass
 

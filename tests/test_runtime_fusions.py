@@ -11,7 +11,7 @@ import onnx_ir as ir
 import pytest
 
 from helpers import check_rule, effected, model_from_text, op_types, reasons
-from opfuse.pipeline.run import optimize_file
+from opfuse.pipeline.conductor import optimize_file
 from opfuse.runtime.fused import lost_fusions, lost_text, runtime_kernels
 
 H = 16

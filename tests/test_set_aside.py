@@ -16,7 +16,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 from opfuse.model import set_aside as sa
-from opfuse.pipeline.run import optimize_file
+from opfuse.pipeline.conductor import optimize_file
 
 ML = "ai.onnx.ml"
 

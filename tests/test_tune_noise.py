@@ -287,7 +287,7 @@ def minus_one(path: Path) -> Path:
 
 
 def test_minus_one_is_dynamic_in_optimize_and_static_shapes(tmp_path):
-    from opfuse.pipeline.run import optimize_file
+    from opfuse.pipeline.conductor import optimize_file
 
     model = minus_one(tmp_path / "m.onnx")
     # kept as a number, ConstantFolding folded the Shape to [-1, 3, 4, 4]

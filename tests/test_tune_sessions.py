@@ -22,7 +22,7 @@ from opfuse.errors import OpfuseError
 from opfuse.runtime.fake import FakeClock, FakeRuntime
 from opfuse.runtime.settings import SessionSettings, read_session_file
 from opfuse.tuning import search as tuning
-from opfuse.tuning.sessions import axes, search_sessions
+from opfuse.tuning.session_search import axes, search_sessions
 
 
 def small_model(path: Path) -> Path:

@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from opfuse.errors import OpfuseError
-from opfuse.pipeline.run import optimize_model
+from opfuse.pipeline.conductor import optimize_model
 from opfuse.verification.compare import compare_arrays, compare_files, make_inputs_and_plan, session
 from test_fuzz import mistaken, wrong_constant, wrong_epsilon
 from test_regressions import ill_conditioned_layernorm

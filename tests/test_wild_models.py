@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 from helpers import assert_same_outputs, copy_model, op_types
 from opfuse import cli
 from opfuse.errors import OpfuseError
-from opfuse.pipeline.run import optimize_file, optimize_model
+from opfuse.pipeline.conductor import optimize_file, optimize_model
 from opfuse.rewrite.evaluate import EvaluationError, evaluate
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from opfuse.pipeline.run import optimize_file
+from opfuse.pipeline.conductor import optimize_file
 from zoo import ZOO_MODELS
 
 pytestmark = pytest.mark.slow

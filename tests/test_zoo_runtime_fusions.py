@@ -10,7 +10,7 @@ from collections import Counter
 import onnx
 import pytest
 
-from opfuse.pipeline.run import optimize_file
+from opfuse.pipeline.conductor import optimize_file
 from opfuse.runtime.fake import FakeRuntime
 from opfuse.runtime.fused import lost_fusions, lost_text, runtime_kernels
 from zoo import ZOO_MODELS

@@ -11,7 +11,7 @@ temporary folder first (so a bad model is a one-line ``OpfuseError``, and verifi
 re-run the original). The model given is never changed.
 
 The engine's old entry points that used to live here (``opfuse.api.optimize_file``...) are
-now in ``opfuse.pipeline.run``; reading them from here still works for one release, with a
+now in ``opfuse.pipeline.conductor``; reading them from here still works for one release, with a
 ``DeprecationWarning`` (``__getattr__`` at the end of this module).
 """
 
@@ -29,7 +29,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from opfuse.advisor import advise as advisor
+from opfuse.advisor import conductor as advisor
 from opfuse.advisor import profile_report
 from opfuse.advisor.analysis import AdviseOptions
 from opfuse.advisor.profile_report import ProfileReport
@@ -44,10 +44,10 @@ from opfuse.batching.runner import (
 )
 from opfuse.errors import EngineError, GateError, OpfuseError, SettingsError, VerificationError
 from opfuse.model import io
-from opfuse.pipeline import run as pipeline
-from opfuse.pipeline.options import OptimizeSettings
+from opfuse.pipeline import conductor as pipeline
+from opfuse.pipeline.conductor import OptimizeResult, save_inputs
 from opfuse.pipeline.phases import Phases
-from opfuse.pipeline.run import OptimizeResult, save_inputs
+from opfuse.pipeline.settings import OptimizeSettings
 from opfuse.quantization.result import QuantizeResult
 from opfuse.rewrite.context import DEFAULT_FOLD_SIZE_LIMIT, Options
 from opfuse.rewrite.registry import PassInfo
@@ -518,9 +518,9 @@ def quantize(
     anyway) when the gate or ``min_speedup`` fails, and ``OpfuseError`` for bad input."""
     from opfuse.pipeline.switch import parse_switch_file
     from opfuse.quantization import flow
+    from opfuse.quantization.conductor import quantize_file
     from opfuse.quantization.names import FALLBACK_SECONDS
     from opfuse.quantization.preprocess import Preprocess
-    from opfuse.quantization.run import quantize_file
 
     _check_types(model, output, {"samples": samples, "target_opset": target_opset})
     _check_texts({"max_drop": max_drop, "recipe": recipe, "preprocess": preprocess}, exclude)
@@ -737,12 +737,12 @@ _MOVED_TO_PIPELINE = (
 
 
 def __getattr__(name: str) -> Any:
-    """``opfuse.api.optimize_file`` and the other old names: moved to opfuse.pipeline.run."""
+    """``opfuse.api.optimize_file`` and the other old names: moved to opfuse.pipeline.conductor."""
     if name in _MOVED_TO_PIPELINE:
-        from opfuse.pipeline import run
+        from opfuse.pipeline import conductor as run
 
         warnings.warn(
-            f"opfuse.api.{name} moved to opfuse.pipeline.run.{name}; the old path goes in the "
+            f"opfuse.api.{name} moved to opfuse.pipeline.conductor.{name}; the old path goes in the "
             "next release",
             DeprecationWarning,
             stacklevel=2,

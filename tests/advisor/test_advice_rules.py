@@ -11,7 +11,7 @@ import pytest
 from advisor_models import make_model, ort_profile, write_json
 from onnx import helper
 
-from opfuse.advisor.advise import AdviseOptions, advise, read_outside
+from opfuse.advisor.conductor import AdviseOptions, advise, read_outside
 from opfuse.advisor.constraints import alignment_hints
 from opfuse.advisor.graph import from_model
 from opfuse.advisor.l2 import estimate_ratios

@@ -18,7 +18,7 @@ from advisor_models import (
 )
 from onnx import helper
 
-from opfuse.advisor.advise import SCHEMA, AdviseOptions, advise
+from opfuse.advisor.conductor import SCHEMA, AdviseOptions, advise
 
 TIMES = SWISH_TIMES
 OPTS = AdviseOptions(warmup=1, compare_onnxruntime=False)

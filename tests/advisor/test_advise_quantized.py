@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from rich.console import Console
 
-from opfuse.advisor.advise import AdviseOptions, advise
+from opfuse.advisor.conductor import AdviseOptions, advise
 from opfuse.advisor.quantized import (
     channel_counts,
     dequantized_float,

@@ -179,7 +179,7 @@ def test_profile_maps_fused_kernel_names_to_the_models_nodes(tmp_path) -> None: 
 def test_a_bad_output_fails_before_profiling(tmp_path, monkeypatch, command, output) -> None:  # type: ignore[no-untyped-def]
     """-o is checked before the model runs (it used to fail, or replace the model,
     only after the whole profiling run)."""
-    import opfuse.advisor.advise
+    import opfuse.advisor.conductor
     import opfuse.advisor.profile_readers
     import opfuse.advisor.profile_report
 
@@ -187,7 +187,7 @@ def test_a_bad_output_fails_before_profiling(tmp_path, monkeypatch, command, out
         raise AssertionError("profiled before checking -o")
 
     monkeypatch.setattr(opfuse.advisor.profile_readers, "run_onnxruntime", profiled)
-    monkeypatch.setattr(opfuse.advisor.advise, "run_onnxruntime", profiled)
+    monkeypatch.setattr(opfuse.advisor.conductor, "run_onnxruntime", profiled)
     monkeypatch.setattr(opfuse.advisor.profile_report, "run_onnxruntime", profiled)
     model = tmp_path / "swish.onnx"
     onnx.save(swish_net(), model)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from opfuse.advisor.aipp import aipp_chains
+from opfuse.advisor.aipp_candidates import aipp_chains
 from opfuse.advisor.graph import from_chain
 
 

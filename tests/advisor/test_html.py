@@ -25,7 +25,7 @@ from advisor_models import (
 )
 from onnx import helper
 
-from opfuse.advisor.advise import AdviseOptions, advise
+from opfuse.advisor.conductor import AdviseOptions, advise
 from opfuse.advisor.html import group_graph, label_lines, shorten
 from opfuse.advisor.render import render_html
 from opfuse.advisor.report import fold_columns

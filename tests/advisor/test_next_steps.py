@@ -14,7 +14,7 @@ from advisor_models import make_model
 from click.testing import CliRunner
 from onnx import helper
 
-from opfuse.advisor.advise import AdviseOptions, advise
+from opfuse.advisor.conductor import AdviseOptions, advise
 from opfuse.advisor.nextsteps import dominant
 from opfuse.cli import app
 from opfuse.runtime.fake import FakeRuntime

@@ -8,7 +8,7 @@ import csv
 import pytest
 from advisor_models import FIXTURES
 
-from opfuse.advisor.advise import advise
+from opfuse.advisor.conductor import advise
 from opfuse.advisor.profile_readers import read_op_summary
 from opfuse.errors import OpfuseError
 

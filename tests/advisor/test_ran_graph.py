@@ -13,7 +13,7 @@ import pytest
 from advisor_models import make_model
 from onnx import helper
 
-from opfuse.advisor.advise import advise
+from opfuse.advisor.conductor import advise
 from opfuse.advisor.executed_graph import split_fused_name
 
 N = helper.make_node

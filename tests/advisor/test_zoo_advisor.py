@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from opfuse.advisor.advise import AdviseOptions, advise, analyse
-from opfuse.advisor.advise import report as make_report
+from opfuse.advisor.conductor import AdviseOptions, advise, analyse
+from opfuse.advisor.conductor import report as make_report
 from opfuse.advisor.render import render_html, render_text
 
 pytestmark = pytest.mark.slow

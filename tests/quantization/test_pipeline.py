@@ -19,7 +19,7 @@ from onnx import numpy_helper
 import opfuse
 from opfuse.errors import OpfuseError
 from opfuse.quantization import calibration, flow
-from opfuse.quantization.run import quantize_file
+from opfuse.quantization.conductor import quantize_file
 
 RNG = np.random.default_rng(0)
 
@@ -486,7 +486,7 @@ def test_auto_tries_each_change_in_cost_order_and_keeps_the_best(tmp_path, monke
 def test_no_temporary_file_is_named():
     import tempfile
 
-    from opfuse.quantization.run import _no_temporary
+    from opfuse.quantization.conductor import _no_temporary
 
     tmp = tempfile.gettempdir()
     text = (

@@ -21,9 +21,9 @@ from onnx import numpy_helper
 from opfuse.errors import GateError, OpfuseError
 from opfuse.quantization import calibration
 from opfuse.quantization.accuracy import compare_output, scoring_outputs
+from opfuse.quantization.conductor import quantize_file
 from opfuse.quantization.gate import Gate
 from opfuse.quantization.preprocess import Preprocess
-from opfuse.quantization.run import quantize_file
 from opfuse.runtime.fake import FakeRuntime
 
 RNG = np.random.default_rng(0)

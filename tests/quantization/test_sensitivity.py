@@ -76,7 +76,7 @@ def test_the_tensor_with_an_outlier_ranks_first_with_its_producer_and_reader(tmp
 def test_the_gate_keeps_a_tensor_without_weights_in_float(tmp_path):
     """No weighted layer alone explains the error: the fallback keeps the Concat's output
     (its producer and reader) in float and the gate holds."""
-    from opfuse.quantization.run import quantize_file
+    from opfuse.quantization.conductor import quantize_file
 
     model = two_branch_model(tmp_path / "m.onnx")
     data = tmp_path / "x.npz"

@@ -10,7 +10,7 @@ import onnx_ir as ir
 import pytest
 
 from helpers import check_rule, effected, model_from_text, op_types, reasons, run_passes
-from opfuse.pipeline.run import optimize_file
+from opfuse.pipeline.conductor import optimize_file
 from opfuse.rewrite.context import Options
 
 PASS = "ConstantFoldingFusionPass"

@@ -22,7 +22,7 @@ from helpers import (
     reasons,
     run_model,
 )
-from opfuse.pipeline.run import optimize_file
+from opfuse.pipeline.conductor import optimize_file
 from opfuse.rewrite.context import Options
 from opfuse.rules.layout._regions import NOT_WORTH
 from opfuse.verification.compare import INPUT_PERMUTATION_KEY

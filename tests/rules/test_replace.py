@@ -18,7 +18,7 @@ from helpers import (
     run_model,
     run_passes,
 )
-from opfuse.pipeline.run import optimize_model
+from opfuse.pipeline.conductor import optimize_model
 from opfuse.rules import get_pass
 
 PASS = "PowToMulFusionPass"

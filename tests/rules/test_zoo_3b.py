@@ -7,7 +7,7 @@ from collections import Counter
 import onnx
 import pytest
 
-from opfuse.pipeline.run import optimize_file
+from opfuse.pipeline.conductor import optimize_file
 from opfuse.rewrite.context import Options
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import pytest
 
-from opfuse.pipeline.run import optimize_file
+from opfuse.pipeline.conductor import optimize_file
 from zoo import ZOO_MODELS
 
 MODELS = ZOO_MODELS

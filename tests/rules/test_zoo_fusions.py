@@ -11,7 +11,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from opfuse.pipeline.run import optimize_file
+from opfuse.pipeline.conductor import optimize_file
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from opfuse.pipeline.run import optimize_file
+from opfuse.pipeline.conductor import optimize_file
 from opfuse.rewrite.context import Options
 
 MODELS = ["keras_mobilenetv3small", "keras_resnet50"]

@@ -12,9 +12,9 @@ from typing import Any
 import onnx_ir as ir
 
 from opfuse.advisor.attribution import Attribution, Resolver
-from opfuse.advisor.calibrate import Measure, Peaks
 from opfuse.advisor.executed_graph import RanGraph
 from opfuse.advisor.graph import OpGraph
+from opfuse.advisor.machine_peaks import Measure, Peaks
 from opfuse.advisor.nextsteps import TRIAL_SECONDS
 from opfuse.advisor.profile_readers import OpRecord, Profile
 from opfuse.advisor.report_types import OrtFusion

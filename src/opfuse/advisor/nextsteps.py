@@ -133,7 +133,7 @@ def trial(
     against the model in one paired, interleaved run, on inputs of ``input_shapes`` (the
     shapes the advisor profiled). ``changes`` gets, per command, the nodes of the default
     passes' output it changes (so a report can say which groups a command fuses)."""
-    from opfuse.pipeline.run import op_counts
+    from opfuse.pipeline.conductor import op_counts
     from opfuse.tuning.measure import ORIGINAL, measure
 
     found_passes = candidates_and_passes(model)

@@ -8,7 +8,7 @@ import os
 import statistics
 
 from opfuse.advisor import constraints
-from opfuse.advisor.aipp import NORMALIZATION, aipp_chains
+from opfuse.advisor.aipp_candidates import NORMALIZATION, aipp_chains
 from opfuse.advisor.analysis import Analysis, ort_providers
 from opfuse.advisor.attribution import original_nodes
 from opfuse.advisor.graph import OpGraph

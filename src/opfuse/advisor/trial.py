@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import onnx_ir as ir
 
 from opfuse.model import io
-from opfuse.pipeline.run import OptimizeResult, optimize_model
+from opfuse.pipeline.conductor import OptimizeResult, optimize_model
 from opfuse.rewrite.context import Options, PassContext
 from opfuse.rewrite.driver import Driver
 from opfuse.rewrite.stats import EffectLog

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from opfuse.errors import OpfuseError, SettingsError
-from opfuse.pipeline.options import OptimizeSettings
+from opfuse.pipeline.settings import OptimizeSettings
 from opfuse.rewrite.context import DEFAULT_FOLD_SIZE_LIMIT
 from opfuse.verification.settings import VerifySettings
 
@@ -113,7 +113,7 @@ class TaskOptions:
         return cls(**options, **given)
 
     def optimize_settings(self) -> OptimizeSettings:
-        """What one model's optimizer takes (``pipeline.run.optimize_file``)."""
+        """What one model's optimizer takes (``pipeline.conductor.optimize_file``)."""
         return OptimizeSettings(
             fusion_switch_file=self.switch_file,
             enable=self.enable,

@@ -19,7 +19,7 @@ from opfuse.batching.jobs import Job, TaskOptions, check_outdir, collect_jobs
 from opfuse.batching.summary import write_summary_html
 from opfuse.batching.task import sha256_file
 from opfuse.errors import OpfuseError
-from opfuse.pipeline.options import OptimizeSettings
+from opfuse.pipeline.settings import OptimizeSettings
 from opfuse.verification.settings import VerifySettings
 
 

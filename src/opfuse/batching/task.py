@@ -99,7 +99,7 @@ def status_of(exc: BaseException) -> str:
 def optimize_model_file(job: Job, output: Path) -> Any:
     """The one adapter between batch and the optimizer: optimize, verify, write (the
     pipeline function ``opfuse.optimize`` calls, with the same settings objects)."""
-    from opfuse.pipeline.run import optimize_file
+    from opfuse.pipeline.conductor import optimize_file
 
     o = job.options
     return optimize_file(
@@ -163,7 +163,7 @@ def _sibling(relpath: str, suffix: str) -> str:
 
 def _advise(job: Job, output: Path) -> None:
     """The advisor's JSON and HTML reports of the input model beside its output."""
-    from opfuse.advisor.advise import AdviseOptions, advise
+    from opfuse.advisor.conductor import AdviseOptions, advise
     from opfuse.advisor.render import render_html
     from opfuse.model.io import write_text
 

@@ -204,7 +204,7 @@ def batch(
     from opfuse import api
     from opfuse.batching.runner import BatchInterrupted
     from opfuse.batching.summary import summary_json
-    from opfuse.pipeline.options import OptimizeSettings
+    from opfuse.pipeline.settings import OptimizeSettings
     from opfuse.verification.settings import VerifySettings
 
     graph = settings_from(params, OptimizeSettings)

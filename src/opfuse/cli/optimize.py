@@ -94,7 +94,7 @@ def optimize(
 ) -> None:
     """Fuse and simplify MODEL, verify it, and write it to OUTPUT."""
     from opfuse import api
-    from opfuse.pipeline.options import OptimizeSettings
+    from opfuse.pipeline.settings import OptimizeSettings
     from opfuse.verification.settings import VerifySettings
 
     for old, new, values in (

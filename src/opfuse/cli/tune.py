@@ -22,7 +22,7 @@ from opfuse.tuning.measure import pct
 
 if TYPE_CHECKING:
     from opfuse.tuning.search import TuneResult
-    from opfuse.tuning.sessions import SessionSearch
+    from opfuse.tuning.session_search import SessionSearch
     from opfuse.tuning.settings import TuneSettings
 
 

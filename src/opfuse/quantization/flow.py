@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from opfuse.errors import OpfuseError, first_line
-from opfuse.pipeline.run import OptimizeResult, optimize_file
+from opfuse.pipeline.conductor import OptimizeResult, optimize_file
 from opfuse.pipeline.switch import SwitchTable
 from opfuse.rewrite.context import Options
 

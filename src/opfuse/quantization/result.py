@@ -20,7 +20,7 @@ from opfuse.tuning.measure import Measurement
 if TYPE_CHECKING:
     import onnx
 
-    from opfuse.pipeline.run import OptimizeResult
+    from opfuse.pipeline.conductor import OptimizeResult
 
 FLOAT_OPT, INT8 = "float-optimized", "int8"
 SMALL_MODEL_S = 0.002  # below: Q/DQ around small layers can cost more than int8 saves

@@ -1,4 +1,4 @@
-"""``opfuse tune`` as numbered steps (``tune_file``), as ``pipeline.run.optimize_file`` is:
+"""``opfuse tune`` as numbered steps (``tune_file``), as ``pipeline.conductor.optimize_file`` is:
 
 1. **check**, before any work: the settings (a ``TuneSettings`` checked itself when made;
    here the runtime's seconds per comparison), the output paths (none over the model:

@@ -31,7 +31,7 @@ from opfuse.runtime.settings import SessionSettings
 from opfuse.tuning.deployment import deployment_json
 from opfuse.tuning.measure import ORIGINAL as ORIGINAL_LABEL
 from opfuse.tuning.measure import Measurement, feeds_and_warnings, measure
-from opfuse.tuning.sessions import SessionSearch, search_sessions
+from opfuse.tuning.session_search import SessionSearch, search_sessions
 from opfuse.tuning.variants import (
     DEFAULT,
     LAYOUTS,

@@ -16,7 +16,7 @@ import onnx_ir as ir
 from opfuse.errors import OpfuseError
 from opfuse.model import io
 from opfuse.model.graphs import all_graphs
-from opfuse.pipeline.run import optimize_file, optimize_model
+from opfuse.pipeline.conductor import optimize_file, optimize_model
 from opfuse.pipeline.switch import SwitchTable
 from opfuse.rewrite.context import Options, PassContext
 from opfuse.rewrite.rule import Rule

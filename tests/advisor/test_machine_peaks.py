@@ -10,8 +10,8 @@ import onnx
 import pytest
 from advisor_models import SWISH_TIMES, ort_profile, swish_net, write_json
 
-from opfuse.advisor import calibrate
-from opfuse.advisor.advise import AdviseOptions, advise
+from opfuse.advisor import machine_peaks as calibrate
+from opfuse.advisor.conductor import AdviseOptions, advise
 
 
 def test_peaks_are_measured_once_and_cached(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

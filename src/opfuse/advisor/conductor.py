@@ -15,9 +15,9 @@ import onnx_ir as ir
 
 from opfuse.advisor.analysis import AdviseOptions, Analysis, Step, ort_providers
 from opfuse.advisor.attribution import Attribution, Resolver, attribute, runtime_kernels
-from opfuse.advisor.calibrate import Peaks, machine_peaks
 from opfuse.advisor.executed_graph import RanGraph, ran_graph
 from opfuse.advisor.graph import OpGraph, from_chain, from_model
+from opfuse.advisor.machine_peaks import Peaks, machine_peaks
 from opfuse.advisor.profile_readers import (
     InputShape,
     OpRecord,

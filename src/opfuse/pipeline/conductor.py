@@ -22,7 +22,6 @@ from opfuse.model.shapes import declare_static_inputs
 from opfuse.pipeline.gcpause import paused_gc
 from opfuse.pipeline.opset import convert_opset, default_opset
 from opfuse.pipeline.optimizer import MAX_ROUNDS, op_counts, optimize_model
-from opfuse.pipeline.options import OptimizeSettings
 from opfuse.pipeline.phases import Phases
 from opfuse.pipeline.result import OptimizeResult, timings_text, verification_text
 from opfuse.pipeline.selection import (
@@ -32,6 +31,7 @@ from opfuse.pipeline.selection import (
     select,
     select_passes,
 )
+from opfuse.pipeline.settings import OptimizeSettings
 from opfuse.pipeline.switch import SwitchTable, parse_switch_file
 from opfuse.pipeline.verifier import Verification, save_inputs
 from opfuse.rewrite.context import Options
