@@ -28,7 +28,15 @@ from opfuse.quantization.workspace import QuantizeInternalError, Workspace
 # one change at a time to the best recipe so far, cheapest first (measured on PP-OCR's
 # recognizer: mean-minmax and the fast bias correction cost about one quantization, mse
 # three, cle and smoothquant their statistics and the float check on top)
-CHANGES = ("mean-minmax", "bias-correction", "mse", "cle", "smoothquant", "bias-correction-full")
+CHANGES = (
+    "float-decomposed",
+    "mean-minmax",
+    "bias-correction",
+    "mse",
+    "cle",
+    "smoothquant",
+    "bias-correction-full",
+)
 RECIPE_SECONDS = 40.0  # no recipe starts that would end after this (the first always runs)
 # a recipe's cost in units of the first one's (minmax) time, to skip one that would not fit
 # (measured on PP-OCRv4's recognizer: mean-minmax 0.5, the fast bias correction 0.75, mse
