@@ -481,6 +481,15 @@ def test_auto_tries_each_change_in_cost_order_and_keeps_the_best(tmp_path, monke
     result = quantize_file(path, None, tmp_path / "c.npz", benchmark=False, max_drop="off")
     assert [r["recipe"] for r in result.recipes] == ["minmax"]
     assert any(s.startswith("cle,minmax (would not end within the 0 s") for s in result.skipped)
+    # the budget in cost units (reproducible, no clock): 2 units try minmax and one change
+    monkeypatch.setattr(recipes, "RECIPE_SECONDS", 1e9)
+    monkeypatch.setattr(recipes, "RECIPE_UNITS", 2.0)
+    result = quantize_file(path, None, tmp_path / "c.npz", benchmark=False, max_drop="off")
+    assert [r["recipe"] for r in result.recipes] == ["minmax", names[1]]
+    assert any(
+        s.startswith("cle,") and "would exceed the recipe budget: 2 of 2 units" in s
+        for s in result.skipped
+    )
 
 
 def test_no_temporary_file_is_named():
