@@ -341,24 +341,34 @@ def test_a_softmax_head_whose_requantization_changes_the_top_class_stays_float(t
     assert head.float_top1 is not None and head.int8_top1 is not None
     assert head.float_top1 > head.int8_top1
     assert "the Softmax head making probs keeps a float output" in result.summary()
+    # the MatMul making the logits keeps int8 inputs; its output and the Softmax's are float
+    assert result.to_json()["heads"][0]["float_sqnr_db"] is not None
     graph = onnx.load(str(tmp_path / "o.onnx")).graph
-    producer = {o: n.op_type for n in graph.node for o in n.output}
-    assert producer["probs"] == "Softmax"  # no QuantizeLinear/DequantizeLinear after it
+    producer = {o: n for n in graph.node for o in n.output}
+    assert producer["probs"].op_type == "Softmax"  # no QuantizeLinear/DequantizeLinear after it
+    logits = producer[producer["probs"].input[0]]
+    assert logits.op_type == "MatMul"  # nor between the logits and the Softmax
+    assert producer[logits.input[0]].op_type == "DequantizeLinear"  # its input stays int8
     [acc] = result.accuracy
     assert acc.top1 is not None and acc.top1 >= 0.8
 
 
 def test_a_head_whose_requantization_keeps_the_top_class_stays_int8(tmp_path):
-    """Two classes far apart: requantizing the probabilities changes no top class."""
+    """Two classes: requantizing the probabilities changes no top class, and the error
+    comes from the input's rounding (every other sample has a logit of 400: a step of 1.6
+    on the input), which a float output does not remove (an SQNR gain below 1 dB)."""
     model = many_classes(tmp_path / "m.onnx", classes=2)
     rng = np.random.default_rng(5)
     x = rng.uniform(0, 1, (16, 1, 2)).astype(np.float32)
     x[:, 0, 0] += 2.0 * (rng.uniform(size=16) > 0.5)
+    x[::2, 0, 1] = 400.0
     np.savez(tmp_path / "c.npz", x=x)
     result = quantize_file(model, tmp_path / "o.onnx", tmp_path / "c.npz", benchmark=False,
                            max_drop="off")  # fmt: skip
     [head] = result.heads
     assert not head.in_float and "stays requantized: the same top class" in head.describe()
+    assert head.float_sqnr_db is not None and head.int8_sqnr_db is not None
+    assert head.float_sqnr_db < head.int8_sqnr_db + 1.0
 
 
 def test_a_softmax_written_out_scores_classes():
@@ -526,3 +536,47 @@ def test_figures_are_better_only_beyond_their_noise():
     # equal figures: not better (the cheaper recipe stays)
     assert not gate.better(fig(0.95, 14.0), fig(0.95, 14.0))
     assert not Gate.parse("off").better(fig(0.95, 14.0), fig(0.95, 14.05))
+
+
+def test_keep_float_rule_and_logits_with_another_reader():
+    """keep_float: a higher top-1, or the same with 1 dB more SQNR; float_logits declines a
+    chain whose logits something else also reads (they are not the head's alone)."""
+    import onnxruntime as ort
+
+    from opfuse.quantization import heads
+
+    assert heads.keep_float(0.96, 1.0, 30.0, 20.0)  # the top class decides first
+    assert not heads.keep_float(1.0, 0.96, 20.0, 30.0)
+    assert heads.keep_float(1.0, 1.0, 30.0, 31.0)  # equal: 1 dB more
+    assert not heads.keep_float(1.0, 1.0, 30.0, 30.9)
+    assert not heads.keep_float(None, 1.0, 30.0, 40.0)
+    q = lambda i, o: h.make_node("QuantizeLinear", [i, "s", "z"], [o], name=f"q_{o}")  # noqa: E731
+    dq = lambda i, o: h.make_node("DequantizeLinear", [i, "s", "z"], [o], name=f"dq_{o}")  # noqa: E731
+    nodes = [
+        h.make_node("MatMul", ["x", "w"], ["z0"], name="logits"),
+        q("z0", "zq"),
+        dq("zq", "zd"),
+        h.make_node("Softmax", ["zd"], ["p0"], name="softmax", axis=-1),
+        q("p0", "pq"),
+        dq("pq", "probs"),
+    ]
+    inits = [
+        numpy_helper.from_array(np.eye(4, dtype=np.float32), "w"),
+        numpy_helper.from_array(np.array(0.01, np.float32), "s"),
+        numpy_helper.from_array(np.array(0, np.uint8), "z"),
+    ]
+    out = [h.make_tensor_value_info("probs", T.FLOAT, [1, 4])]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 4])], out, inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    made = heads.float_logits(model, "probs")
+    assert made is not None
+    assert [n.op_type for n in made.graph.node] == ["MatMul", "Softmax"]
+    assert made.graph.node[1].input[0] == "z0" and made.graph.node[1].output[0] == "probs"
+    feeds = {"x": np.array([[0.1, 0.5, 0.2, 0.3]], np.float32)}
+    got = ort.InferenceSession(made.SerializeToString(), providers=["CPUExecutionProvider"])
+    ref = np.exp(feeds["x"]) / np.exp(feeds["x"]).sum()
+    np.testing.assert_allclose(got.run(None, feeds)[0], ref, rtol=1e-6)
+    # the logits also read elsewhere: not the head's alone
+    model.graph.node.append(h.make_node("Relu", ["z0"], ["other"], name="other"))
+    model.graph.output.append(h.make_tensor_value_info("other", T.FLOAT, [1, 4]))
+    assert heads.float_logits(model, "probs") is None

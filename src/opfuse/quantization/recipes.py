@@ -128,7 +128,7 @@ def build(
             made.reports.append(step.run(ws))
     for output in float_heads:
         if output in heads.requantized_heads(ws.int8_model, {output}):
-            ws.int8_model = heads.float_head(ws.int8_model, output)
+            ws.int8_model = heads.float_output(ws.int8_model, output)
     made.model = ws.int8_model
     made.seconds = time.perf_counter() - start
     return made
