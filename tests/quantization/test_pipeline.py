@@ -482,6 +482,8 @@ def test_auto_tries_each_change_in_cost_order_and_keeps_the_best(tmp_path, monke
     assert sum(r["kept"] for r in result.recipes) == 1
     kept = next(r for r in result.recipes if r["kept"])
     assert kept["recipe"] == result.recipe and f"kept: {result.recipe}" in result.summary()
+    # 24 samples: 6 held back for evaluation, the 18 others score every recipe, 2-fold
+    assert all(r["cross_validated"] == 18 for r in result.recipes)
     monkeypatch.setattr(recipes, "RECIPE_SECONDS", 0.0)
 
     def never(ws):  # type: ignore[no-untyped-def]
@@ -580,3 +582,26 @@ def test_keep_float_rule_and_logits_with_another_reader():
     model.graph.node.append(h.make_node("Relu", ["z0"], ["other"], name="other"))
     model.graph.output.append(h.make_tensor_value_info("other", T.FLOAT, [1, 4]))
     assert heads.float_logits(model, "probs") is None
+
+
+def test_recipes_are_cross_validated_on_two_disjoint_halves():
+    """folds: the calibration samples (validation part included) in two alternate halves,
+    each calibrating a model scored on the other; none below 4 samples."""
+    from opfuse.quantization.recipes import folds
+    from opfuse.quantization.workspace import Workspace
+
+    model = gemm_bias_1xn()
+    samples = feeds(10)
+    calib, valid = samples[:7], samples[7:]
+    halves = folds(Workspace("m", model, model, calib, valid))
+    assert halves is not None
+    a, b = halves
+    assert a.calib is b.valid and b.calib is a.valid
+    assert len(a.calib) + len(b.calib) == 10
+    assert not {id(s) for s in a.calib} & {id(s) for s in b.calib}
+    assert len(a.valid_reference) == len(a.valid) and a.cache is not b.cache
+    same = feeds(3)
+    assert folds(Workspace("m", model, model, same, same)) is None  # 3 samples
+    four = feeds(4)  # not apart (fewer than 8): the same list is both parts
+    halves = folds(Workspace("m", model, model, four, four))
+    assert halves is not None and [len(w.calib) for w in halves] == [2, 2]

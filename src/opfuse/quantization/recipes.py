@@ -1,6 +1,8 @@
-"""``--recipe auto``: the recipes that apply to this model, tried in cost order on the
-calibration part, each scored by the gate's own measure on the validation part (never on
-the evaluation data), the most accurate kept.
+"""``--recipe auto``: the recipes that apply to this model, tried in cost order, each
+scored by the gate's own measure with 2-fold cross-validation over the calibration samples
+(``folds``: each half calibrates a model scored on the other half; never the evaluation
+data; below 4 samples on the validation part), the most accurate kept, then built on the
+calibration part for the heads and the fallback.
 
 The search starts from ``minmax`` (onnxruntime's own MinMax calibration) and applies one
 change at a time to the best recipe so far, cheapest first (``CHANGES``): NNCF's
@@ -18,14 +20,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
 
 from opfuse.errors import OpfuseError, first_line
 from opfuse.quantization import flow, heads
-from opfuse.quantization.accuracy import OutputAccuracy
+from opfuse.quantization.accuracy import OutputAccuracy, compare_outputs
 from opfuse.quantization.gate import Gate
 from opfuse.quantization.steps import STEPS, StepReport, recipe_name, recipe_steps
-from opfuse.quantization.workspace import QuantizeInternalError, Workspace
+from opfuse.quantization.workspace import QuantizeInternalError, Workspace, run_model
 
 # one change at a time to the best recipe so far, cheapest first (measured on PP-OCR's
 # recognizer: mean-minmax and the fast bias correction cost about one quantization, mse
@@ -69,6 +72,7 @@ class Built:
     seconds: float = 0.0
     error: str = ""  # the recipe failed (a step raised): why
     kept: bool = False
+    cross_validated: int = 0  # samples its figures are on, 2-fold (0: the validation part)
 
     @property
     def name(self) -> str:
@@ -91,6 +95,7 @@ class Built:
             "seconds": round(self.seconds, 2),
             "error": self.error or None,
             "kept": self.kept,
+            "cross_validated": self.cross_validated or None,
         }
 
 
@@ -151,6 +156,61 @@ def scored(base: Workspace, steps: tuple[str, ...]) -> Built:
     return made
 
 
+CV_MIN_SAMPLES = 4  # from 4 calibration samples on, the recipes are cross-validated
+
+
+def folds(base: Workspace) -> list[Workspace] | None:
+    """Two workspaces that together score a recipe on every calibration sample, none on a
+    sample it was calibrated on: the samples alternately in two halves, each half
+    calibrating a model scored on the other (2-fold cross-validation). A validation part
+    of 2 to 4 samples chose by noise: on PP-OCRv4's detector (10 calibration images, 3
+    with text) it held 2 and ranked mean-minmax below cle (1.4 against 3.1 dB) where the
+    evaluation images give 8.1 against 4.9 dB. None below ``CV_MIN_SAMPLES``."""
+    every = base.calib if base.valid is base.calib else [*base.calib, *base.valid]
+    if len(every) < CV_MIN_SAMPLES:
+        return None
+    halves = [every[0::2], every[1::2]]
+    reference = [run_model(base.fused_model, half, base.name) for half in halves]
+    made = []
+    for k in (0, 1):
+        ws = base.fork()
+        ws.calib, ws.valid = halves[k], halves[1 - k]
+        ws.valid_reference = reference[1 - k]
+        ws.cache = {}  # a step's statistics are its own half's
+        made.append(ws)
+    return made
+
+
+def cross_validated(base: Workspace, halves: list[Workspace], steps: tuple[str, ...]) -> Built:
+    """``steps`` built on each half, each scored on the other; the figures over both."""
+    start = time.perf_counter()
+    got: list[list[np.ndarray]] = []
+    reference: list[list[np.ndarray]] = []
+    reports: list[StepReport] = []
+    for ws in halves:
+        try:
+            made = build(ws, steps)
+        except QuantizeInternalError:
+            raise
+        except (OpfuseError, ValueError, RuntimeError, KeyError, IndexError) as exc:
+            failed = Built(steps, base.fork(), error=first_line(exc))
+            base.say(f"recipe {failed.name}: failed ({failed.error})")
+            return failed
+        assert made.model is not None
+        reports = reports or made.reports
+        got += run_model(made.model, ws.valid, base.name, internal=True)
+        reference += ws.valid_reference
+    out = Built(steps, base.fork(), reports=reports)
+    out.accuracy = compare_outputs(base.output_names, reference, got, base.scoring)
+    out.seconds = time.perf_counter() - start
+    out.cross_validated = len(reference)
+    base.say(
+        f"recipe {out.line()} cross-validated on {len(reference)} calibration samples "
+        f"(2 halves) ({out.seconds:.1f} s)"
+    )
+    return out
+
+
 def with_step(steps: tuple[str, ...], name: str) -> tuple[str, ...]:
     """``steps`` with ``name`` added: a ranges or int8 step replaces the one of its kind,
     a float step joins the others."""
@@ -203,11 +263,13 @@ def search(
         )
         return False
 
+    halves = folds(base)
+
     def attempt(steps: tuple[str, ...]) -> None:
         nonlocal best
         if any(t.steps == steps for t in tried) or not fits(steps):
             return
-        made = scored(base, steps)
+        made = scored(base, steps) if halves is None else cross_validated(base, halves, steps)
         tried.append(made)
         if not made.error and (best is None or gate.better(made.accuracy, best.accuracy)):
             best = made
@@ -231,7 +293,15 @@ def search(
             attempt(steps)
     assert best is not None
     best.kept = True
-    return best, tried, skipped
+    if halves is None:
+        return best, tried, skipped
+    # the kept recipe on the calibration part, scored on the validation part (what the
+    # heads and the fallback compare with)
+    chosen = scored(base, best.steps)
+    if chosen.error:
+        raise QuantizeInternalError(f"{base.name}: recipe {chosen.name} failed: {chosen.error}")
+    chosen.kept = True
+    return chosen, tried, skipped
 
 
 Builder = Callable[[list[str]], onnx.ModelProto]
