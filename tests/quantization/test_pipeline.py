@@ -578,6 +578,32 @@ def test_keep_float_rule_and_logits_with_another_reader():
     got = ort.InferenceSession(made.SerializeToString(), providers=["CPUExecutionProvider"])
     ref = np.exp(feeds["x"]) / np.exp(feeds["x"]).sum()
     np.testing.assert_allclose(got.run(None, feeds)[0], ref, rtol=1e-6)
+    # through the logits' bias Add (its constant dequantized), a Shape reading the logits
+    nodes = [
+        h.make_node("MatMul", ["x", "w"], ["m0"], name="logits"),
+        q("m0", "mq"),
+        dq("mq", "md"),
+        dq("bias_q", "bd"),  # the quantizer stores a constant quantized
+        h.make_node("Add", ["md", "bd"], ["z0"], name="bias_add"),
+        q("z0", "zq"),
+        dq("zq", "zd"),
+        h.make_node("Shape", ["zd"], ["shape"], name="shape"),
+        h.make_node("Softmax", ["zd"], ["p0"], name="softmax", axis=-1),
+        q("p0", "pq"),
+        dq("pq", "probs"),
+    ]
+    biased = h.make_graph(
+        nodes,
+        "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 4])],
+        [*out, h.make_tensor_value_info("shape", T.INT64, [2])],
+        [*inits, numpy_helper.from_array(np.full(4, 50, np.uint8), "bias_q")],
+    )
+    made = heads.float_logits(h.make_model(biased, opset_imports=[h.make_opsetid("", 17)]), "probs")
+    assert made is not None
+    assert [n.op_type for n in made.graph.node] == [
+        "MatMul", "DequantizeLinear", "Add", "Shape", "Softmax"
+    ]  # fmt: skip
     # the logits also read elsewhere: not the head's alone
     model.graph.node.append(h.make_node("Relu", ["z0"], ["other"], name="other"))
     model.graph.output.append(h.make_tensor_value_info("other", T.FLOAT, [1, 4]))

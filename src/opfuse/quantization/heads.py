@@ -125,16 +125,24 @@ TAIL_OPS = PASSING_OPS | {"Softmax", "LogSoftmax"}
 def float_logits(int8: onnx.ModelProto, output: str) -> onnx.ModelProto | None:
     """A copy of ``int8`` whose graph output ``output`` and the logits behind it are float:
     every QuantizeLinear/DequantizeLinear on the one-reader chain from the Gemm/MatMul that
-    makes the logits (through Softmax/LogSoftmax and data-moving ops) to the output is
+    makes the logits (through its bias Add, Softmax/LogSoftmax and data-moving ops) to the
+    output is
     removed; the Gemm/MatMul keeps its int8 inputs (onnxruntime runs it as QGemm or
     MatMulIntegerToFloat with a float output). None when the output is not made so."""
     graph = int8.graph
     producer = {o: n for n in graph.node for o in n.output}
     readers: dict[str, int] = {}
     for n in graph.node:
+        if n.op_type == "Shape":  # reads the shape only, whatever the Q/DQ around
+            continue
         for name in n.input:
             readers[name] = readers.get(name, 0) + 1
     outputs = {o.name for o in graph.output}
+    constants = {t.name for t in graph.initializer}
+    constants |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    constants |= {  # a quantized constant (the bias as its DequantizeLinear gives it)
+        n.output[0] for n in graph.node if n.op_type == DEQUANTIZE and n.input[0] in constants
+    }
     chain: list[onnx.NodeProto] = []
     tensor = output
     while True:
@@ -143,10 +151,17 @@ def float_logits(int8: onnx.ModelProto, output: str) -> onnx.ModelProto | None:
             return None
         if made.op_type in LOGIT_MAKERS:
             break
-        if made.op_type not in TAIL_OPS or not made.input:
+        if made.op_type == "Add" and len(made.input) == 2:  # the logits' bias (a constant)
+            data = [i for i in made.input if i not in constants]
+            if len(data) != 1:
+                return None
+            chain.append(made)
+            tensor = data[0]
+        elif made.op_type not in TAIL_OPS or not made.input:
             return None
-        chain.append(made)
-        tensor = made.input[0]
+        else:
+            chain.append(made)
+            tensor = made.input[0]
         if readers.get(tensor, 0) != 1 or tensor in outputs:
             return None  # another reader: the tensor is not the head's alone
     drop = [n for n in chain if n.op_type in (QUANTIZE, DEQUANTIZE)]
