@@ -482,8 +482,9 @@ def test_auto_tries_each_change_in_cost_order_and_keeps_the_best(tmp_path, monke
     assert sum(r["kept"] for r in result.recipes) == 1
     kept = next(r for r in result.recipes if r["kept"])
     assert kept["recipe"] == result.recipe and f"kept: {result.recipe}" in result.summary()
-    # 24 samples: 6 held back for evaluation, the 18 others score every recipe, 2-fold
-    assert all(r["cross_validated"] == 18 for r in result.recipes)
+    # 24 samples: 6 held back for evaluation, 18 calibration samples, of which 4 validation
+    # samples choose (enough: no cross-validation)
+    assert all(r["cross_validated"] is None for r in result.recipes)
     monkeypatch.setattr(recipes, "RECIPE_SECONDS", 0.0)
 
     def never(ws):  # type: ignore[no-untyped-def]
@@ -618,7 +619,7 @@ def test_recipes_are_cross_validated_on_two_disjoint_halves():
 
     model = gemm_bias_1xn()
     samples = feeds(10)
-    calib, valid = samples[:7], samples[7:]
+    calib, valid = samples[:8], samples[8:]  # 2 validation samples: cross-validated
     halves = folds(Workspace("m", model, model, calib, valid))
     assert halves is not None
     a, b = halves
@@ -626,8 +627,20 @@ def test_recipes_are_cross_validated_on_two_disjoint_halves():
     assert len(a.calib) + len(b.calib) == 10
     assert not {id(s) for s in a.calib} & {id(s) for s in b.calib}
     assert len(a.valid_reference) == len(a.valid) and a.cache is not b.cache
+    # 3 validation samples or more: they choose
+    assert folds(Workspace("m", model, model, samples[:7], samples[7:])) is None
     same = feeds(3)
     assert folds(Workspace("m", model, model, same, same)) is None  # 3 samples
     four = feeds(4)  # not apart (fewer than 8): the same list is both parts
     halves = folds(Workspace("m", model, model, four, four))
     assert halves is not None and [len(w.calib) for w in halves] == [2, 2]
+
+
+def test_a_small_calibration_set_is_cross_validated(tmp_path):
+    """10 samples, 2 held back for evaluation: 8 calibration samples leave a validation
+    part of 2, so the recipes are cross-validated over the 8."""
+    path = tmp_path / "m.onnx"
+    onnx.save(gemm_bias_1xn(), str(path))
+    np.savez(tmp_path / "c.npz", x=np.concatenate([f["x"] for f in feeds(10)]))
+    result = quantize_file(path, None, tmp_path / "c.npz", benchmark=False, max_drop="off")
+    assert result.recipes and all(r["cross_validated"] == 8 for r in result.recipes)
