@@ -529,9 +529,18 @@ def test_figures_are_better_only_beyond_their_noise():
         return [OutputAccuracy("y", sqnr, 1.0, 0.0, top1, 1.0, rows)]
 
     gate = Gate()
-    # 4 rows of 160 near 95%: within the noise, so the SQNR decides
+    # 4 rows of 160 near 95%: within the noise, a tie (the SQNR of an output that scores
+    # classes does not decide)
     assert not gate.better(fig(0.969, 13.4), fig(0.944, 14.2))
-    assert gate.better(fig(0.944, 14.2), fig(0.969, 13.4))
+    assert not gate.better(fig(0.944, 14.2), fig(0.969, 13.4))
+    assert not gate.better(fig(0.95, 30.0), fig(0.95, 14.0))
+
+    # an output that scores no classes: its SQNR decides
+    def plain(sqnr: float) -> list[OutputAccuracy]:
+        return [OutputAccuracy("map", sqnr, 1.0, 0.0)]
+
+    assert gate.better(plain(8.0), plain(7.0)) and not gate.better(plain(7.0), plain(8.0))
+    assert gate.better(fig(0.95, 14.0) + plain(8.0), fig(0.95, 30.0) + plain(7.0))
     # the same shares on 1600 rows: a difference
     assert gate.better(fig(0.969, 13.4, 1600), fig(0.944, 14.2, 1600))
     # fewer outputs missing the gate first, whatever else
