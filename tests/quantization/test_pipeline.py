@@ -541,6 +541,8 @@ def test_figures_are_better_only_beyond_their_noise():
 
     assert gate.better(plain(8.0), plain(7.0)) and not gate.better(plain(7.0), plain(8.0))
     assert gate.better(fig(0.95, 14.0) + plain(8.0), fig(0.95, 30.0) + plain(7.0))
+    # an SQNR floor given: every output is judged by its SQNR too
+    assert Gate.parse("top1=99%,sqnr=25").better(fig(0.95, 30.0), fig(0.95, 14.0))
     # the same shares on 1600 rows: a difference
     assert gate.better(fig(0.969, 13.4, 1600), fig(0.944, 14.2, 1600))
     # fewer outputs missing the gate first, whatever else

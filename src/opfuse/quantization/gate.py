@@ -93,7 +93,8 @@ class Gate:
         one is off); else a higher lowest top-1 agreement when the difference exceeds twice
         its standard error on the rows counted (on 160 rows near 95%, 3.4 points: a few
         rows more or less is not a difference); else a higher lowest SQNR (by 0.1 dB) of
-        the outputs that score no classes (where every output scores classes: a tie)."""
+        the outputs the gate judges by it: those that score no classes, every output when
+        the gate has an SQNR floor (``sqnr=DB``); none of them: a tie."""
         judge = Gate() if self.off else self
         misses_a, misses_b = len(judge.misses(a)), len(judge.misses(b))
         if misses_a != misses_b:
@@ -114,8 +115,10 @@ class Gate:
         # SQNR (on PP-OCRv4's recognizer the SQNR of 4 validation windows rose step by step,
         # 13.2 -> 16.6 dB, through minmax,bias-correction, mse and cle, while the
         # evaluation text's fell 15.6 -> 10.9 dB and its top-1 98.1% -> 95.0%)
-        plain_a = [o.sqnr_db for o in a if o.top1 is None]
-        plain_b = [o.sqnr_db for o in b if o.top1 is None]
+        # (with an SQNR floor given, ``sqnr=DB``, every output is judged by it)
+        by_sqnr = judge.sqnr_db is not None
+        plain_a = [o.sqnr_db for o in a if by_sqnr or o.top1 is None]
+        plain_b = [o.sqnr_db for o in b if by_sqnr or o.top1 is None]
         if not plain_a or not plain_b:
             return False
         return min(plain_a) > min(plain_b) + 0.1
