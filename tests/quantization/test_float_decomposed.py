@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
@@ -28,7 +29,7 @@ def build(nodes, inits, outputs=("y",)):
         nodes,
         "g",
         [h.make_tensor_value_info("x", T.FLOAT, [4, C])],
-        [h.make_tensor_value_info(o, T.FLOAT, None) for o in outputs],
+        [h.make_tensor_value_info(o, T.FLOAT, [4, C]) for o in outputs],
         [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()],
     )
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
@@ -64,13 +65,17 @@ def dense(name: str, x: str, out: str, inits: dict, seed: int) -> list:
     ]
 
 
-def gelu_model():
+def gelu_model(features: bool = False):
+    """x -> Dense -> GELU written out -> Dense -> y; ``features``: y = |Dense| (an output
+    that scores no classes: judged by its SQNR)."""
     inits = dict(GELU_CONSTS)
     nodes = [
         *dense("d0", "x", "h0", inits, 1),
         *gelu_nodes("h0", "g0", "act/"),
-        *dense("d1", "g0", "y", inits, 2),
+        *dense("d1", "g0", "d1_out" if features else "y", inits, 2),
     ]
+    if features:
+        nodes.append(h.make_node("Abs", ["d1_out"], ["y"], name="features"))
     return build(nodes, inits)
 
 
@@ -189,3 +194,30 @@ def test_keeping_them_in_float_raises_the_int8_sqnr(tmp_path: Path):
         # nothing of the float graph changes: the chain's nodes are there, unquantized
         assert {n.name for n in model.graph.node} <= {n.name for n in kept.graph.node}
         assert sqnr(model, kept, held) > sqnr(model, plain, held) + 3.0
+
+
+def test_the_recipe_search_keeps_it_where_it_helps_and_tries_nothing_where_absent(tmp_path: Path):
+    """--recipe auto tries float-decomposed first: on a written-out GELU with a wide input it
+    is kept (measured on the validation part: the features' SQNR); on a model without one
+    it is skipped, said."""
+    from opfuse.quantization.run import quantize_file
+
+    path = tmp_path / "gelu.onnx"
+    onnx.save(gelu_model(features=True), str(path))
+    np.savez(tmp_path / "c.npz", x=np.stack([f["x"] for f in feeds(24, 1, scale=12.0)]))
+    result = quantize_file(path, None, tmp_path / "c.npz", benchmark=False, max_drop="off")
+    names = [r["recipe"] for r in result.recipes]
+    assert names[:2] == ["minmax", "float-decomposed,minmax"]
+    assert result.recipe.startswith("float-decomposed")
+    producers = {n.name: n for n in result.model.graph.node}
+    assert {"act/Mul_2", "act/Tanh", "act/Mul_5"} <= set(producers)  # in the int8 model
+    quantized = {n.input[0] for n in result.model.graph.node if n.op_type == "QuantizeLinear"}
+    # the cube and the Tanh's output stay float (the chain's output is quantized for the
+    # Dense that reads it, as any MatMul input)
+    assert not any(o in quantized for n in ("act/Mul_2", "act/Tanh") for o in producers[n].output)
+    plain = tmp_path / "plain.onnx"
+    inits: dict = {}
+    onnx.save(build(dense("d0", "x", "y", inits, 5), inits), str(plain))
+    result = quantize_file(plain, None, tmp_path / "c.npz", benchmark=False, max_drop="off")
+    assert "float-decomposed" not in " ".join(r["recipe"] for r in result.recipes)
+    assert any(s.startswith("float-decomposed (nothing to change") for s in result.skipped)
