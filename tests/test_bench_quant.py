@@ -110,8 +110,25 @@ def test_probability_map_iou_at_the_detectors_threshold() -> None:
     got = np.array([[0.4, 0.1, 0.8, 0.2]])  # above 0.3: ref {1, 2}, got {0, 2}
     acc = quant.accuracy([ref], [got], classes=False)
     assert acc["map_iou"] == pytest.approx(1 / 3)
-    assert quant.top1_text(acc) == "map IoU 33.3%"
+    assert quant.top1_text(acc).startswith("map IoU 33.3% (regions ")
     assert "map_iou" not in quant.accuracy([ref * 3], [got * 3], classes=False)  # not a map
+
+
+def test_text_regions_keep_what_paddleocrs_box_score_keeps() -> None:
+    """Two regions above 0.3: one with a mean score of 0.9 (kept), one of 0.35 (dropped); a
+    map clipped at 0.3002 (a range calibrated too narrow) passes map IoU, not regions."""
+    ref = np.zeros((1, 1, 8, 8))
+    ref[0, 0, 1:3, 1:3] = 0.9
+    ref[0, 0, 5:7, 5:7] = 0.35
+    kept = quant.text_regions(ref)
+    assert kept[0, 0, 1:3, 1:3].all() and not kept[0, 0, 5:7, 5:7].any()
+    assert kept.sum() == 4
+    clipped = np.minimum(ref, 0.3002)
+    acc = quant.accuracy([ref], [clipped], classes=False)
+    assert acc["map_iou"] == pytest.approx(1.0)  # every pixel above 0.3 still is
+    assert acc["region_iou"] == 0.0  # no region reaches a mean of 0.6
+    same = quant.accuracy([ref], [ref], classes=False)
+    assert same["region_iou"] == 1.0
 
 
 # ------------------------------------------------------------ the models of other kinds

@@ -341,24 +341,34 @@ def test_a_softmax_head_whose_requantization_changes_the_top_class_stays_float(t
     assert head.float_top1 is not None and head.int8_top1 is not None
     assert head.float_top1 > head.int8_top1
     assert "the Softmax head making probs keeps a float output" in result.summary()
+    # the MatMul making the logits keeps int8 inputs; its output and the Softmax's are float
+    assert result.to_json()["heads"][0]["float_sqnr_db"] is not None
     graph = onnx.load(str(tmp_path / "o.onnx")).graph
-    producer = {o: n.op_type for n in graph.node for o in n.output}
-    assert producer["probs"] == "Softmax"  # no QuantizeLinear/DequantizeLinear after it
+    producer = {o: n for n in graph.node for o in n.output}
+    assert producer["probs"].op_type == "Softmax"  # no QuantizeLinear/DequantizeLinear after it
+    logits = producer[producer["probs"].input[0]]
+    assert logits.op_type == "MatMul"  # nor between the logits and the Softmax
+    assert producer[logits.input[0]].op_type == "DequantizeLinear"  # its input stays int8
     [acc] = result.accuracy
     assert acc.top1 is not None and acc.top1 >= 0.8
 
 
 def test_a_head_whose_requantization_keeps_the_top_class_stays_int8(tmp_path):
-    """Two classes far apart: requantizing the probabilities changes no top class."""
+    """Two classes: requantizing the probabilities changes no top class, and the error
+    comes from the input's rounding (every other sample has a logit of 400: a step of 1.6
+    on the input), which a float output does not remove (an SQNR gain below 1 dB)."""
     model = many_classes(tmp_path / "m.onnx", classes=2)
     rng = np.random.default_rng(5)
     x = rng.uniform(0, 1, (16, 1, 2)).astype(np.float32)
     x[:, 0, 0] += 2.0 * (rng.uniform(size=16) > 0.5)
+    x[::2, 0, 1] = 400.0
     np.savez(tmp_path / "c.npz", x=x)
     result = quantize_file(model, tmp_path / "o.onnx", tmp_path / "c.npz", benchmark=False,
                            max_drop="off")  # fmt: skip
     [head] = result.heads
     assert not head.in_float and "stays requantized: the same top class" in head.describe()
+    assert head.float_sqnr_db is not None and head.int8_sqnr_db is not None
+    assert head.float_sqnr_db < head.int8_sqnr_db + 1.0
 
 
 def test_a_softmax_written_out_scores_classes():
@@ -472,6 +482,9 @@ def test_auto_tries_each_change_in_cost_order_and_keeps_the_best(tmp_path, monke
     assert sum(r["kept"] for r in result.recipes) == 1
     kept = next(r for r in result.recipes if r["kept"])
     assert kept["recipe"] == result.recipe and f"kept: {result.recipe}" in result.summary()
+    # 24 samples: 6 held back for evaluation, 18 calibration samples, of which 4 validation
+    # samples choose (enough: no cross-validation)
+    assert all(r["cross_validated"] is None for r in result.recipes)
     monkeypatch.setattr(recipes, "RECIPE_SECONDS", 0.0)
 
     def never(ws):  # type: ignore[no-untyped-def]
@@ -481,6 +494,15 @@ def test_auto_tries_each_change_in_cost_order_and_keeps_the_best(tmp_path, monke
     result = quantize_file(path, None, tmp_path / "c.npz", benchmark=False, max_drop="off")
     assert [r["recipe"] for r in result.recipes] == ["minmax"]
     assert any(s.startswith("cle,minmax (would not end within the 0 s") for s in result.skipped)
+    # the budget in cost units (reproducible, no clock): 2 units try minmax and one change
+    monkeypatch.setattr(recipes, "RECIPE_SECONDS", 1e9)
+    monkeypatch.setattr(recipes, "RECIPE_UNITS", 2.0)
+    result = quantize_file(path, None, tmp_path / "c.npz", benchmark=False, max_drop="off")
+    assert [r["recipe"] for r in result.recipes] == ["minmax", names[1]]
+    assert any(
+        s.startswith("cle,") and "would exceed the recipe budget: 2 of 2 units" in s
+        for s in result.skipped
+    )
 
 
 def test_no_temporary_file_is_named():
@@ -507,9 +529,20 @@ def test_figures_are_better_only_beyond_their_noise():
         return [OutputAccuracy("y", sqnr, 1.0, 0.0, top1, 1.0, rows)]
 
     gate = Gate()
-    # 4 rows of 160 near 95%: within the noise, so the SQNR decides
+    # 4 rows of 160 near 95%: within the noise, a tie (the SQNR of an output that scores
+    # classes does not decide)
     assert not gate.better(fig(0.969, 13.4), fig(0.944, 14.2))
-    assert gate.better(fig(0.944, 14.2), fig(0.969, 13.4))
+    assert not gate.better(fig(0.944, 14.2), fig(0.969, 13.4))
+    assert not gate.better(fig(0.95, 30.0), fig(0.95, 14.0))
+
+    # an output that scores no classes: its SQNR decides
+    def plain(sqnr: float) -> list[OutputAccuracy]:
+        return [OutputAccuracy("map", sqnr, 1.0, 0.0)]
+
+    assert gate.better(plain(8.0), plain(7.0)) and not gate.better(plain(7.0), plain(8.0))
+    assert gate.better(fig(0.95, 14.0) + plain(8.0), fig(0.95, 30.0) + plain(7.0))
+    # an SQNR floor given: every output is judged by its SQNR too
+    assert Gate.parse("top1=99%,sqnr=25").better(fig(0.95, 30.0), fig(0.95, 14.0))
     # the same shares on 1600 rows: a difference
     assert gate.better(fig(0.969, 13.4, 1600), fig(0.944, 14.2, 1600))
     # fewer outputs missing the gate first, whatever else
@@ -517,3 +550,108 @@ def test_figures_are_better_only_beyond_their_noise():
     # equal figures: not better (the cheaper recipe stays)
     assert not gate.better(fig(0.95, 14.0), fig(0.95, 14.0))
     assert not Gate.parse("off").better(fig(0.95, 14.0), fig(0.95, 14.05))
+
+
+def test_keep_float_rule_and_logits_with_another_reader():
+    """keep_float: a higher top-1, or the same with 1 dB more SQNR; float_logits declines a
+    chain whose logits something else also reads (they are not the head's alone)."""
+    import onnxruntime as ort
+
+    from opfuse.quantization import heads
+
+    assert heads.keep_float(0.96, 1.0, 30.0, 20.0)  # the top class decides first
+    assert not heads.keep_float(1.0, 0.96, 20.0, 30.0)
+    assert heads.keep_float(1.0, 1.0, 30.0, 31.0)  # equal: 1 dB more
+    assert not heads.keep_float(1.0, 1.0, 30.0, 30.9)
+    assert not heads.keep_float(None, 1.0, 30.0, 40.0)
+    q = lambda i, o: h.make_node("QuantizeLinear", [i, "s", "z"], [o], name=f"q_{o}")  # noqa: E731
+    dq = lambda i, o: h.make_node("DequantizeLinear", [i, "s", "z"], [o], name=f"dq_{o}")  # noqa: E731
+    nodes = [
+        h.make_node("MatMul", ["x", "w"], ["z0"], name="logits"),
+        q("z0", "zq"),
+        dq("zq", "zd"),
+        h.make_node("Softmax", ["zd"], ["p0"], name="softmax", axis=-1),
+        q("p0", "pq"),
+        dq("pq", "probs"),
+    ]
+    inits = [
+        numpy_helper.from_array(np.eye(4, dtype=np.float32), "w"),
+        numpy_helper.from_array(np.array(0.01, np.float32), "s"),
+        numpy_helper.from_array(np.array(0, np.uint8), "z"),
+    ]
+    out = [h.make_tensor_value_info("probs", T.FLOAT, [1, 4])]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 4])], out, inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    made = heads.float_logits(model, "probs")
+    assert made is not None
+    assert [n.op_type for n in made.graph.node] == ["MatMul", "Softmax"]
+    assert made.graph.node[1].input[0] == "z0" and made.graph.node[1].output[0] == "probs"
+    feeds = {"x": np.array([[0.1, 0.5, 0.2, 0.3]], np.float32)}
+    got = ort.InferenceSession(made.SerializeToString(), providers=["CPUExecutionProvider"])
+    ref = np.exp(feeds["x"]) / np.exp(feeds["x"]).sum()
+    np.testing.assert_allclose(got.run(None, feeds)[0], ref, rtol=1e-6)
+    # through the logits' bias Add (its constant dequantized), a Shape reading the logits
+    nodes = [
+        h.make_node("MatMul", ["x", "w"], ["m0"], name="logits"),
+        q("m0", "mq"),
+        dq("mq", "md"),
+        dq("bias_q", "bd"),  # the quantizer stores a constant quantized
+        h.make_node("Add", ["md", "bd"], ["z0"], name="bias_add"),
+        q("z0", "zq"),
+        dq("zq", "zd"),
+        h.make_node("Shape", ["zd"], ["shape"], name="shape"),
+        h.make_node("Softmax", ["zd"], ["p0"], name="softmax", axis=-1),
+        q("p0", "pq"),
+        dq("pq", "probs"),
+    ]
+    biased = h.make_graph(
+        nodes,
+        "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 4])],
+        [*out, h.make_tensor_value_info("shape", T.INT64, [2])],
+        [*inits, numpy_helper.from_array(np.full(4, 50, np.uint8), "bias_q")],
+    )
+    made = heads.float_logits(h.make_model(biased, opset_imports=[h.make_opsetid("", 17)]), "probs")
+    assert made is not None
+    assert [n.op_type for n in made.graph.node] == [
+        "MatMul", "DequantizeLinear", "Add", "Shape", "Softmax"
+    ]  # fmt: skip
+    # the logits also read elsewhere: not the head's alone
+    model.graph.node.append(h.make_node("Relu", ["z0"], ["other"], name="other"))
+    model.graph.output.append(h.make_tensor_value_info("other", T.FLOAT, [1, 4]))
+    assert heads.float_logits(model, "probs") is None
+
+
+def test_recipes_are_cross_validated_on_two_disjoint_halves():
+    """folds: the calibration samples (validation part included) in two alternate halves,
+    each calibrating a model scored on the other; none below 4 samples."""
+    from opfuse.quantization.recipes import folds
+    from opfuse.quantization.workspace import Workspace
+
+    model = gemm_bias_1xn()
+    samples = feeds(10)
+    calib, valid = samples[:8], samples[8:]  # 2 validation samples: cross-validated
+    halves = folds(Workspace("m", model, model, calib, valid))
+    assert halves is not None
+    a, b = halves
+    assert a.calib is b.valid and b.calib is a.valid
+    assert len(a.calib) + len(b.calib) == 10
+    assert not {id(s) for s in a.calib} & {id(s) for s in b.calib}
+    assert len(a.valid_reference) == len(a.valid) and a.cache is not b.cache
+    # 3 validation samples or more: they choose
+    assert folds(Workspace("m", model, model, samples[:7], samples[7:])) is None
+    same = feeds(3)
+    assert folds(Workspace("m", model, model, same, same)) is None  # 3 samples
+    four = feeds(4)  # not apart (fewer than 8): the same list is both parts
+    halves = folds(Workspace("m", model, model, four, four))
+    assert halves is not None and [len(w.calib) for w in halves] == [2, 2]
+
+
+def test_a_small_calibration_set_is_cross_validated(tmp_path):
+    """10 samples, 2 held back for evaluation: 8 calibration samples leave a validation
+    part of 2, so the recipes are cross-validated over the 8."""
+    path = tmp_path / "m.onnx"
+    onnx.save(gemm_bias_1xn(), str(path))
+    np.savez(tmp_path / "c.npz", x=np.concatenate([f["x"] for f in feeds(10)]))
+    result = quantize_file(path, None, tmp_path / "c.npz", benchmark=False, max_drop="off")
+    assert result.recipes and all(r["cross_validated"] == 8 for r in result.recipes)

@@ -198,6 +198,31 @@ def test_a_softmax_keeps_onnxruntimes_fixed_range(method: str, tmp_path: Path) -
         assert got == activation_qparams(quantize(model, calib, tmp_path))
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_a_sigmoid_map_keeps_its_global_extremes(method: str) -> None:
+    """A score map (Sigmoid) whose maximum is near 0 on most samples and 1 on a few (a text
+    detector on images without and with text): every method keeps the global [min, max]
+    (mean-minmax would give 0.3: every text pixel saturated there), while the Conv's output
+    before it still gets the method's own range."""
+    model = conv_net(head=False)
+    model.graph.node.append(h.make_node("Sigmoid", ["c2"], ["score"], name="sigmoid"))
+    model.graph.output[0].name = "score"
+    calib = normal_samples(10, 3)
+    for k, sample in enumerate(calib):  # 3 of 10 with a large signal, 7 nearly empty
+        sample["x"] = sample["x"] * (4.0 if k in (3, 7, 9) else 0.01) - (0 if k in (3, 7, 9) else 3)
+    tensors = quantized_activations(model)
+    computed = activation_ranges(model, calib, tensors, method)
+    values = [v["score"] for v in tensor_values(model, ["score", "c2"], calib)]
+    assert computed["score"] == (
+        min(float(v.min()) for v in values),
+        max(float(v.max()) for v in values),
+    )
+    if method == "mean-minmax":  # must not fire on what is not bounded
+        c2 = [v["c2"] for v in tensor_values(model, ["c2"], calib)]
+        assert computed["c2"][1] == pytest.approx(float(np.mean([v.max() for v in c2])), rel=1e-6)
+        assert computed["c2"][1] < max(float(v.max()) for v in c2)
+
+
 def test_ranges_of_graph_inputs_and_unknown_tensors() -> None:
     model = conv_net()
     calib = normal_samples(2, 4)

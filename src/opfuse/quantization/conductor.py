@@ -282,12 +282,14 @@ def _quantize(
     head_choices: list[heads.HeadChoice] = []
     float_heads: list[str] = []
     for out_name, op_type in heads.requantized_heads(model, ws.scoring).items():
-        candidate = heads.float_head(model, out_name)
+        candidate = heads.float_output(model, out_name)
         figures = ws.score(candidate)
-        before = next(a.top1 for a in valid_figures if a.name == out_name)
-        after = next(a.top1 for a in figures if a.name == out_name)
-        keep = after is not None and before is not None and after > before
-        head_choices.append(heads.HeadChoice(out_name, op_type, before, after, keep))
+        was = next(a for a in valid_figures if a.name == out_name)
+        now = next(a for a in figures if a.name == out_name)
+        keep = heads.keep_float(was.top1, now.top1, was.sqnr_db, now.sqnr_db)
+        head_choices.append(
+            heads.HeadChoice(out_name, op_type, was.top1, now.top1, keep, was.sqnr_db, now.sqnr_db)
+        )
         ws.say(head_choices[-1].describe())
         if keep:
             float_heads.append(out_name)

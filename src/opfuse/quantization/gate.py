@@ -92,7 +92,9 @@ class Gate:
         tries are compared): fewer outputs missing the gate (the default gate's when this
         one is off); else a higher lowest top-1 agreement when the difference exceeds twice
         its standard error on the rows counted (on 160 rows near 95%, 3.4 points: a few
-        rows more or less is not a difference); else a higher lowest SQNR (by 0.1 dB)."""
+        rows more or less is not a difference); else a higher lowest SQNR (by 0.1 dB) of
+        the outputs the gate judges by it: those that score no classes, every output when
+        the gate has an SQNR floor (``sqnr=DB``); none of them: a tie."""
         judge = Gate() if self.off else self
         misses_a, misses_b = len(judge.misses(a)), len(judge.misses(b))
         if misses_a != misses_b:
@@ -108,9 +110,18 @@ class Gate:
             noise = 2 * math.sqrt(max(p * (1 - p), 0.25 / max(rows, 1)) / rows) if rows else 0.0
             if abs(pa - pb) > noise:
                 return pa > pb
-        sqnr_a = min((o.sqnr_db for o in a), default=0.0)
-        sqnr_b = min((o.sqnr_db for o in b), default=0.0)
-        return sqnr_a > sqnr_b + 0.1
+        # the SQNR of the outputs the gate judges by it (those that score no classes): on
+        # an output that scores classes, top-1 within its noise is a tie, not a contest of
+        # SQNR (on PP-OCRv4's recognizer the SQNR of 4 validation windows rose step by step,
+        # 13.2 -> 16.6 dB, through minmax,bias-correction, mse and cle, while the
+        # evaluation text's fell 15.6 -> 10.9 dB and its top-1 98.1% -> 95.0%)
+        # (with an SQNR floor given, ``sqnr=DB``, every output is judged by it)
+        by_sqnr = judge.sqnr_db is not None
+        plain_a = [o.sqnr_db for o in a if by_sqnr or o.top1 is None]
+        plain_b = [o.sqnr_db for o in b if by_sqnr or o.top1 is None]
+        if not plain_a or not plain_b:
+            return False
+        return min(plain_a) > min(plain_b) + 0.1
 
     def describe(self) -> str:
         if self.off:

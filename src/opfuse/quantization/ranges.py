@@ -27,6 +27,13 @@ A Softmax's output keeps the [0, 1] onnxruntime's quantizer gives it, whatever t
 (on PP-OCRv4's recognizer a percentile or least-error range clips the attention's peaks:
 the held-out SQNR fell from 15.4 to 12 dB). Always rmin <= 0 <= rmax (as onnxruntime's
 quantizer needs).
+
+A bounded activation's output (Sigmoid, HardSigmoid, Tanh) keeps its global extremes
+whatever the method: it has no outliers to clip, and a narrower range saturates the
+decisions made on it. On PP-OCRv4's detector, 7 of 10 calibration images hold no text
+(the score map's maximum about 0) and 3 do (1.0): the mean of the per-sample maxima put
+the score map's range at [0, 0.300], every text pixel then read 0.3 (PaddleOCR keeps a
+box whose mean score is 0.6 or more: none would be kept).
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ QRANGES = {"uint8": (0, 255), "int8": (-128, 127)}  # asymmetric activations, as
 # outputs whose range onnxruntime's quantizer fixes (base_quantizer.adjust_tensor_ranges):
 # kept whatever the method (a percentile or least-error range would clip attention peaks)
 FIXED_RANGES = {"Softmax": (0.0, 1.0)}
+BOUNDED = frozenset({"Sigmoid", "HardSigmoid", "Tanh"})  # their global extremes, any method
 
 
 class _Histogram:
@@ -319,7 +327,7 @@ def activation_ranges(
 ) -> dict[str, tuple[float, float]]:
     """Per tensor, (rmin, rmax) by ``method`` (one of METHODS) over ``samples``, streamed
     one sample at a time; a tensor no sample gives a value to gets (0.0, 0.0); a Softmax's
-    output (0.0, 1.0)."""
+    output (0.0, 1.0); a Sigmoid's, HardSigmoid's or Tanh's its global min and max."""
     if method not in METHODS:
         raise OpfuseError(f"range method {method!r}: one of {', '.join(METHODS)}")
     if activation_type not in QRANGES:
@@ -340,7 +348,7 @@ def activation_ranges(
         if name in fixed:
             out[name] = FIXED_RANGES[producer[name]]
     for name, st in stats.items():
-        if method == "minmax":
+        if method == "minmax" or producer.get(name) in BOUNDED:
             out[name] = st.minmax()
         elif method == "mean-minmax":
             out[name] = st.mean_minmax()

@@ -4,7 +4,8 @@ way NNCF composes its algorithms in ``post_training/pipeline.py``):
 - ``float`` steps change the float model before quantization and are verified against
   the fused float model within the verifier's bound (a step that fails it is dropped and
   said): ``cle`` (equalize.py: cross-layer equalization, without its inexact bias absorption),
-  ``smoothquant`` (smooth.py);
+  ``smoothquant`` (smooth.py); ``float-decomposed`` (activations.py) changes no float
+  op: it keeps a written-out GELU's and LayerNorm statistics' nodes out of quantization;
 - ``ranges`` steps choose the activation ranges (ranges.py), given to onnxruntime's
   quantizer as per-tensor overrides: ``minmax`` (onnxruntime's own MinMax calibration:
   the global extremes), ``mean-minmax``, ``percentile``, ``mse``;
@@ -26,6 +27,7 @@ import onnx
 
 from opfuse.errors import OpfuseError, first_line
 from opfuse.quantization import flow, ranges
+from opfuse.quantization.activations import float_decomposed
 from opfuse.quantization.bias_correction import correct_bias
 from opfuse.quantization.equalize import equalizable_pairs, equalize
 from opfuse.quantization.names import RECIPE_HELP
@@ -164,6 +166,27 @@ class FloatChange:
         return StepReport(self.name, count, f"{count} {self.what}")
 
 
+class FloatDecomposed:
+    """Written-out GELUs and LayerNorm statistics kept out of quantization (activations.py):
+    their nodes join the workspace's float nodes; the float model is unchanged."""
+
+    phase = "float"
+    name = "float-decomposed"
+
+    def applies(self, ws: Workspace) -> bool:
+        return bool(float_decomposed(ws.float_model))
+
+    def reason(self, ws: Workspace) -> str:
+        return "nothing to change: no written-out GELU or LayerNorm statistics"
+
+    def run(self, ws: Workspace) -> StepReport:
+        names = [n for n in float_decomposed(ws.float_model) if n not in ws.exclude]
+        ws.exclude.extend(names)
+        return StepReport(
+            self.name, len(names), f"{len(names)} nodes of written-out GELUs/LayerNorms in float"
+        )
+
+
 class BiasCorrection:
     """The mean output shift each quantized layer adds, folded into its bias."""
 
@@ -190,6 +213,7 @@ STEPS: dict[str, Step] = {
     "mse": Ranges("mse"),
     "cle": FloatChange("cle", equalize, "layer pairs equalized", equalizable_pairs),
     "smoothquant": FloatChange("smoothquant", smooth, "layers smoothed", smoothable),
+    "float-decomposed": FloatDecomposed(),
     "bias-correction": BiasCorrection(full=False),
     "bias-correction-full": BiasCorrection(full=True),
 }
