@@ -200,7 +200,7 @@ def test_the_recipe_search_keeps_it_where_it_helps_and_tries_nothing_where_absen
     """--recipe auto tries float-decomposed first: on a written-out GELU with a wide input it
     is kept (measured on the validation part: the features' SQNR); on a model without one
     it is skipped, said."""
-    from opfuse.quantization.run import quantize_file
+    from opfuse.quantization.conductor import quantize_file
 
     path = tmp_path / "gelu.onnx"
     onnx.save(gelu_model(features=True), str(path))
