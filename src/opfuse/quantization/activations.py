@@ -41,13 +41,7 @@ def decomposed_activations(model: onnx.ModelProto) -> list[list[str]]:
     one tensor ``x`` and multiplied by ``x`` again after it), in graph order; a node
     without a name is not reported (``--exclude`` takes names)."""
     graph = model.graph
-    constants = {t.name for t in graph.initializer}
-    constants |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
-    producer = {o: n for n in graph.node for o in n.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in graph.node:
-        for name in n.input:
-            readers.setdefault(name, []).append(n)
+    constants, producer, readers = _wiring(graph)
     outputs = {o.name for o in graph.output}
     found: list[list[str]] = []
     for core in graph.node:
@@ -136,13 +130,7 @@ def normalization_statistics(model: onnx.ModelProto) -> list[list[str]]:
     ReduceMean of a tensor or of its square) with the ops that apply it (Reciprocal, Mul,
     Div reading it, ``APPLY_STEPS`` steps at most), in graph order."""
     graph = model.graph
-    constants = {t.name for t in graph.initializer}
-    constants |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
-    producer = {o: n for n in graph.node for o in n.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in graph.node:
-        for name in n.input:
-            readers.setdefault(name, []).append(n)
+    constants, producer, readers = _wiring(graph)
     order = {id(n): i for i, n in enumerate(graph.node)}
     taken: set[int] = set()
     found: list[list[str]] = []
@@ -220,3 +208,17 @@ def float_decomposed(model: onnx.ModelProto) -> list[str]:
     names = {n for group in decomposed_activations(model) for n in group}
     names |= {n for group in normalization_statistics(model) for n in group}
     return [n.name for n in model.graph.node if n.name in names]
+
+
+def _wiring(
+    graph: onnx.GraphProto,
+) -> tuple[set[str], dict[str, onnx.NodeProto], dict[str, list[onnx.NodeProto]]]:
+    """The graph's constant names, each value's producer and each value's readers."""
+    constants = {t.name for t in graph.initializer}
+    constants |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for name in n.input:
+            readers.setdefault(name, []).append(n)
+    return constants, producer, readers

@@ -143,17 +143,25 @@ def build(
     return made
 
 
-def scored(base: Workspace, steps: tuple[str, ...]) -> Built:
-    """``build`` and score on the validation part; a step that raises (not a failure of
-    onnxruntime's quantizer on the model, which is exit 3) makes a failed recipe."""
+def _built_or_failed(ws: Workspace, base: Workspace, steps: tuple[str, ...]) -> Built:
+    """``steps`` built on ``ws``; a step that raises (not a failure of onnxruntime's
+    quantizer on the model, which is exit 3) makes a failed recipe, said on ``base``."""
     try:
-        made = build(base, steps)
+        return build(ws, steps)
     except QuantizeInternalError:
         raise
     except (OpfuseError, ValueError, RuntimeError, KeyError, IndexError) as exc:
         failed = Built(steps, base.fork(), error=first_line(exc))
         base.say(f"recipe {failed.name}: failed ({failed.error})")
         return failed
+
+
+def scored(base: Workspace, steps: tuple[str, ...]) -> Built:
+    """``build`` and score on the validation part; a step that raises (not a failure of
+    onnxruntime's quantizer on the model, which is exit 3) makes a failed recipe."""
+    made = _built_or_failed(base, base, steps)
+    if made.error:
+        return made
     assert made.model is not None
     made.accuracy = base.score(made.model)
     base.say(f"recipe {made.line()} on {len(base.valid)} validation samples ({made.seconds:.1f} s)")
@@ -203,14 +211,9 @@ def cross_validated(base: Workspace, halves: list[Workspace], steps: tuple[str, 
     reference: list[list[np.ndarray]] = []
     reports: list[StepReport] = []
     for ws in halves:
-        try:
-            made = build(ws, steps)
-        except QuantizeInternalError:
-            raise
-        except (OpfuseError, ValueError, RuntimeError, KeyError, IndexError) as exc:
-            failed = Built(steps, base.fork(), error=first_line(exc))
-            base.say(f"recipe {failed.name}: failed ({failed.error})")
-            return failed
+        made = _built_or_failed(ws, base, steps)
+        if made.error:
+            return made
         assert made.model is not None
         reports = reports or made.reports
         got += run_model(made.model, ws.valid, base.name, internal=True)
