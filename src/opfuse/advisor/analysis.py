@@ -119,7 +119,7 @@ class Analysis:
             s = self.graph.shapes.get(t)
             if s is None or any(d is None for d in s):
                 return []
-            shapes.append([int(d) for d in s])  # type: ignore[arg-type]
+            shapes.append([d for d in s if d is not None])  # all known: checked above
         return shapes
 
     def batch(self, index: int) -> int:

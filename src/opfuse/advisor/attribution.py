@@ -232,10 +232,11 @@ class Resolver:
         the layout reorder(s) that made it."""
         for _ in range(MAX_WALK):
             known = _known(g, tensor)
-            made_by = self.runtime.producer.get(tensor) if self.runtime is not None else None
-            if known is not None or made_by is None:
+            runtime = self.runtime
+            made_by = runtime.producer.get(tensor) if runtime is not None else None
+            if known is not None or runtime is None or made_by is None:
                 return known
-            rnode = self.runtime.nodes[made_by]  # type: ignore[union-attr]
+            rnode = runtime.nodes[made_by]
             if rnode.op_type not in LAYOUT_OPS or not rnode.inputs:
                 return None
             tensor = rnode.inputs[0]

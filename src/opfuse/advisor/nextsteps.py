@@ -202,7 +202,7 @@ def dominant(
     guide = {**GUIDE, **GUIDE_QUANTIZED} if quantized else GUIDE
     rows: list[dict[str, object]] = []
     for s in op_statistic:
-        share = float(s["share"])  # type: ignore[arg-type]
+        share = float(str(s["share"]))
         if share < DOMINANT_SHARE and rows:
             break
         op = str(s["op_type"])

@@ -249,7 +249,7 @@ def l2_section(a: Analysis, groups: list[Group]) -> list[L2Chain]:
                 outs = rec.output_shapes if rec is not None else []
                 if not outs and node.outputs:
                     s = a.graph.shapes.get(node.outputs[0])
-                    outs = [[int(d) for d in s]] if s and None not in s else []  # type: ignore[arg-type]
+                    outs = [[d for d in s if d is not None]] if s and None not in s else []
                 ratios = estimate_ratios(
                     node.op_type,
                     a.in_shapes(m),
