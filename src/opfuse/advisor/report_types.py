@@ -471,6 +471,13 @@ class AdviceReport(Mapping[str, object]):
     hints: list[HintRow]
     graph_fusion: list[PassRow]
 
+    def summary(self, top: int = 10) -> str:
+        """The text report ``opfuse advise`` prints (``top`` entries per list), plain."""
+        from opfuse.advisor.render import render_text
+        from opfuse.advisor.report import plain_text
+
+        return plain_text(lambda console: render_text(self, console, top))
+
     def to_json(self) -> Json:
         return {
             "schema": self.schema,

@@ -237,6 +237,20 @@ class VerifyReport:
             for o in bad
         )
 
+    def summary(self) -> str:
+        """The verdict with the tolerances and inputs, then one line per output (its errors,
+        the bound applied, the share of it used); ``failure()`` is the failing outputs only."""
+        from opfuse.verification.messages import inputs_text, output_line
+
+        verdict = "passed" if self.ok else "FAILED"
+        lines = [
+            f"verification {verdict}: rtol {self.rtol:g}, atol {self.atol:g}; "
+            f"inputs {inputs_text(self)}"
+        ]
+        lines += [output_line(o, self.rtol) for o in self.outputs]
+        lines += [f"warning: {w}" for w in self.input_warnings]
+        return "\n".join(lines)
+
     def to_json(self) -> dict[str, object]:
         return {
             "ok": self.ok,
