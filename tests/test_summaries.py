@@ -51,7 +51,7 @@ def test_verify_report_summary_says_pass_or_fail_per_output(tmp_path):
     assert bad.failure() == "output 'probs' differs by 0.5 (relative 0.25)"  # kept as it was
 
 
-def test_profile_and_advice_reports_summary_are_the_commands_text():
+def test_profile_report_summary_is_the_commands_text_and_advice_says_the_gist():
     settings = opfuse.ProfileSettings(runs=1, warmup=0)
     report = opfuse.profile(EXAMPLE, settings, top=2)
     text = report.summary("convnet.onnx")
@@ -60,9 +60,11 @@ def test_profile_and_advice_reports_summary_are_the_commands_text():
     assert "\x1b[" not in text  # plain, no colour
     options = opfuse.AdviseOptions(runs=1, warmup=0, compare_onnxruntime=False, next_steps=False)
     advice = opfuse.advise(EXAMPLE, options=options)
-    text = advice.summary()
-    assert isinstance(text, str) and "\x1b[" not in text
-    assert advice.op_statistic and advice.op_statistic[0].op_type in text
+    lines = advice.summary().splitlines()
+    assert lines[0].startswith(f"{EXAMPLE}: {advice.graph.nodes_analysed} nodes; ")
+    first = advice.op_statistic[0]
+    assert lines[1].startswith(f"slowest op types: {first.op_type} {first.share:.0%}")
+    assert not any(line.startswith("next step:") for line in lines)  # no trial asked
 
 
 def test_batch_run_summary_is_the_totals_text(tmp_path):
