@@ -418,11 +418,9 @@ def tune(
     """Search for the fastest verified variant of the model file ``model`` on the runtime
     (``opfuse tune``) and write it to ``output``, with the fusion switch file that rebuilds
     it (``switch_file_out``, default ``OUTPUT.fusion_switch.cfg``) and, if asked, the
-    report of every trial as JSON.
-
-    Returns the ``TuneResult``: ``result.best`` (the variant written), ``result.ratio``
-    (its latency over the original's, measured), ``result.trials``, and
-    ``result.command``, the ``opfuse optimize`` command line that rebuilds the output.
+    report of every trial as JSON. Returns the ``TuneResult``: ``result.best`` (the variant
+    written), ``result.ratio`` (its latency over the original's, measured), ``trials``,
+    ``command`` (the ``opfuse optimize`` line that rebuilds the output), ``summary()``.
 
     ``settings`` (a ``TuneSettings``) or its keywords (``budget``, ``rtol``, ``atol``,
     ``input_shape``, ``verify_inputs``, ``static_shapes``, ``layout``,
@@ -440,8 +438,7 @@ def tune(
     the ``runtimes``); ``OUTPUT.session.json`` (``result.session_file``) records the graph
     and session settings, for ``InferenceSession(output or the original,
     session_file=...)``; each choice's measured ratio is in ``result.session``.
-    ``progress`` is called with the name of each trial as it starts. The steps:
-    ``opfuse.tuning.conductor``."""
+    ``progress`` is told each trial's name as it starts (steps: ``opfuse.tuning.conductor``)."""
     return conductor.tune_file(
         model,
         conductor.TuneOutputs.beside(output, switch_file_out, report),

@@ -22,7 +22,13 @@ from opfuse.advisor.profile_readers import (
     run_onnxruntime,
     top_nodes,
 )
-from opfuse.advisor.report import CAPTION, ORIGINAL, nodes_text, op_statistic_table
+from opfuse.advisor.report import (
+    CAPTION,
+    ORIGINAL,
+    nodes_text,
+    op_statistic_table,
+    plain_text,
+)
 from opfuse.advisor.settings import ProfileSettings
 from opfuse.model.io import check_output_path, load_model, read_model, read_proto
 
@@ -42,6 +48,12 @@ class ProfileReport:
     op_statistic: list[OpStat]
     slow: list[OpRecord]
     originals: dict[str, list[str]]
+
+    def summary(self, model: str = "model") -> str:
+        """The text ``opfuse profile`` prints (``model``: the name its first line gives),
+        plain."""
+        provider = self.profile.provider or "CPUExecutionProvider"
+        return plain_text(lambda console: render_profile(self, console, model, provider))
 
     def to_json(self) -> dict[str, object]:
         p = self.profile

@@ -5,8 +5,9 @@ their HTML twins in render.py's table), and the wording both formats share."""
 
 from __future__ import annotations
 
+import io
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -25,6 +26,20 @@ from opfuse.advisor.report_types import (
     TopNode,
     UBGroup,
 )
+
+# the width of a report's plain text (``summary()``): the CLI's width off a terminal
+PLAIN_WIDTH = 100
+
+
+def plain_text(draw: Callable[[Console], None], width: int = PLAIN_WIDTH) -> str:
+    """What ``draw`` prints on a console, as plain text ``width`` wide (no colour, no
+    trailing blanks)."""
+    console = Console(
+        file=io.StringIO(), record=True, width=width, color_system=None, highlight=False
+    )
+    draw(console)
+    return "\n".join(line.rstrip() for line in console.export_text().splitlines())
+
 
 # what a section says when it has nothing (text and HTML)
 EMPTY = {

@@ -471,6 +471,27 @@ class AdviceReport(Mapping[str, object]):
     hints: list[HintRow]
     graph_fusion: list[PassRow]
 
+    def summary(self, top: int = 3) -> str:
+        """A few lines: the model and its profile, the ``top`` slowest op types, what the
+        report found, the next step measured to help. The whole text report is
+        ``opfuse.advisor.render.render_text`` (what ``opfuse advise`` prints)."""
+        p = self.profile
+        lines = [
+            f"{self.model or self.graph.analysed}: {self.graph.nodes_analysed} nodes; "
+            f"{p.total_us:.1f} us per run ({p.source}, {p.runs} runs); target {self.target.name}"
+        ]
+        slow = ", ".join(f"{s.op_type} {s.share:.0%}" for s in self.op_statistic[:top])
+        lines.append(f"slowest op types: {slow or 'none'}")
+        if self.ascend_sections:
+            lines.append(
+                f"{len(self.ub_fusion)} UB fusion groups, {len(self.aipp_fusion)} AIPP chains, "
+                f"{len(self.l2_fusion)} L2 chains, {len(self.hints)} operator hints"
+            )
+        helps = [c for c in self.next_steps.commands if c.helps]
+        if helps:
+            lines.append(f"next step: {helps[0].command}")
+        return "\n".join(lines)
+
     def to_json(self) -> Json:
         return {
             "schema": self.schema,

@@ -48,7 +48,8 @@ class BatchRun:
         skipped = {id(r) for r in self.skipped}
         return [r for r in self.records if id(r) not in skipped]
 
-    def summary(self) -> dict[str, Any]:
+    def totals(self) -> dict[str, Any]:
+        """The counts (the ``summary`` of ``opfuse batch --format json``)."""
         ran = self.ran
         return {
             "outdir": str(self.outdir),
@@ -63,6 +64,26 @@ class BatchRun:
             "seconds": round(self.seconds, 3),
             "models_per_minute": round(60 * len(ran) / self.seconds, 2) if self.seconds else None,
         }
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``opfuse batch --format json`` prints: the totals and every record."""
+        return {"summary": self.totals(), "records": self.records}
+
+    def summary(self) -> str:
+        """The totals as the lines ``opfuse batch`` prints below its table."""
+        s = self.totals()
+        ran = ", ".join(f"{n} {status}" for status, n in s["ran_status"].items() if n)
+        now = ", ".join(f"{n} {status}" for status, n in s["status"].items() if n)
+        lines = [
+            f"{s['ran']} run ({ran or 'none'}) and {s['skipped']} skipped in {s['seconds']:.1f} s; "
+            f"all {s['models']} models: {now or 'none'}",
+            f"results in {self.outdir / 'results.jsonl'}, summary in {self.outdir / 'summary.html'}",
+        ]
+        if s["interrupted"]:
+            lines.append(
+                f"interrupted: {s['not_run']} models not run; run the same command to resume"
+            )
+        return "\n".join(lines)
 
 
 @contextlib.contextmanager
@@ -141,7 +162,7 @@ def run_batch(
     run.interrupted = stop.is_set()
     run.seconds = time.perf_counter() - start
     run.records = [by_model[job.model] for job in jobs if job.model in by_model]
-    write_summary_html(out, run.records, run.summary())
+    write_summary_html(out, run.records, run.totals())
     return run
 
 

@@ -98,8 +98,7 @@ class BarProgress(BatchProgress):
 
 
 def print_summary(run: BatchRun, console: Console) -> None:
-    s = run.summary()
-    table = Table(title=f"{run.outdir} ({s['engine']})", title_justify="left")
+    table = Table(title=f"{run.outdir} ({run.engine})", title_justify="left")
     for col in ("model", "status", "nodes", "seconds", "error"):
         # within the console's width: the model and its error fold, never cut short
         table.add_column(col, overflow="fold", no_wrap=col in ("status", "nodes", "seconds"))
@@ -113,22 +112,8 @@ def print_summary(run: BatchRun, console: Console) -> None:
         table.add_row(r["relpath"], r["status"], nodes, seconds, error)
     if run.ran:
         console.print(table)
-    ran = ", ".join(f"{n} {status}" for status, n in s["ran_status"].items() if n)
-    now = ", ".join(f"{n} {status}" for status, n in s["status"].items() if n)
-    console.print(
-        f"{s['ran']} run ({ran or 'none'}) and {s['skipped']} skipped in {s['seconds']:.1f} s; "
-        f"all {s['models']} models: {now or 'none'}",
-        markup=False,
-    )
-    console.print(
-        f"results in {run.outdir / 'results.jsonl'}, summary in {run.outdir / 'summary.html'}",
-        markup=False,
-    )
-    if s["interrupted"]:
-        console.print(
-            f"interrupted: {s['not_run']} models not run; run the same command to resume",
-            markup=False,
-        )
+    for line in run.summary().splitlines():
+        console.print(line, markup=False)
 
 
 @click.command()
@@ -241,7 +226,7 @@ def batch(
             records = exc.records
     run = records.run
     if fmt == "json":
-        click.echo(summary_json(run.records, run.summary()), nl=False)
+        click.echo(summary_json(run.records, run.totals()), nl=False)
     else:
         print_summary(run, out)
     if run.interrupted:

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from opfuse.cli.console import err, out
-from opfuse.cli.options import PathArg, runtime_options, settings_from
+from opfuse.cli.options import PathArg, runtime_options, settings_from, switch_options
 from opfuse.errors import EXIT_STATUSES, GateError
 from opfuse.quantization.names import FALLBACK_SECONDS, KEYS_HELP, RECIPE_HELP
 
@@ -79,9 +79,14 @@ from opfuse.quantization.names import FALLBACK_SECONDS, KEYS_HELP, RECIPE_HELP
     show_default=True,
     help="The activations' integer type (the weights are int8).",
 )
-@click.option("--fusion-switch-file", type=PathArg, help="CANN-format switch file for the fusions.")
-@click.option("--enable", multiple=True, help="Turn a fusion pass on (repeatable).")
-@click.option("--disable", multiple=True, help="Turn a fusion pass off (repeatable).")
+@switch_options.only(
+    "fusion_switch_file",
+    "enable",
+    "disable",
+    fusion_switch_file="CANN-format switch file for the fusions.",
+    enable="Turn a fusion pass on (repeatable).",
+    disable="Turn a fusion pass off (repeatable).",
+)
 @click.option("--report", type=PathArg, help="Write the figures as JSON here.")
 @click.option(
     "--format",
@@ -139,9 +144,6 @@ def quantize(
     for name in disable:
         command += ["--disable", name]
 
-    def progress(line: str) -> None:
-        err.print(f"opfuse: {line}", markup=False, soft_wrap=True)
-
     try:
         result = api.quantize(
             model,
@@ -165,7 +167,7 @@ def quantize(
             recipe=recipe,
             fallback_seconds=fallback_seconds,
             target_opset=target_opset,
-            progress=progress,
+            progress=_progress,
             _command=command,
         )
     except GateError as exc:
@@ -173,6 +175,10 @@ def quantize(
             _show(exc.report, model, output, fmt)
         raise
     _show(result, model, output, fmt)
+
+
+def _progress(line: str) -> None:
+    err.print(f"opfuse: {line}", markup=False, soft_wrap=True)
 
 
 def _show(result: object, model: Path, output: Path, fmt: str) -> None:

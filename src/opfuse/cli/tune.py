@@ -17,7 +17,14 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from opfuse.cli.console import console, err
-from opfuse.cli.options import F, PathArg, names, runtime_options, settings_from
+from opfuse.cli.options import (
+    F,
+    PathArg,
+    names,
+    runtime_options,
+    settings_from,
+    verifier_options,
+)
 from opfuse.tuning.measure import pct
 
 if TYPE_CHECKING:
@@ -43,10 +50,15 @@ _OUTPUT_OPTIONS = [
     ),
 ]
 _SEARCH_OPTIONS = [
-    click.option("--rtol", default=1e-4, show_default=True, help="Relative tolerance."),
-    click.option("--atol", default=1e-5, show_default=True, help="Absolute tolerance (scaled)."),
-    click.option("--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224."),
-    click.option("--verify-inputs", type=PathArg, help=".npz of inputs (verification and timing)."),
+    verifier_options.only(
+        "rtol",
+        "atol",
+        "input_shape",
+        "verify_inputs",
+        atol="Absolute tolerance (scaled).",
+        input_shape="Dims for dynamic inputs: NAME:1,3,224,224.",
+        verify_inputs=".npz of inputs (verification and timing).",
+    ),
     click.option(
         "--static-shapes",
         is_flag=True,

@@ -164,6 +164,8 @@ class QuantizeResult:
         }
 
     def lines(self) -> list[str]:
+        """``summary()`` line by line (the command prints those starting ``warning:`` on
+        stderr)."""
         valid = (
             f"calibrating on {self.calibration_samples - self.validation_samples} of them "
             f"and validating on the other {self.validation_samples}"

@@ -115,6 +115,28 @@ class TuneResult:
         """The written model's latency over the original's (1.0 for the original)."""
         return 1.0 if self.final is None or self.best.original else self.final.ratio(BEST)
 
+    def summary(self) -> str:
+        """A few lines: the variant written, its latency over the original's with the
+        noise, what changed, the command that rebuilds it (``opfuse tune`` prints these
+        below its table of trials)."""
+        if self.final is not None:
+            lines = [f"best variant: {self.searched.label}: {self.final.line(BEST)}"]
+        else:
+            lines = [f"best variant: {self.best.label} (not measured) on {self.runtime}"]
+        if self.best.original:
+            lines.append("nothing beat the original beyond the noise: the output is the original")
+        elif not self.beat_original:
+            lines.append("nothing beat the original beyond the noise: the output is the fastest")
+        if self.interface_changed:
+            lines.append("interface changed: " + "; ".join(self.interface_changed))
+        if self.session is not None:
+            lines.append(f"session: {self.session.best.label} ({self.session.ratio:.2f}x)")
+        if self.switch_file is not None:
+            lines.append(f"switch file: {self.switch_file}")
+        if self.command:
+            lines.append(f"rebuild: {self.command}")
+        return "\n".join(lines)
+
     def to_json(self) -> dict[str, object]:
         return {
             "runtime": self.runtime,

@@ -237,6 +237,18 @@ class VerifyReport:
             for o in bad
         )
 
+    def summary(self) -> str:
+        """The verdict with the tolerances and inputs, then one line per output (its errors,
+        the bound applied, the share of it used); ``failure()`` is the failing outputs only."""
+        verdict = "passed" if self.ok else "FAILED"
+        lines = [
+            f"verification {verdict}: rtol {self.rtol:g}, atol {self.atol:g}; "
+            f"inputs {inputs_text(self)}"
+        ]
+        lines += [output_line(o, self.rtol) for o in self.outputs]
+        lines += [f"warning: {w}" for w in self.input_warnings]
+        return "\n".join(lines)
+
     def to_json(self) -> dict[str, object]:
         return {
             "ok": self.ok,
@@ -248,6 +260,41 @@ class VerifyReport:
             "inputs": self.inputs,
             "input_warnings": self.input_warnings,
         }
+
+
+def share(o: OutputDiff) -> str:
+    """How much of its bound the worst element used: ``23%``."""
+    if not o.ok and o.detail:
+        return "-"
+    if o.used >= 10:
+        return f"{o.used:.0f}x"
+    return f"{o.used:.1%}" if o.used < 0.1 else f"{o.used:.0%}"
+
+
+def bound_text(o: OutputDiff, rtol: float) -> str:
+    """The bound applied to every element: ``1e-05 + 1e-04*|ref|`` (atol already scaled)."""
+    if o.detail and not o.abs_bound:
+        return "exact" if "exact dtype" in o.detail else "-"
+    return f"{o.abs_bound:.3g} + {rtol:.3g}*|ref|"
+
+
+def output_line(o: OutputDiff, rtol: float) -> str:
+    if o.detail and not o.abs_bound:
+        return f"output {o.name!r} {o.detail}"
+    verdict = "ok" if o.ok else "DIFFERS"
+    if o.ok and o.detail:  # passed the float64 judge (opfuse.verification.tolerance)
+        verdict = f"ok, {o.detail}"
+    return (
+        f"output {o.name!r}: max abs error {o.max_abs:.3g} (relative {o.max_rel:.3g}); "
+        f"bound {bound_text(o, rtol)}; worst element at {share(o)} of its bound: {verdict}"
+    )
+
+
+def inputs_text(report: VerifyReport) -> str:
+    """``x[1,3,224,224] (seed 0)``: what both models ran on."""
+    shapes = ", ".join(f"{k}[{','.join(map(str, v))}]" for k, v in report.input_shapes.items())
+    origin = f"seed {report.seed}" if report.seed is not None else "from the .npz"
+    return f"{shapes or 'no inputs'} ({origin})"
 
 
 def compare_arrays(

@@ -3,42 +3,14 @@ how much of it the worst element used, the inputs it ran on, and on failure what
 
 from __future__ import annotations
 
-from opfuse.verification.compare import OutputDiff, VerifyReport
-
-
-def share(o: OutputDiff) -> str:
-    """How much of its bound the worst element used: ``23%``."""
-    if not o.ok and o.detail:
-        return "-"
-    if o.used >= 10:
-        return f"{o.used:.0f}x"
-    return f"{o.used:.1%}" if o.used < 0.1 else f"{o.used:.0%}"
-
-
-def bound_text(o: OutputDiff, rtol: float) -> str:
-    """The bound applied to every element: ``1e-05 + 1e-04*|ref|`` (atol already scaled)."""
-    if o.detail and not o.abs_bound:
-        return "exact" if "exact dtype" in o.detail else "-"
-    return f"{o.abs_bound:.3g} + {rtol:.3g}*|ref|"
-
-
-def output_line(o: OutputDiff, rtol: float) -> str:
-    if o.detail and not o.abs_bound:
-        return f"output {o.name!r} {o.detail}"
-    verdict = "ok" if o.ok else "DIFFERS"
-    if o.ok and o.detail:  # passed the float64 judge (opfuse.verification.tolerance)
-        verdict = f"ok, {o.detail}"
-    return (
-        f"output {o.name!r}: max abs error {o.max_abs:.3g} (relative {o.max_rel:.3g}); "
-        f"bound {bound_text(o, rtol)}; worst element at {share(o)} of its bound: {verdict}"
-    )
-
-
-def inputs_text(report: VerifyReport) -> str:
-    """``x[1,3,224,224] (seed 0)``: what both models ran on."""
-    shapes = ", ".join(f"{k}[{','.join(map(str, v))}]" for k, v in report.input_shapes.items())
-    origin = f"seed {report.seed}" if report.seed is not None else "from the .npz"
-    return f"{shapes or 'no inputs'} ({origin})"
+# the per-output text lives beside VerifyReport (its summary() uses it); said here too
+from opfuse.verification.compare import (
+    VerifyReport,
+    bound_text,
+    inputs_text,
+    share,
+)
+from opfuse.verification.compare import output_line as output_line
 
 
 def worst_share(report: VerifyReport) -> str:
