@@ -61,6 +61,16 @@ SHAPES_BOTH = (
             "target='tpu': unknown; the known targets are",
         ),
         (
+            lambda: VerifySettings(rtol=-1.0),
+            "rtol",
+            "rtol=-1: must be a finite number of 0 or more",
+        ),
+        (
+            lambda: VerifySettings(atol=float("nan")),
+            "atol",
+            "atol=nan: must be a finite number of 0 or more",
+        ),
+        (
             lambda: VerifySettings(input_shape={"x": [1, 4]}, verify_inputs="in.npz"),
             "verify_inputs",
             SHAPES_BOTH,

@@ -56,6 +56,7 @@ def test_profile_settings_take_good_values_and_advise_options_extend_them():
         ({"budget": 0}, "budget=0: must be more than 0"),
         ({"budget": -1.5}, "budget=-1.5: must be more than 0"),
         ({"max_threads": 0}, "max_threads=0: must be 1 or more"),
+        ({"rtol": -1}, "rtol=-1: must be a finite number of 0 or more"),
         ({"layout": ["nchw", "nhcw"]}, "layout='nhcw': expected nchw or nhwc"),
         ({"runtimes": ["tvm"]}, "runtimes='tvm': expected some of onnxruntime, openvino"),
         ({"static_shapes": True}, "static_shapes needs input_shape NAME:D0,D1,"),

@@ -13,6 +13,7 @@ from opfuse.runtime import RUNTIMES
 from opfuse.runtime.settings import RuntimeSettings, SessionSettings
 from opfuse.tuning.search import SearchSettings
 from opfuse.tuning.variants import LAYOUTS
+from opfuse.verification.settings import check_tolerances
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class TuneSettings:
             object.__setattr__(self, "runtimes", tuple(self.runtimes))
         if not self.budget > 0:
             raise SettingsError("budget", float(self.budget), "must be more than 0")
+        check_tolerances(self.rtol, self.atol)
         if self.verify_inputs is not None and self.input_shape:
             raise SettingsError(
                 "verify_inputs",

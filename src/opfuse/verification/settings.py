@@ -33,6 +33,7 @@ class VerifySettings:
     save_failing_inputs: PathLike | None = None
 
     def __post_init__(self) -> None:
+        check_tolerances(self.rtol, self.atol)
         shapes = {str(k): [int(d) for d in v] for k, v in (self.input_shape or {}).items()}
         object.__setattr__(self, "input_shape", shapes)
         if self.verify_inputs is not None and shapes:
@@ -47,3 +48,13 @@ class VerifySettings:
     def shapes(self) -> dict[str, list[int]]:
         """``input_shape`` as the verifier reads it (a dict of lists of ints)."""
         return {k: list(v) for k, v in self.input_shape.items()}
+
+
+def check_tolerances(rtol: float, atol: float) -> None:
+    """Both tolerances are finite numbers of at least 0 (a negative bound fails every
+    output, an infinite or NaN one passes every output)."""
+    import math
+
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise SettingsError(name, value, "must be a finite number of 0 or more")
