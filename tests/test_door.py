@@ -305,6 +305,7 @@ def test_every_type_the_api_takes_or_returns_is_exported():
         "BatchRun",
         "BatchInterrupted",
         "BatchProgress",
+        "SessionSettings",
     ):
         assert name in opfuse.__all__ and name in api.__all__, name
         assert getattr(opfuse, name) is getattr(api, name), name

@@ -54,6 +54,7 @@ from opfuse.rewrite.registry import PassInfo
 from opfuse.rules import all_passes
 from opfuse.runtime.settings import (
     RuntimeSettings,
+    SessionSettings,
     ort_session_options,
 )
 from opfuse.tuning import conductor
@@ -93,6 +94,7 @@ __all__ = [
     "ProfileSettings",
     "QuantizeResult",
     "RuntimeSettings",
+    "SessionSettings",
     "SettingsError",
     "TuneResult",
     "TuneSettings",
