@@ -104,6 +104,9 @@ def test_drops_the_requantization_no_compute_op_needs_and_raises_the_sqnr(tmp_pa
     # r's pair went; s (read by the MatMul: its QLinearMatMul needs it) keeps its pair
     assert "r" not in quantized(dropped) and "s" in quantized(dropped)
     assert len(dropped.graph.node) == len(qdq.graph.node) - 2
+    inits = {t.name for t in dropped.graph.initializer}
+    assert "r_scale" in {t.name for t in qdq.graph.initializer} and "r_scale" not in inits
+    assert "s_scale" in inits  # the kept pair's
     # only a pair went: the float graphs are the same, output for output
     for a, b in zip(
         run(without_activation_qdq(qdq), held),

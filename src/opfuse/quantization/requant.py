@@ -82,17 +82,26 @@ def drop_requant(
             drop.add(d.output[0])
             rename[d.output[0]] = tensor
     kept = [n for n in made.graph.node if not (n.output and n.output[0] in drop)]
+    gone = {name for n in made.graph.node if n.output and n.output[0] in drop for name in n.input}
     for node in kept:
         for k, name in enumerate(node.input):
             node.input[k] = rename.get(name, name)
     del made.graph.node[:]
     made.graph.node.extend(kept)
-    used = {name for n in kept for name in n.input}
-    inits = [t for t in made.graph.initializer if t.name in used or _graph_input(made, t.name)]
+    # the scales and zero points only the removed pairs read (a subgraph's reads count)
+    used = _names_read(made.graph) | {i.name for i in made.graph.input}
+    inits = [t for t in made.graph.initializer if t.name not in gone or t.name in used]
     del made.graph.initializer[:]
     made.graph.initializer.extend(inits)
     return made, len(found)
 
 
-def _graph_input(model: onnx.ModelProto, name: str) -> bool:
-    return any(i.name == name for i in model.graph.input)
+def _names_read(graph: onnx.GraphProto) -> set[str]:
+    """Every name a node of ``graph`` or of its subgraphs (If, Loop, Scan) reads."""
+    found: set[str] = set()
+    for node in graph.node:
+        found.update(node.input)
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                found |= _names_read(sub)
+    return found
