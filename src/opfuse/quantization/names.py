@@ -11,5 +11,6 @@ KEYS_HELP = (
 RECIPE_HELP = (
     "auto (try the recipes that apply, keep the most accurate on a validation part of the "
     "calibration data), or steps joined by commas: ranges minmax|mean-minmax|percentile|"
-    "mse, cle, smoothquant, float-decomposed, bias-correction|bias-correction-full"
+    "mse, cle, smoothquant, float-decomposed, float-requant, "
+    "bias-correction|bias-correction-full"
 )

@@ -9,8 +9,10 @@ way NNCF composes its algorithms in ``post_training/pipeline.py``):
 - ``ranges`` steps choose the activation ranges (ranges.py), given to onnxruntime's
   quantizer as per-tensor overrides: ``minmax`` (onnxruntime's own MinMax calibration:
   the global extremes), ``mean-minmax``, ``percentile``, ``mse``;
-- ``int8`` steps change the quantized model: ``bias-correction`` (fast) and
-  ``bias-correction-full`` (bias_correction.py).
+- ``int8`` steps change the quantized model: ``float-requant`` (requant.py: drops the
+  requantization of tensors an element-wise or data-moving op makes and no compute op
+  reads; exact in float), then ``bias-correction`` (fast) or ``bias-correction-full``
+  (bias_correction.py).
 
 A recipe is a set of step names; ``recipe_steps`` orders them float -> ranges -> quantize
 -> int8 and adds ``minmax`` when no ranges step is named.
@@ -31,6 +33,7 @@ from opfuse.quantization.activations import float_decomposed
 from opfuse.quantization.bias_correction import correct_bias
 from opfuse.quantization.equalize import equalizable_pairs, equalize
 from opfuse.quantization.names import RECIPE_HELP
+from opfuse.quantization.requant import COMPUTE, drop_requant
 from opfuse.quantization.smooth import smooth, smoothable
 from opfuse.quantization.workspace import Workspace
 
@@ -187,6 +190,40 @@ class FloatDecomposed:
         )
 
 
+class FloatRequant:
+    """The requantizations onnxruntime's QDQ fusion does not need (requant.py): a tensor
+    an element-wise or data-moving op makes and no Conv/MatMul/Gemm reads keeps no
+    QuantizeLinear/DequantizeLinear pair (exact in float: only pairs are removed)."""
+
+    phase = "int8"
+    name = "float-requant"
+
+    def applies(self, ws: Workspace) -> bool:
+        """A node other than a compute op whose every reader is not a compute op either
+        (the int8 model is not made yet: its pairs are what the step would look at)."""
+        graph = ws.float_model.graph
+        readers: dict[str, list[str]] = {}
+        for n in graph.node:
+            for name in n.input:
+                readers.setdefault(name, []).append(n.op_type)
+        return any(
+            n.op_type not in COMPUTE
+            and n.op_type != "Constant"
+            and any(readers.get(o) for o in n.output)
+            and not any(op in COMPUTE for o in n.output for op in readers.get(o, []))
+            for n in graph.node
+        )
+
+    def reason(self, ws: Workspace) -> str:
+        return "nothing to change: no element-wise op read by no compute op"
+
+    def run(self, ws: Workspace) -> StepReport:
+        assert ws.int8_model is not None
+        made, count = drop_requant(ws.int8_model, ws.float_model)
+        ws.int8_model = made
+        return StepReport(self.name, count, f"{count} requantizations dropped")
+
+
 class BiasCorrection:
     """The mean output shift each quantized layer adds, folded into its bias."""
 
@@ -214,6 +251,7 @@ STEPS: dict[str, Step] = {
     "cle": FloatChange("cle", equalize, "layer pairs equalized", equalizable_pairs),
     "smoothquant": FloatChange("smoothquant", smooth, "layers smoothed", smoothable),
     "float-decomposed": FloatDecomposed(),
+    "float-requant": FloatRequant(),
     "bias-correction": BiasCorrection(full=False),
     "bias-correction-full": BiasCorrection(full=True),
 }
@@ -228,10 +266,12 @@ def parse_recipe(text: str) -> tuple[str, ...] | None:
     unknown = [n for n in names if n not in STEPS]
     if unknown or not names:
         raise OpfuseError(f"--recipe {text!r}: {RECIPE_HELP}")
-    for phase in ("ranges", "int8"):
-        same = [n for n in names if STEPS[n].phase == phase]
-        if len(same) > 1:
-            raise OpfuseError(f"--recipe {text!r}: one of {', '.join(same)}, not both")
+    for kind in (
+        [n for n in names if STEPS[n].phase == "ranges"],
+        [n for n in names if n.startswith("bias-correction")],
+    ):
+        if len(kind) > 1:
+            raise OpfuseError(f"--recipe {text!r}: one of {', '.join(kind)}, not both")
     return recipe_steps(names)
 
 
@@ -240,7 +280,8 @@ def recipe_steps(names: Sequence[str]) -> tuple[str, ...]:
     names = list(dict.fromkeys(names))
     if not any(STEPS[n].phase == "ranges" for n in names):
         names.append("minmax")
-    return tuple(sorted(names, key=lambda n: PHASES.index(STEPS[n].phase)))
+    # float-requant before a bias correction (which measures the int8 model's shift)
+    return tuple(sorted(names, key=lambda n: (PHASES.index(STEPS[n].phase), n.startswith("bias"))))
 
 
 def recipe_name(steps: Sequence[str]) -> str:
