@@ -43,7 +43,7 @@ FORMS: dict[str, Rule] = {
     # a tensor a MatMul makes, read by no compute op (MatMulIntegerToFloat)
     "matmul-out": lambda p, rd: p.op_type == "MatMul" and _plain(rd),
     # any tensor a non-compute op makes, read by no compute op (QLinearConv keeps its Q):
-    # the rule of the float-requant step (opfuse.quantization.requant)
+    # the rule of the float-requant step (opfuse.quantization.float_requant)
     "noncompute": lambda p, rd: p.op_type not in COMPUTE and _plain(rd),
     "noncompute+matmul": lambda p, rd: (
         (p.op_type not in COMPUTE or p.op_type == "MatMul") and _plain(rd)

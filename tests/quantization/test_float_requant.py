@@ -18,7 +18,7 @@ from onnx import numpy_helper
 from recovery import ort_quantize, run, sqnr
 
 from opfuse.errors import OpfuseError
-from opfuse.quantization.requant import drop_requant, requantized_passthroughs
+from opfuse.quantization.float_requant import drop_requant, requantized_passthroughs
 from opfuse.quantization.steps import parse_recipe
 
 C = 16

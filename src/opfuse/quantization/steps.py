@@ -9,7 +9,7 @@ way NNCF composes its algorithms in ``post_training/pipeline.py``):
 - ``ranges`` steps choose the activation ranges (ranges.py), given to onnxruntime's
   quantizer as per-tensor overrides: ``minmax`` (onnxruntime's own MinMax calibration:
   the global extremes), ``mean-minmax``, ``percentile``, ``mse``;
-- ``int8`` steps change the quantized model: ``float-requant`` (requant.py: drops the
+- ``int8`` steps change the quantized model: ``float-requant`` (float_requant.py: drops the
   requantization of tensors an element-wise or data-moving op makes and no compute op
   reads; exact in float), then ``bias-correction`` (fast) or ``bias-correction-full``
   (bias_correction.py).
@@ -32,8 +32,8 @@ from opfuse.quantization import flow, ranges
 from opfuse.quantization.activations import float_decomposed
 from opfuse.quantization.bias_correction import correct_bias
 from opfuse.quantization.equalize import equalizable_pairs, equalize
+from opfuse.quantization.float_requant import COMPUTE, drop_requant
 from opfuse.quantization.names import RECIPE_HELP
-from opfuse.quantization.requant import COMPUTE, drop_requant
 from opfuse.quantization.smooth import smooth, smoothable
 from opfuse.quantization.workspace import Workspace
 
@@ -191,7 +191,7 @@ class FloatDecomposed:
 
 
 class FloatRequant:
-    """The requantizations onnxruntime's QDQ fusion does not need (requant.py): a tensor
+    """The requantizations onnxruntime's QDQ fusion does not need (float_requant.py): a tensor
     an element-wise or data-moving op makes and no Conv/MatMul/Gemm reads keeps no
     QuantizeLinear/DequantizeLinear pair (exact in float: only pairs are removed)."""
 
