@@ -101,3 +101,25 @@ def ort_quantize(
     out = tmp / f"qdq{len(list(tmp.iterdir()))}"
     extra: dict[str, object] = {"TensorQuantOverrides": overrides or {}}
     return quantize(model, out, samples=samples, exclude=exclude, extra=extra)
+
+
+def build_rows(
+    nodes: list[onnx.NodeProto],
+    inits: dict[str, object],
+    outputs: Sequence[str] = ("y",),
+    channels: int = 16,
+) -> onnx.ModelProto:
+    """A model of ``nodes`` on ``x`` [4, channels] with float initializers ``inits``, its
+    outputs [4, channels] (opset 17)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, channels])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, [4, channels]) for o in outputs],
+        [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
+from recovery import build_rows as build
 from recovery import ort_quantize, sqnr
 
 from opfuse.quantization.activations import (
@@ -22,19 +22,6 @@ from opfuse.quantization.activations import (
 )
 
 C = 16
-
-
-def build(nodes, inits, outputs=("y",)):
-    graph = h.make_graph(
-        nodes,
-        "g",
-        [h.make_tensor_value_info("x", T.FLOAT, [4, C])],
-        [h.make_tensor_value_info(o, T.FLOAT, [4, C]) for o in outputs],
-        [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()],
-    )
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
 
 
 def gelu_nodes(x: str, out: str, p: str) -> list:

@@ -12,9 +12,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto as T
 from onnx import helper as h
-from onnx import numpy_helper
+from recovery import build_rows as build
 from recovery import ort_quantize, run, sqnr
 
 from opfuse.errors import OpfuseError
@@ -22,19 +21,6 @@ from opfuse.quantization.float_requant import drop_requant, requantized_passthro
 from opfuse.quantization.steps import parse_recipe
 
 C = 16
-
-
-def build(nodes, inits, outputs=("y",)):
-    graph = h.make_graph(
-        nodes,
-        "g",
-        [h.make_tensor_value_info("x", T.FLOAT, [4, C])],
-        [h.make_tensor_value_info(o, T.FLOAT, [4, C]) for o in outputs],
-        [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()],
-    )
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
 
 
 def offset_model(relu: bool = False):
