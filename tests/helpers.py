@@ -127,3 +127,18 @@ def graph_text(model: ir.Model) -> str:
 
 def names_of(values: Iterable[ir.Value]) -> list[str]:
     return [v.name or "" for v in values]
+
+
+def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str]:
+    """``opfuse ARGS`` in this process (``cli.main``): its exit status and its stderr."""
+    import sys
+
+    import pytest
+
+    from opfuse import cli
+
+    monkeypatch.setattr(sys, "argv", ["opfuse", *args])
+    monkeypatch.delenv("OPFUSE_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    return int(exc.value.code or 0), capsys.readouterr().err

@@ -21,7 +21,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from opfuse import cli
+from helpers import run_cli
 
 OUT = "out.onnx"
 
@@ -570,14 +570,6 @@ CASES = {
         command(*ADVISE, "--target", "tpu"), "built-in targets are ascend310, cpu, cuda", None
     ),
 }
-
-
-def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str]:
-    monkeypatch.setattr(sys, "argv", ["opfuse", *args])
-    monkeypatch.delenv("OPFUSE_DEBUG", raising=False)
-    with pytest.raises(SystemExit) as exc:
-        cli.main()
-    return int(exc.value.code or 0), capsys.readouterr().err
 
 
 def snapshot(d: Path) -> dict[str, str]:

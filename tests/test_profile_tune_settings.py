@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 import opfuse
+from helpers import run_cli
 from opfuse import api, cli
 from opfuse.cli.options import PROFILE_OPTIONS, flag_error
 from opfuse.errors import OpfuseError, SettingsError
@@ -103,14 +103,6 @@ def test_tune_refuses_a_settings_object_beside_its_keywords(tmp_path):
 
 
 # -- the command line
-
-
-def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str]:
-    monkeypatch.setattr(sys, "argv", ["opfuse", *args])
-    monkeypatch.delenv("OPFUSE_DEBUG", raising=False)
-    with pytest.raises(SystemExit) as exc:
-        cli.main()
-    return int(exc.value.code or 0), capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
