@@ -284,3 +284,17 @@ def test_console_width_follows_columns_on_and_off_a_terminal(monkeypatch, column
         property(lambda self: ConsoleDimensions(93, 40) if terminal else real(self)),
     )
     assert out.width == width
+
+
+@pytest.mark.parametrize("columns", [100, 72])
+def test_optimize_output_lines_fit_columns(tmp_path, monkeypatch, capsys, columns):
+    """The verifier's line per output wraps at COLUMNS (it was 127 columns wide at 100)."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    status, stdout, _ = run(
+        ["optimize", str(EXAMPLE), "-o", str(tmp_path / "o.onnx")], monkeypatch, capsys
+    )
+    assert status == 0
+    lines = stdout.splitlines()
+    assert any("output 'logits'" in line for line in lines)
+    assert "worst element at" in " ".join(stdout.split())  # the line's end is still there
+    assert max(len(line.rstrip()) for line in lines) <= columns

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -208,4 +209,9 @@ def _print_outputs(report: VerifyReport, indent: str = "") -> None:
     from opfuse.verification.messages import output_line
 
     for o in report.outputs:
-        out.print(indent + output_line(o, report.rtol), markup=False, soft_wrap=True)
+        line = indent + output_line(o, report.rtol)
+        lead = " " * (len(line) - len(line.lstrip()))
+        for part in textwrap.wrap(
+            line.strip(), out.width, initial_indent=lead, subsequent_indent=lead + "    "
+        ):
+            out.print(part, markup=False, soft_wrap=True)
