@@ -288,13 +288,14 @@ def test_console_width_follows_columns_on_and_off_a_terminal(monkeypatch, column
 
 @pytest.mark.parametrize("columns", [100, 72])
 def test_optimize_output_lines_fit_columns(tmp_path, monkeypatch, capsys, columns):
-    """The verifier's line per output wraps at COLUMNS (it was 127 columns wide at 100)."""
+    """The verifier's line per output and the --benchmark latency line wrap at COLUMNS
+    (they were 127 and 110 columns wide at 100)."""
     monkeypatch.setenv("COLUMNS", str(columns))
-    status, stdout, _ = run(
-        ["optimize", str(EXAMPLE), "-o", str(tmp_path / "o.onnx")], monkeypatch, capsys
-    )
+    args = ["optimize", str(EXAMPLE), "-o", str(tmp_path / "o.onnx")]
+    status, stdout, _ = run([*args, "--benchmark", "--bench-seconds", "0.2"], monkeypatch, capsys)
     assert status == 0
     lines = stdout.splitlines()
     assert any("output 'logits'" in line for line in lines)
+    assert "CPUExecutionProvider, ORT_ENABLE_ALL, 1 thread" in " ".join(stdout.split())
     assert "worst element at" in " ".join(stdout.split())  # the line's end is still there
     assert max(len(line.rstrip()) for line in lines) <= columns

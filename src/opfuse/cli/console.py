@@ -94,3 +94,15 @@ def size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"
+
+
+def print_wrapped(target: Console, line: str, hang: int = 4) -> None:
+    """``line`` as plain text, broken between words at ``target``'s width (its leading
+    spaces kept, the lines after the first indented ``hang`` more)."""
+    import textwrap
+
+    lead = " " * (len(line) - len(line.lstrip()))
+    for part in textwrap.wrap(
+        line.strip(), target.width, initial_indent=lead, subsequent_indent=lead + " " * hang
+    ) or [""]:
+        target.print(part, markup=False, soft_wrap=True)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +11,7 @@ import click
 from rich.table import Table
 
 from opfuse.cli.benchmark import benchmark_lines, opset_hints
-from opfuse.cli.console import deprecated, err, out, progress, size
+from opfuse.cli.console import deprecated, err, out, print_wrapped, progress, size
 from opfuse.cli.options import (
     PathArg,
     format_option,
@@ -142,7 +141,7 @@ def optimize(
             model, output, runtime, checks.shapes, checks.verify_inputs
         )
         for line in lines:  # on stderr under --format json, which owns stdout
-            (err if fmt == "json" else out).print(line, markup=False, soft_wrap=True)
+            print_wrapped(err if fmt == "json" else out, line)
         for warning in warnings:
             err.print(f"opfuse: warning: {warning}", markup=False, soft_wrap=True)
 
@@ -209,9 +208,4 @@ def _print_outputs(report: VerifyReport, indent: str = "") -> None:
     from opfuse.verification.messages import output_line
 
     for o in report.outputs:
-        line = indent + output_line(o, report.rtol)
-        lead = " " * (len(line) - len(line.lstrip()))
-        for part in textwrap.wrap(
-            line.strip(), out.width, initial_indent=lead, subsequent_indent=lead + "    "
-        ):
-            out.print(part, markup=False, soft_wrap=True)
+        print_wrapped(out, indent + output_line(o, report.rtol))
