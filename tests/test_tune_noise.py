@@ -369,3 +369,16 @@ def test_tune_cli_output_stays_within_columns(tmp_path):
     assert "rebuild: opfuse optimize" in proc.stdout
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["interface_changed"] == []
+
+
+def test_the_latency_line_says_when_medians_and_the_paired_ratio_disagree():
+    """The load rose halfway (10 ms rounds, then 20 ms); the candidate equals the original
+    in every round but one: a paired ratio of 1.00x beside medians of 10 and 20 ms."""
+    same = [0.010] * 5 + [0.020] * 6
+    steady = Measurement("fake", 11, {ORIGINAL: same, AGAIN: list(same), "c": list(same)})
+    assert steady.line("c").startswith("latency 20 -> 20 ms (1.00x")
+    assert "medians' ratio" not in steady.line("c")
+    drifted = [0.010] * 6 + [0.020] * 5
+    m = Measurement("fake", 11, {ORIGINAL: drifted, AGAIN: list(drifted), "c": list(same)})
+    said = m.line("c")
+    assert "10 -> 20 ms (1.00x" in said and "medians' ratio is 2.00x" in said, said
