@@ -108,7 +108,8 @@ def test_optimize_benchmark_prints_the_latency_line(tmp_path):
         "optimize", EXAMPLE, "-o", tmp_path / "o.onnx", "--benchmark", "--bench-seconds", "0.2"
     )
     assert proc.returncode == 0, proc.stderr
-    line = proc.stdout.strip().splitlines()[-1]
+    text = proc.stdout.strip()
+    line = " ".join(text[text.rindex("\nlatency ") + 1 :].split())  # wrapped at the width
     assert line.startswith("latency ") and "x; noise +-" in line
     assert line.endswith("CPUExecutionProvider, ORT_ENABLE_ALL, 1 thread")
     assert "fewer kernels" not in proc.stderr
