@@ -24,6 +24,7 @@ import onnx
 from onnx import numpy_helper
 
 from opfuse.errors import OpfuseError
+from opfuse.model.graphs import proto_wiring
 from opfuse.quantization.kernels import (
     COMPUTE_OPS,
     DEQUANTIZE,
@@ -242,11 +243,7 @@ def dequantized_float(model: onnx.ModelProto) -> onnx.ModelProto:
     in float, for a paired measurement."""
     graph = model.graph
     consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    producer = {o: n for n in graph.node for o in n.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for n in graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
+    producer, consumers = proto_wiring(graph)
     outputs = {o.name for o in graph.output}
     rename: dict[str, str] = {}
     new_consts: list[onnx.TensorProto] = []

@@ -63,3 +63,16 @@ def proto_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                 yield from proto_graphs(attr.g)
             for sub in attr.graphs:
                 yield from proto_graphs(sub)
+
+
+def proto_wiring(
+    graph: onnx.GraphProto,
+) -> tuple[dict[str, onnx.NodeProto], dict[str, list[onnx.NodeProto]]]:
+    """Each value's producer and each value's readers (in graph order) in one protobuf
+    graph (not its subgraphs)."""
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for name in n.input:
+            readers.setdefault(name, []).append(n)
+    return producer, readers

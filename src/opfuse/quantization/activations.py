@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import onnx
 
+from opfuse.model.graphs import proto_wiring
+
 ARITHMETIC = frozenset({"Mul", "Add", "Sub", "Div", "Pow"})
 CORES = frozenset({"Tanh", "Erf"})
 DEPTH = 8  # the longest element-wise chain on either side (GELU's tanh form: 5 before, 3 after)
@@ -216,9 +218,4 @@ def _wiring(
     """The graph's constant names, each value's producer and each value's readers."""
     constants = {t.name for t in graph.initializer}
     constants |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
-    producer = {o: n for n in graph.node for o in n.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in graph.node:
-        for name in n.input:
-            readers.setdefault(name, []).append(n)
-    return constants, producer, readers
+    return (constants, *proto_wiring(graph))

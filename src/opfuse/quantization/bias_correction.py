@@ -44,6 +44,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from opfuse.model.graphs import proto_wiring
 from opfuse.quantization._stats import PREFIX, Feed, add_channel_sums, main_opset, session
 
 WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
@@ -102,11 +103,7 @@ def correct_bias(
 def _layers(float_model: onnx.ModelProto, qm: onnx.ModelProto) -> list[_Layer]:
     graph = qm.graph
     inits = {t.name: t for t in graph.initializer}
-    producer = {o: n for n in graph.node for o in n.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in graph.node:
-        for i in n.input:
-            readers.setdefault(i, []).append(n)
+    producer, readers = proto_wiring(graph)
     float_nodes = {n.name: n for n in float_model.graph.node if n.name}
     graph_outputs = {o.name for o in graph.output}
 

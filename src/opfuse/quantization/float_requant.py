@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import onnx
 
+from opfuse.model.graphs import proto_wiring
+
 COMPUTE = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
 QUANTIZE, DEQUANTIZE = "QuantizeLinear", "DequantizeLinear"
 
@@ -39,11 +41,7 @@ def requantized_passthroughs(
     graph = model.graph
     names = {n.name for n in graph.node}
     folded = {o for n in float_model.graph.node if n.name not in names for o in n.output}
-    producer = {o: n for n in graph.node for o in n.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in graph.node:
-        for name in n.input:
-            readers.setdefault(name, []).append(n)
+    producer, readers = proto_wiring(graph)
     outputs = {o.name for o in graph.output}
     found: dict[str, tuple[onnx.NodeProto, list[onnx.NodeProto]]] = {}
     for q in graph.node:
