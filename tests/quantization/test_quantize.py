@@ -194,6 +194,73 @@ def test_the_fallback_keeps_only_layers_that_help(tmp_path, monkeypatch):
     assert late.tries == 0 and "budget" in late.stopped
 
 
+def _fake_fallback(monkeypatch, sqnr_in_float):
+    """A fallback on layers "a".."d" ranked a, b, c, d (worst first), whose validation
+    SQNR with the layers kept in float is ``sqnr_in_float`` (sorted names -> dB; 20 dB
+    with none)."""
+    from opfuse.quantization import fallback as fb
+    from opfuse.quantization.accuracy import OutputAccuracy
+    from opfuse.quantization.sensitivity import Candidate
+
+    monkeypatch.setattr(fb.flow, "weighted_nodes", lambda model: ["a", "b", "c", "d"])
+    monkeypatch.setattr(fb, "activation_candidates", lambda f, q, s: [])
+    monkeypatch.setattr(
+        fb,
+        "weight_candidates",
+        lambda m, layers, s, pc: [Candidate(n, (n,), db, "weight rounding")
+                                  for n, db in (("a", 5.0), ("b", 10.0), ("c", 12.0), ("d", 30.0))],
+    )  # fmt: skip
+
+    class FakeWorkspace:
+        exclude: list[str] = []
+        float_model = None
+        calib: list[dict[str, np.ndarray]] = []
+        per_channel = True
+
+        def __init__(self):
+            self.lines: list[str] = []
+
+        def score(self, model):
+            return [OutputAccuracy("y", sqnr_in_float[tuple(sorted(model))], 1.0, 0.0)]
+
+        def say(self, text):
+            self.lines.append(text)
+
+    return fb, FakeWorkspace(), [OutputAccuracy("y", 20.0, 1.0, 0.0)]
+
+
+def test_the_fallback_stops_when_its_worst_parts_at_once_do_not_help(monkeypatch):
+    """Where the error is spread (PP-OCR's recognizer), the worst candidates in float all
+    at once score no better: one try, no part kept, and why it stopped."""
+    fb, ws, first = _fake_fallback(monkeypatch, {("a", "b", "c"): 19.0})
+    found = fb.fallback(ws, Gate.parse("sqnr=25"), lambda names: names, [], first)
+    assert found.tries == 1 and found.kept == [] and found.accuracy is first
+    assert "at once scoring no better" in found.stopped and "spread" in found.stopped
+    assert "the 3 most sensitive parts in float at once" in ws.lines[0]
+    assert "no help: stopped" in ws.lines[0] and len(ws.lines) == 1
+
+
+def test_the_fallback_goes_one_at_a_time_when_its_worst_parts_at_once_help(monkeypatch):
+    """The group helps: the parts are then tried one at a time and the fewest that pass
+    are kept ("b" alone, not the group: each part in float costs speed)."""
+    sqnr = {("a", "b", "c"): 27.0, ("a",): 15.0, ("b",): 26.0}
+    fb, ws, first = _fake_fallback(monkeypatch, sqnr)
+    found = fb.fallback(ws, Gate.parse("sqnr=25"), lambda names: names, [], first)
+    assert [k.node for k in found.kept] == ["b"] and found.accuracy[0].sqnr_db == 26.0
+    assert found.tries == 3 and "gate holds" in found.stopped
+    assert "better: one at a time next" in ws.lines[0]
+
+
+def test_the_fallback_keeps_the_group_when_one_at_a_time_finds_less(monkeypatch):
+    """No part helps alone, the group did: the group is kept (measured better), said."""
+    sqnr = {("a", "b", "c"): 24.0, ("a",): 15.0, ("b",): 19.0, ("c",): 18.0, ("d",): 20.0}
+    fb, ws, first = _fake_fallback(monkeypatch, sqnr)
+    found = fb.fallback(ws, Gate.parse("sqnr=25"), lambda names: names, [], first)
+    assert [k.node for k in found.kept] == ["a", "b", "c"] and found.accuracy[0].sqnr_db == 24.0
+    assert found.exclude == ["a", "b", "c"] and found.tries == 5
+    assert found.stopped == "no candidate left; the 3 parts tried at once scored best: kept"
+
+
 def test_a_gate_no_mix_meets_writes_nothing_and_exits_1(tmp_path):
     model = sensitive_mlp(tmp_path / "mlp.onnx")
     data = mlp_samples(tmp_path / "x.npz")

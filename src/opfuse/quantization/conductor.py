@@ -462,7 +462,7 @@ def _gate_message(gate: Gate, result: QuantizeResult, growth: list[TensorError])
     kept = (
         f"keeping {len(result.kept_float)} parts in float ({', '.join(k.node for k in result.kept_float)})"
         if result.kept_float
-        else f"no part kept in float helped ({result.fallback_tries} tries)"
+        else f"no part kept in float helped ({result.fallback_tries} tr{'y' if result.fallback_tries == 1 else 'ies'})"
     )
     return (
         f"the int8 model misses --max-drop ({'; '.join(gate.misses(result.accuracy))}): "
