@@ -322,3 +322,30 @@ def test_a_model_whose_inputs_need_a_missing_program_is_left_out(
     monkeypatch.setattr(qd, "espeak_available", lambda: False)
     with pytest.raises(quant.MissingTool, match="espeak-ng"):
         quant.other_case("silero_vad", tmp_path, [], None)
+
+
+def test_quant_regions_counts_near_ties_blank_flips_and_decoded_windows():
+    """bench.quant_regions' figures on hand-made CTC scores: one window whose int8 twin
+    moves a character one step (the decoded text the same), one that drops a space (the
+    decoded text differs); the margins of the differing rows are the float model's."""
+    from bench.quant_regions import decode, figures
+
+    assert decode(np.array([0, 3, 3, 0, 3, 5, 5, 0]), blank=0) == [3, 3, 5]
+    ref = np.zeros((2, 4, 6), np.float32)
+    for k, steps in enumerate([[3, 3, 0, 0], [2, 0, 5, 0]]):
+        ref[k, np.arange(4), steps] = 1.0
+    ref[1, 2, 0] = 0.96  # step 2 of window 1: a near-tie (5: 1.0 against the blank 0.96)
+    got = ref.copy()
+    got[0, 1] = 0.0
+    got[0, 1, 0] = 1.0  # window 0: 3 3 0 0 -> 3 0 0 0 (the same text)
+    got[1, 2] = 0.0
+    got[1, 2, 0] = 1.0  # window 1: the 5 is lost
+    out = figures(ref, got, blank=0)
+    assert out["rows"] == 8 and out["differ"] == 2 and out["top1"] == 0.75
+    assert out["differ_margins"] == [0.04, 1.0]
+    assert out["differ_margin_below_0.05"] == 1 and out["differ_margin_below_0.01"] == 0
+    assert out["differ_blank_vs_class"] == 2
+    assert out["windows_decoded_differ"] == 1 and out["windows"] == 2
+    # no blank given: no CTC figures; the same model: nothing differs
+    same = figures(ref, ref + 1e-3, blank=None)
+    assert same["differ"] == 0 and "windows_decoded_differ" not in same

@@ -1,0 +1,138 @@
+"""Where an int8 model's disagreements with the float model come from (issue 31): the
+float model's top-1 margin at the rows (steps) that differ, and the figures with a region
+of the fused graph kept in float:
+
+    python -m bench.quant_regions MODEL --calibration C.npz --eval E.npz [--recipe minmax]
+        [--regions backbone=FIRST..LAST,head=FIRST..LAST] [--ctc-blank 0]
+
+``opfuse.quantize`` makes each model (the recipe forced, ``--max-drop off``, no benchmark);
+a region is the nodes of the fused model from FIRST to LAST in graph order (node names),
+given to it as ``exclude``. Figures on the ``--eval`` samples against the float original:
+top-1 agreement of the first output (rows: samples x steps), its SQNR, the rows that differ
+and how many of them are near-ties in the float model (its top-1 minus top-2 below 0.01,
+0.05, 0.1: of probabilities when the output is a Softmax's); with ``--ctc-blank`` also
+the windows whose CTC greedy decoding (repeats collapsed, the blank dropped) differs and
+the differing rows where one side is the blank. One JSON line per model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TIES = (0.01, 0.05, 0.1)
+
+
+def decode(ids: np.ndarray, blank: int) -> list[int]:
+    """CTC greedy decoding: repeats collapsed, the blank dropped."""
+    out, prev = [], -1
+    for i in ids.tolist():
+        if i != prev and i != blank:
+            out.append(i)
+        prev = i
+    return out
+
+
+def figures(ref: np.ndarray, got: np.ndarray, blank: int | None) -> dict[str, Any]:
+    """``ref``/``got``: N x T x C (or N x C) scores of the float and the int8 model."""
+    r2, g2 = ref.reshape(-1, ref.shape[-1]), got.reshape(-1, got.shape[-1])
+    top, top_got = r2.argmax(1), g2.argmax(1)
+    ordered = np.sort(r2, axis=1)
+    margin = ordered[:, -1] - ordered[:, -2]
+    differ = np.nonzero(top != top_got)[0]
+    noise = float(np.sum((r2.astype(np.float64) - g2) ** 2))
+    out: dict[str, Any] = {
+        "top1": round(float(np.mean(top == top_got)), 4),
+        "sqnr_db": round(10 * np.log10(float(np.sum(r2.astype(np.float64) ** 2)) / noise), 2),
+        "rows": len(top),
+        "differ": len(differ),
+        "differ_margins": sorted(round(float(margin[i]), 3) for i in differ),
+        "all_margins_percentiles": {
+            p: round(float(np.percentile(margin, p)), 3) for p in (1, 5, 10, 50)
+        },
+    }
+    for tie in TIES:
+        out[f"differ_margin_below_{tie:g}"] = int(np.sum(margin[differ] < tie))
+        out[f"rows_margin_below_{tie:g}"] = int(np.sum(margin < tie))
+    if blank is not None and ref.ndim == 3:
+        out["differ_blank_vs_class"] = int(
+            np.sum((top[differ] == blank) != (top_got[differ] == blank))
+        )
+        out["windows_decoded_differ"] = sum(
+            decode(ref[k].argmax(-1), blank) != decode(got[k].argmax(-1), blank)
+            for k in range(len(ref))
+        )
+        out["windows"] = len(ref)
+    return out
+
+
+def region(order: list[str], spec: str) -> list[str]:
+    first, _, last = spec.partition("..")
+    if first not in order or last not in order:
+        raise SystemExit(f"--regions {spec}: node names of the fused model (first..last)")
+    return order[order.index(first) : order.index(last) + 1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import onnx
+    import onnxruntime as ort
+
+    from opfuse.quantization import flow
+    from opfuse.quantization.conductor import quantize_file
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--calibration", type=Path, required=True)
+    parser.add_argument("--eval", type=Path, required=True)
+    parser.add_argument("--recipe", default="minmax")
+    parser.add_argument("--regions", default="", help="NAME=FIRST..LAST[,NAME=FIRST..LAST]")
+    parser.add_argument("--ctc-blank", type=int, default=None)
+    args = parser.parse_args(argv)
+    evaluation = dict(np.load(args.eval))
+    count = len(next(iter(evaluation.values())))
+    feeds = [{k: v[i] for k, v in evaluation.items()} for i in range(count)]
+
+    def run(model: onnx.ModelProto | str) -> np.ndarray:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
+        sess = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
+        return np.concatenate([sess.run(None, f)[0] for f in feeds])
+
+    ref = run(str(args.model))
+    with tempfile.TemporaryDirectory(prefix="quant_regions.") as tmp:
+        sample = Path(tmp) / "sample.npz"
+        calibration = dict(np.load(args.calibration))
+        np.savez(sample, **{k: v[0] for k, v in calibration.items()})
+        flow.fuse(args.model, Path(tmp) / "fused.onnx", verify_inputs=sample)
+        fused = onnx.load(str(Path(tmp) / "fused.onnx"))
+    order = [n.name for n in fused.graph.node if n.name and n.op_type != "Constant"]
+    regions = {"none": []} | {
+        name: region(order, spec)
+        for name, _, spec in (r.partition("=") for r in args.regions.split(",") if r)
+    }
+    for name, nodes in regions.items():
+        result = quantize_file(
+            args.model,
+            None,
+            str(args.calibration),
+            eval_data=str(args.eval),
+            exclude=nodes,
+            max_drop="off",
+            benchmark=False,
+            recipe=args.recipe,
+        )
+        assert result.model is not None
+        line = {"model": args.model.name, "recipe": args.recipe, "in_float": name}
+        line |= {"nodes_in_float": len(nodes)} | figures(ref, run(result.model), args.ctc_blank)
+        print(json.dumps(line), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
