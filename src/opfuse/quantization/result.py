@@ -199,7 +199,8 @@ class QuantizeResult:
             kept = ", ".join(f"{k.node} ({k.sqnr_db:.1f} dB {k.how})" for k in self.kept_float)
             out.append(f"kept in float to pass the gate: {kept}")
         if self.fallback_tries:
-            out.append(f"fallback: {self.fallback_tries} tries, stopped at {self.fallback_stopped}")
+            tries = "1 try" if self.fallback_tries == 1 else f"{self.fallback_tries} tries"
+            out.append(f"fallback: {tries}, stopped at {self.fallback_stopped}")
         if self.coverage is not None:
             out.append(f"onnxruntime (CPU, after its QDQ fusion): {self.coverage.describe()}")
         verdict = self.speed_verdict()
