@@ -404,7 +404,19 @@ def search(
         raise QuantizeInternalError(
             f"{base.name}: no recipe quantized the model ({'; '.join(t.line() for t in tried)})"
         )
+    # the samples a change judged strictly is paired on: every calibration sample where it
+    # gets a paired look or the search is cross-validated, else the validation part
+    if halves is not None or len(everything) >= PAIRED_MIN_SAMPLES:
+        pairable = len(everything)
+    else:
+        pairable = len(base.valid)
     for name in CHANGES:  # each applied to the best recipe so far
+        if name in PAIRED and pairable < CLASS_MIN_SAMPLES:  # it could not be kept
+            skipped.append(
+                f"{name} (kept only on a consistent gain over {CLASS_MIN_SAMPLES} samples "
+                f"or more; {pairable} to compare on)"
+            )
+            continue
         steps = with_step(best.steps, name)
         if fits(steps) and applies(name):  # the budget first: applies() runs the step
             attempt(steps)
