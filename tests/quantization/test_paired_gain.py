@@ -125,14 +125,15 @@ def plain(per_sample: list[float], name: str = "map") -> OutputAccuracy:
 
 def test_strict_wants_a_large_consistent_gain_on_every_output():
     """A change judged strictly (recipes.PAIRED): PP-OCRv4's detector, cross-validated
-    over 10 images, +0.7 dB with float-requant (ahead on 2 images, the others the same):
+    over 10 images, +0.7 dB with float-requant (ahead on 2 images, behind on 1):
     better by the 0.1 dB rule, not strictly (its evaluation images: 7.4 -> 4.0 dB); the
     voice detector, +4 to +8 dB on each output on most windows: strictly better."""
     gate = Gate()
     b = [4.0, 5.0, 3.0, 6.0, 4.5, 5.5, 4.2, 3.8, 4.9, 5.1]
     a = list(b)
-    a[1] += 4.0
+    a[1] += 9.0
     a[7] += 3.4
+    a[4] -= 0.9
     assert gate.better([plain(a)], [plain(b)])
     assert not gate.better([plain(a)], [plain(b)], strict=True)
     rng = np.random.default_rng(3)
