@@ -237,6 +237,11 @@ def test_auto_keeps_float_requant_on_a_paired_look(tmp_path: Path):
     assert "float-requant" in result.recipe.split(",")
     line = next(t for t in result.summary().splitlines() if "minmax,float-requant:" in t)
     assert "better than minmax cross-validated on" in line and "paired" in line
+    steps = tried["minmax,float-requant"]["steps"]
+    assert any(  # the JSON says it in the step's detail (no new key)
+        s["step"] == "float-requant" and "paired" in str(s["detail"])
+        for s in steps  # type: ignore[union-attr]
+    )
 
 
 def test_not_tried_where_it_could_not_be_kept(tmp_path: Path):

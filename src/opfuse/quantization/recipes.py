@@ -296,6 +296,9 @@ def paired_look(
         f"{theirs.cross_validated} calibration samples, paired: {_short(theirs.accuracy)} "
         f"against {_short(mine.accuracy)}"
     )
+    for report in made.reports:  # the JSON's steps say it too
+        if report.step in PAIRED:
+            report.detail = f"{report.detail}; {made.paired}" if report.detail else made.paired
     base.say(f"recipe {made.name}: {made.paired}")
     return made, won
 
