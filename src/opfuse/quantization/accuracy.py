@@ -23,6 +23,9 @@ class OutputAccuracy:
     top1: float | None = None  # agreement, 0..1; None: the output does not score classes
     top5: float | None = None
     rows: int = 0  # the rows (samples x steps) the agreement is counted over
+    # each sample's own SQNR (dB, in sample order; empty where not computed): what a
+    # paired comparison of two models on the same samples needs (``Gate.better``)
+    samples_sqnr_db: tuple[float, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -100,14 +103,26 @@ def _through_moves(
     return node
 
 
+def sqnr_db(ref: np.ndarray, got: np.ndarray) -> float:
+    """10 log10 of the signal's power over the error's (inf: no error)."""
+    r = np.asarray(ref, dtype=np.float64).ravel()
+    g = np.asarray(got, dtype=np.float64).ravel()
+    noise = float(np.sum((r - g) ** 2))
+    signal = float(np.sum(r**2))
+    return math.inf if noise == 0 else 10 * math.log10(max(signal, 1e-300) / noise)
+
+
 def compare_output(
-    name: str, ref: np.ndarray, got: np.ndarray, scores: bool = True
+    name: str,
+    ref: np.ndarray,
+    got: np.ndarray,
+    scores: bool = True,
+    samples_sqnr_db: tuple[float, ...] = (),
 ) -> OutputAccuracy:
     r = ref.astype(np.float64).ravel()
     g = got.astype(np.float64).ravel()
     noise = float(np.sum((r - g) ** 2))
-    signal = float(np.sum(r**2))
-    sqnr = math.inf if noise == 0 else 10 * math.log10(max(signal, 1e-300) / noise)
+    sqnr = sqnr_db(r, g)
     norms = float(np.linalg.norm(r) * np.linalg.norm(g))
     cosine = float(r @ g / norms) if norms else (1.0 if noise == 0 else 0.0)
     max_abs = float(np.max(np.abs(r - g))) if r.size else 0.0
@@ -120,8 +135,8 @@ def compare_output(
         k = min(5, rows_got.shape[1])
         best = np.argpartition(-rows_got, k - 1, axis=1)[:, :k]
         top5 = float(np.mean([w in b for w, b in zip(want, best, strict=True)]))
-        return OutputAccuracy(name, sqnr, cosine, max_abs, top1, top5, len(want))
-    return OutputAccuracy(name, sqnr, cosine, max_abs, top1, top5)
+        return OutputAccuracy(name, sqnr, cosine, max_abs, top1, top5, len(want), samples_sqnr_db)
+    return OutputAccuracy(name, sqnr, cosine, max_abs, top1, top5, 0, samples_sqnr_db)
 
 
 def compare_outputs(
@@ -130,10 +145,12 @@ def compare_outputs(
     got: Sequence[Sequence[np.ndarray]],
     scoring: Collection[str] | None = None,
 ) -> list[OutputAccuracy]:
-    """``ref``/``got``: per sample, the outputs in ``names`` order; joined along axis 0.
-    ``scoring``: the outputs that may score classes (``scoring_outputs``; None: any)."""
+    """``ref``/``got``: per sample, the outputs in ``names`` order; joined along axis 0
+    (each sample's own SQNR kept beside). ``scoring``: the outputs that may score classes
+    (``scoring_outputs``; None: any)."""
     out = []
     for i, name in enumerate(names):
+        each = tuple(sqnr_db(r[i], g[i]) for r, g in zip(ref, got, strict=True))
         r = np.concatenate(
             [
                 np.asarray(s[i]).reshape(1, *np.shape(s[i]))
@@ -150,5 +167,5 @@ def compare_outputs(
                 for s in got
             ]
         )
-        out.append(compare_output(name, r, g, scoring is None or name in scoring))
+        out.append(compare_output(name, r, g, scoring is None or name in scoring, each))
     return out
