@@ -11,6 +11,6 @@ KEYS_HELP = (
 RECIPE_HELP = (
     "auto (try the recipes that apply, keep the most accurate on a validation part of the "
     "calibration data), or steps joined by commas: ranges minmax|mean-minmax|percentile|"
-    "mse, cle, smoothquant, float-decomposed, float-requant, "
+    "mse, cle, smoothquant, float-decomposed, float-requant, float-stem, "
     "bias-correction|bias-correction-full"
 )
