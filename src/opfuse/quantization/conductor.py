@@ -270,7 +270,11 @@ def _quantize(
 
     def on_held(model: onnx.ModelProto) -> list[OutputAccuracy]:
         return compare_outputs(
-            ws.output_names, held_reference, run_model(model, held, name, internal=True), ws.scoring
+            ws.output_names,
+            held_reference,
+            run_model(model, held, name, internal=True),
+            ws.scoring,
+            ws.maps,
         )
 
     best, tried, skipped = recipes.search(ws, gate, forced)
