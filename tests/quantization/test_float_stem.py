@@ -148,3 +148,23 @@ def test_kept_in_float_on_onnxruntime_it_raises_the_int8_sqnr(tmp_path: Path):
         )
     assert producer[by_name["body"].input[1]].op_type == "DequantizeLinear"
     assert sqnr(model, kept, held) > sqnr(model, plain, held) + 10.0
+
+
+def test_multiply_adds_of_a_conv_transpose_and_with_the_sample_shapes():
+    """A ConvTranspose's multiply-adds are its input pixels x its weight (not its output
+    pixels: 4x too many at stride 2); a symbolic height and width count once the sample's
+    shapes are given."""
+    from opfuse.quantization.kernels import compute_macs, with_input_shapes
+
+    rng = np.random.default_rng(0)
+    graph = h.make_graph(
+        [h.make_node("ConvTranspose", ["x", "w"], ["y"], name="up", strides=[2, 2])],
+        "g",
+        [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, "h", "w"])],
+        [h.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(rng.standard_normal((4, 2, 2, 2)).astype(np.float32), "w")],
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+    sample = {"x": np.zeros((1, 4, 8, 8), np.float32)}
+    assert compute_macs(with_input_shapes(model, sample)) == {"up": 64 * 4 * 2 * 2 * 2}
+    assert compute_macs(model) == {"up": 4 * 2 * 2 * 2}  # h, w unknown: 1 pixel

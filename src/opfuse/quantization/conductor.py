@@ -396,7 +396,7 @@ def _quantize(
     int8_path = work / "int8.onnx"
     onnx.save_model(model, str(int8_path))
     result.sizes = {"original": source.stat().st_size, "int8": int8_path.stat().st_size}
-    result.coverage = integer_coverage(model)
+    result.coverage = integer_coverage(model, feed=calib[0])
     if not passed:
         result.command = _best_command(command, name, output, chosen, kept, ws.exclude, excluded)
         _write_report(report, result)

@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 
 from opfuse.model.graphs import proto_wiring
-from opfuse.quantization.kernels import compute_macs
+from opfuse.quantization.kernels import compute_macs, with_input_shapes
 
 STEM_SHARE = 0.08  # of the model's multiply-adds (PP-OCRv4's detector: 6 layers, 7.3%)
 WEIGHTED = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
@@ -69,21 +69,3 @@ def stem_nodes(
         seen.add(id(node))
         stack.extend(x for x in node.input if x)
     return [n.name for i, n in enumerate(graph.node) if id(n) in seen and n.name and i < boundary]
-
-
-def with_input_shapes(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> onnx.ModelProto:
-    """A copy of ``model`` whose graph inputs have the shapes of ``feed``'s arrays (a
-    symbolic height and width would count as 1 in the multiply-adds)."""
-    fixed = onnx.ModelProto()
-    fixed.CopyFrom(model)
-    for vi in fixed.graph.input:
-        value = feed.get(vi.name)
-        if value is None or not vi.type.HasField("tensor_type"):
-            continue
-        shape = vi.type.tensor_type.shape
-        if len(shape.dim) != np.ndim(value):
-            continue
-        for dim, size in zip(shape.dim, np.shape(value), strict=True):
-            dim.Clear()
-            dim.dim_value = int(size)
-    return fixed
