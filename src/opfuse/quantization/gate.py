@@ -14,10 +14,10 @@ IoU of at least 90% between the pixels above 0.5 in the float and int8 maps (the
 where such an output is; ``sqnr=DB`` given alone judges every output by its SQNR, as
 before). No int8 tool's detector reaches 20 dB on its score map (PP-OCRv4's: 7 to 16 dB
 at 81% to 96% map IoU: a map is near 0 or 1 almost everywhere and its SQNR is spent on the
-saturated pixels no threshold sees). A floor that turns the gate off in effect is refused: a top-1 floor below
-50% (until this release ``top1=1%`` meant a drop of one point; now it would pass a model
-that agrees on 1% of its answers), an SQNR floor at or below 0 dB (noise as loud as the
-signal).
+saturated pixels no threshold sees). A floor that turns the gate off in effect is refused:
+a top-1 floor below 50% (until this release ``top1=1%`` meant a drop of one point; now it
+would pass a model that agrees on 1% of its answers), a map IoU floor below 50%, an SQNR
+floor at or below 0 dB (noise as loud as the signal).
 """
 
 from __future__ import annotations
