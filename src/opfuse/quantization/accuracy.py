@@ -2,7 +2,8 @@
 (signal to quantization-noise ratio, dB), cosine similarity, max abs error, and where an
 output scores classes (a classifier head makes it, N x C or N x T x C per step) top-1 and
 top-5 agreement (the float model's top class is the int8 model's top one / among its top
-five)."""
+five); where a Sigmoid makes a map (N x C x H x W probabilities: a detector's score map),
+the map IoU: the IoU of the pixels above ``MAP_THRESHOLD`` in the float and int8 maps."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ class OutputAccuracy:
     # each sample's own SQNR (dB, in sample order; empty where not computed): what a
     # paired comparison of two models on the same samples needs (``Gate.better``)
     samples_sqnr_db: tuple[float, ...] = ()
+    map_iou: float | None = None  # a Sigmoid-made map's IoU at map_threshold; None: no map
+    map_threshold: float = 0.5
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -35,6 +38,8 @@ class OutputAccuracy:
             "max_abs": float(self.max_abs),
             "top1_agreement": self.top1,
             "top5_agreement": self.top5,
+            "map_iou": self.map_iou,
+            "map_threshold": self.map_threshold if self.map_iou is not None else None,
         }
 
     def line(self) -> str:
@@ -42,6 +47,8 @@ class OutputAccuracy:
         text = f"{self.name}: SQNR {sqnr} dB, cosine {self.cosine:.4f}, max abs {self.max_abs:.3g}"
         if self.top1 is not None:
             text += f", top-1 {self.top1:.1%}, top-5 {self.top5:.1%} agreement"
+        if self.map_iou is not None:
+            text += f", map IoU {self.map_iou:.1%} (above {self.map_threshold:g})"
         return text
 
 
@@ -85,6 +92,41 @@ def scoring_outputs(model: onnx.ModelProto) -> set[str]:
     return found
 
 
+MAP_THRESHOLD = 0.5  # a probability map binarized where the model says "more likely than not"
+MAP_OPS = frozenset({"Sigmoid"})
+
+
+def probability_maps(model: onnx.ModelProto) -> set[str]:
+    """The main graph's outputs a Sigmoid makes (through data-moving ops): probability
+    maps when they are N x C x H x W (``is_map``), judged by their map IoU, not top-1."""
+    graph = model.graph
+    producer = {o: n for n in graph.node for o in n.output}
+    found = set()
+    for out in graph.output:
+        node = _through_moves(producer.get(out.name), producer)
+        if node is not None and node.op_type in MAP_OPS:
+            found.add(out.name)
+    return found
+
+
+def is_map(array: np.ndarray) -> bool:
+    """N x C x H x W floats in [0, 1] with more than one pixel."""
+    return (
+        array.dtype.kind == "f"
+        and array.ndim == 4
+        and array.shape[-1] * array.shape[-2] > 1
+        and (array.size == 0 or (float(array.min()) >= 0.0 and float(array.max()) <= 1.0))
+    )
+
+
+def map_iou(ref: np.ndarray, got: np.ndarray, threshold: float = MAP_THRESHOLD) -> float:
+    """The IoU of the pixels above ``threshold`` in ``ref`` and ``got`` (1.0 when neither
+    has any: the maps agree that there is nothing)."""
+    r, g = ref > threshold, got > threshold
+    union = int(np.count_nonzero(r | g))
+    return float(np.count_nonzero(r & g) / union) if union else 1.0
+
+
 def _decomposed_softmax(node: onnx.NodeProto, producer: dict[str, onnx.NodeProto]) -> bool:
     """Div(Exp(...), ReduceSum(Exp(...))): a Softmax written out (tf2onnx, jax2tf)."""
     made = [_through_moves(producer.get(i), producer) for i in node.input[:2]]
@@ -118,7 +160,11 @@ def compare_output(
     got: np.ndarray,
     scores: bool = True,
     samples_sqnr_db: tuple[float, ...] = (),
+    probability_map: bool = False,
+    threshold: float = MAP_THRESHOLD,
 ) -> OutputAccuracy:
+    """``probability_map``: a Sigmoid makes the output (``probability_maps``); when it is a
+    map (``is_map``), its map IoU at ``threshold`` is measured instead of top-1."""
     r = ref.astype(np.float64).ravel()
     g = got.astype(np.float64).ravel()
     noise = float(np.sum((r - g) ** 2))
@@ -127,6 +173,17 @@ def compare_output(
     cosine = float(r @ g / norms) if norms else (1.0 if noise == 0 else 0.0)
     max_abs = float(np.max(np.abs(r - g))) if r.size else 0.0
     top1 = top5 = None
+    if probability_map and is_map(ref):
+        iou = map_iou(ref, got, threshold)
+        return OutputAccuracy(
+            name,
+            sqnr,
+            cosine,
+            max_abs,
+            samples_sqnr_db=samples_sqnr_db,
+            map_iou=iou,
+            map_threshold=threshold,
+        )
     if scores and scores_classes(ref):
         rows_ref = ref.reshape(-1, ref.shape[-1])
         rows_got = got.reshape(-1, got.shape[-1])
@@ -144,10 +201,13 @@ def compare_outputs(
     ref: Sequence[Sequence[np.ndarray]],
     got: Sequence[Sequence[np.ndarray]],
     scoring: Collection[str] | None = None,
+    maps: Collection[str] = (),
+    threshold: float = MAP_THRESHOLD,
 ) -> list[OutputAccuracy]:
     """``ref``/``got``: per sample, the outputs in ``names`` order; joined along axis 0
     (each sample's own SQNR kept beside). ``scoring``: the outputs that may score classes
-    (``scoring_outputs``; None: any)."""
+    (``scoring_outputs``; None: any); ``maps``: the outputs a Sigmoid makes
+    (``probability_maps``), their map IoU measured at ``threshold`` where they are maps."""
     out = []
     for i, name in enumerate(names):
         each = tuple(sqnr_db(r[i], g[i]) for r, g in zip(ref, got, strict=True))
@@ -167,5 +227,9 @@ def compare_outputs(
                 for s in got
             ]
         )
-        out.append(compare_output(name, r, g, scoring is None or name in scoring, each))
+        out.append(
+            compare_output(
+                name, r, g, scoring is None or name in scoring, each, name in maps, threshold
+            )
+        )
     return out

@@ -270,7 +270,11 @@ def _quantize(
 
     def on_held(model: onnx.ModelProto) -> list[OutputAccuracy]:
         return compare_outputs(
-            ws.output_names, held_reference, run_model(model, held, name, internal=True), ws.scoring
+            ws.output_names,
+            held_reference,
+            run_model(model, held, name, internal=True),
+            ws.scoring,
+            ws.maps,
         )
 
     best, tried, skipped = recipes.search(ws, gate, forced)
@@ -392,7 +396,7 @@ def _quantize(
     int8_path = work / "int8.onnx"
     onnx.save_model(model, str(int8_path))
     result.sizes = {"original": source.stat().st_size, "int8": int8_path.stat().st_size}
-    result.coverage = integer_coverage(model)
+    result.coverage = integer_coverage(model, feed=calib[0])
     if not passed:
         result.command = _best_command(command, name, output, chosen, kept, ws.exclude, excluded)
         _write_report(report, result)

@@ -14,10 +14,11 @@ from __future__ import annotations
 import math
 import tempfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from opfuse.model.sessions import open_session
@@ -77,13 +78,17 @@ class KernelCoverage:
 
 
 def integer_coverage(
-    model: onnx.ModelProto, providers: Sequence[str] | None = None
+    model: onnx.ModelProto,
+    providers: Sequence[str] | None = None,
+    feed: Mapping[str, np.ndarray] | None = None,
 ) -> KernelCoverage:
     """Load ``model`` in onnxruntime (level extended: its QDQ fusions, not the layout
     changes of ``all``), read the graph it saves and count its integer kernels. Compute
-    nodes are matched by name (onnxruntime's QDQ fusions keep the float node's name)."""
+    nodes are matched by name (onnxruntime's QDQ fusions keep the float node's name).
+    ``feed``: a sample whose shapes count the multiply-adds (a symbolic height and width
+    would count as 1 pixel: every layer by its weight's size alone)."""
     fused = fused_graph(model, providers)
-    macs = compute_macs(model)
+    macs = compute_macs(with_input_shapes(model, feed) if feed else model)
     integer_names = {n.name for n in fused.node if n.op_type in INTEGER_COMPUTE_OPS and n.name}
     total = sum(macs.values())
     in_int = sum(m for name, m in macs.items() if name in integer_names)
@@ -180,8 +185,13 @@ def _node_macs(node: onnx.NodeProto, shapes: dict[str, list[int]]) -> int:
     weight = shapes.get(node.input[w_index]) if len(node.input) > w_index else None
     if not weight:
         return 0
-    if node.op_type in ("Conv", "ConvInteger", "QLinearConv", "ConvTranspose"):
-        cout = weight[0] if node.op_type != "ConvTranspose" else weight[1]
+    if node.op_type == "ConvTranspose":  # every input pixel meets Cout/group x kernel weights
+        x = shapes.get(node.input[0]) if node.input else None
+        if x and len(x) >= 2:
+            return math.prod(x[:1] + x[2:]) * math.prod(weight)
+        return math.prod(weight)
+    if node.op_type in ("Conv", "ConvInteger", "QLinearConv"):
+        cout = weight[0]
         per_out = math.prod(weight) // max(cout, 1)  # Cin/group x kernel
         return math.prod(out) * per_out if out else math.prod(weight)
     # MatMul-like: output elements x the reduced dim (K = the weight's second-to-last dim;
@@ -189,3 +199,21 @@ def _node_macs(node: onnx.NodeProto, shapes: dict[str, list[int]]) -> int:
     trans_b = any(a.name == "transB" and a.i for a in node.attribute)
     k = weight[-1] if trans_b else (weight[-2] if len(weight) >= 2 else weight[0])
     return math.prod(out) * k if out else math.prod(weight)
+
+
+def with_input_shapes(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph inputs have the shapes of ``feed``'s arrays (a
+    symbolic height and width would count as 1 in the multiply-adds)."""
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for vi in fixed.graph.input:
+        value = feed.get(vi.name)
+        if value is None or not vi.type.HasField("tensor_type"):
+            continue
+        shape = vi.type.tensor_type.shape
+        if len(shape.dim) != np.ndim(value):
+            continue
+        for dim, size in zip(shape.dim, np.shape(value), strict=True):
+            dim.Clear()
+            dim.dim_value = int(size)
+    return fixed

@@ -5,12 +5,13 @@ from __future__ import annotations
 FALLBACK_SECONDS = 30.0  # the time the mixed-precision fallback may take
 KEYS_HELP = (
     "floors: top1=99% (top-1 agreement with the float model >= 99% where an output "
-    "scores classes), sqnr=25 (SQNR >= 25 dB on every output), both with a comma; auto "
-    "(top1=99% where classes, sqnr=20 elsewhere) or off"
+    "scores classes), sqnr=25 (SQNR >= 25 dB on every output), iou=90% (the IoU of the "
+    "pixels above 0.5 of a map a Sigmoid makes >= 90%), joined with commas; auto "
+    "(top1=99% where classes, iou=90% where a Sigmoid makes a map, sqnr=20 elsewhere) or off"
 )
 RECIPE_HELP = (
     "auto (try the recipes that apply, keep the most accurate on a validation part of the "
     "calibration data), or steps joined by commas: ranges minmax|mean-minmax|percentile|"
-    "mse, cle, smoothquant, float-decomposed, float-requant, "
+    "mse, cle, smoothquant, float-decomposed, float-requant, float-stem, "
     "bias-correction|bias-correction-full"
 )

@@ -241,7 +241,7 @@ def cross_validated(base: Workspace, halves: list[Workspace], steps: tuple[str, 
         got += run_model(made.model, ws.valid, base.name, internal=True)
         reference += ws.valid_reference
     out = Built(steps, base.fork(), reports=reports)
-    out.accuracy = compare_outputs(base.output_names, reference, got, base.scoring)
+    out.accuracy = compare_outputs(base.output_names, reference, got, base.scoring, base.maps)
     out.seconds = time.perf_counter() - start
     out.cross_validated = len(reference)
     base.say(

@@ -104,7 +104,12 @@ class QuantizeResult:
     def __repr__(self) -> str:
         top1 = [a.top1 for a in self.accuracy if a.top1 is not None]
         sqnr = min((a.sqnr_db for a in self.accuracy), default=float("nan"))
-        figures = (f"top1={min(top1):.1%}, " if top1 else "") + f"sqnr={sqnr:.1f} dB"
+        maps = [a.map_iou for a in self.accuracy if a.map_iou is not None]
+        figures = (
+            (f"top1={min(top1):.1%}, " if top1 else "")
+            + (f"map_iou={min(maps):.1%}, " if maps else "")
+            + f"sqnr={sqnr:.1f} dB"
+        )
         speed = f", speedup={self.speedup:.2f}x" if self.speedup is not None else ""
         gate = "passed" if self.passed else "missed"
         return f"QuantizeResult(recipe={self.recipe!r}, {figures}, gate {gate}{speed})"
@@ -124,7 +129,7 @@ class QuantizeResult:
                 "verdict": self.speed_verdict(),
             }
         return {
-            "schema": "opfuse.quantize/2",
+            "schema": "opfuse.quantize/3",
             "output": None if self.output is None else str(self.output),
             "passed": self.passed,
             "calibration_samples": self.calibration_samples,
@@ -283,7 +288,12 @@ def _short(accuracy: list[OutputAccuracy]) -> str:
     top1 = [a.top1 for a in accuracy if a.top1 is not None]
     sqnr = min((a.sqnr_db for a in accuracy), default=float("nan"))
     text = f"SQNR {sqnr:.1f} dB" if not math.isinf(sqnr) else "SQNR inf"
-    return (f"top-1 {min(top1):.1%}, " if top1 else "") + text
+    maps = [a.map_iou for a in accuracy if a.map_iou is not None]
+    return (
+        (f"top-1 {min(top1):.1%}, " if top1 else "")
+        + (f"map IoU {min(maps):.1%}, " if maps else "")
+        + text
+    )
 
 
 def _size(n: int) -> str:

@@ -6,6 +6,8 @@ way NNCF composes its algorithms in ``post_training/pipeline.py``):
   said): ``cle`` (equalize.py: cross-layer equalization, without its inexact bias absorption),
   ``smoothquant`` (smooth.py); ``float-decomposed`` (activations.py) changes no float
   op: it keeps a written-out GELU's and LayerNorm statistics' nodes out of quantization;
+  ``float-stem`` (float_stem.py) likewise keeps the stem (the leading layers, up to 8% of
+  the multiply-adds) out of it (mixed precision: it costs their int8 kernels);
 - ``ranges`` steps choose the activation ranges (ranges.py), given to onnxruntime's
   quantizer as per-tensor overrides: ``minmax`` (onnxruntime's own MinMax calibration:
   the global extremes), ``mean-minmax``, ``percentile``, ``mse``;
@@ -33,6 +35,7 @@ from opfuse.quantization.activations import float_decomposed
 from opfuse.quantization.bias_correction import correct_bias
 from opfuse.quantization.equalize import equalizable_pairs, equalize
 from opfuse.quantization.float_requant import COMPUTE, drop_requant
+from opfuse.quantization.float_stem import STEM_SHARE, stem_nodes
 from opfuse.quantization.names import RECIPE_HELP
 from opfuse.quantization.smooth import smooth, smoothable
 from opfuse.quantization.workspace import Workspace
@@ -190,6 +193,41 @@ class FloatDecomposed:
         )
 
 
+class FloatStem:
+    """The stem (the leading layers up to ``STEM_SHARE`` of the multiply-adds, and the
+    element-wise ops between them) kept out of quantization (float_stem.py): its nodes join
+    the workspace's float nodes; the float model is unchanged."""
+
+    phase = "float"
+    name = "float-stem"
+
+    def _nodes(self, ws: Workspace) -> list[str]:
+        key = f"float-stem:{id(ws.float_model)}"
+        if key not in ws.cache:
+            feed = ws.calib[0] if ws.calib else None
+            ws.cache[key] = stem_nodes(ws.float_model, feed)
+        return cast("list[str]", ws.cache[key])
+
+    def applies(self, ws: Workspace) -> bool:
+        return bool(self._nodes(ws))
+
+    def reason(self, ws: Workspace) -> str:
+        return (
+            f"nothing to change: the first weighted layer alone holds more than "
+            f"{STEM_SHARE:.0%} of the multiply-adds, or every one fits in that share"
+        )
+
+    def run(self, ws: Workspace) -> StepReport:
+        names = [n for n in self._nodes(ws) if n not in ws.exclude]
+        ws.exclude.extend(names)
+        layers = sum(
+            1 for n in ws.float_model.graph.node if n.name in names and n.op_type in COMPUTE
+        )
+        return StepReport(
+            self.name, len(names), f"{len(names)} nodes of the stem in float ({layers} layers)"
+        )
+
+
 class FloatRequant:
     """The requantizations onnxruntime's QDQ fusion does not need (float_requant.py): a tensor
     an element-wise or data-moving op makes and no Conv/MatMul/Gemm reads keeps no
@@ -252,6 +290,7 @@ STEPS: dict[str, Step] = {
     "smoothquant": FloatChange("smoothquant", smooth, "layers smoothed", smoothable),
     "float-decomposed": FloatDecomposed(),
     "float-requant": FloatRequant(),
+    "float-stem": FloatStem(),
     "bias-correction": BiasCorrection(full=False),
     "bias-correction-full": BiasCorrection(full=True),
 }

@@ -15,7 +15,12 @@ import onnx
 
 from opfuse.errors import OpfuseError, first_line
 from opfuse.model.sessions import open_session
-from opfuse.quantization.accuracy import OutputAccuracy, compare_outputs, scoring_outputs
+from opfuse.quantization.accuracy import (
+    OutputAccuracy,
+    compare_outputs,
+    probability_maps,
+    scoring_outputs,
+)
 
 Sample = dict[str, np.ndarray]
 Overrides = dict[str, list[dict[str, object]]]
@@ -93,6 +98,15 @@ class Workspace:
             self.cache["scoring"] = found
         return found
 
+    @property
+    def maps(self) -> set[str]:
+        """The outputs a Sigmoid makes: judged by their map IoU where they are maps."""
+        found = self.cache.get("maps")
+        if not isinstance(found, set):
+            found = probability_maps(self.fused_model)
+            self.cache["maps"] = found
+        return found
+
     def score(
         self,
         model: onnx.ModelProto,
@@ -104,7 +118,7 @@ class Workspace:
         if samples is None:
             samples, reference = self.valid, self.valid_reference
         got = run_model(model, samples, self.name, internal=True)
-        return compare_outputs(self.output_names, reference or [], got, self.scoring)
+        return compare_outputs(self.output_names, reference or [], got, self.scoring, self.maps)
 
 
 def run_model(
