@@ -233,3 +233,16 @@ def compare_outputs(
             )
         )
     return out
+
+
+def brief(figures: Sequence[OutputAccuracy]) -> str:
+    """The figures in a few words, the lowest of each kind: top-1 where outputs score
+    classes, map IoU where they are maps, and SQNR."""
+    top1 = [a.top1 for a in figures if a.top1 is not None]
+    maps = [a.map_iou for a in figures if a.map_iou is not None]
+    sqnr = min((a.sqnr_db for a in figures), default=float("nan"))
+    return (
+        (f"top-1 {min(top1):.1%}, " if top1 else "")
+        + (f"map IoU {min(maps):.1%}, " if maps else "")
+        + (f"SQNR {sqnr:.1f} dB" if not math.isinf(sqnr) else "SQNR inf")
+    )

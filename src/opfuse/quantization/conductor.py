@@ -34,6 +34,7 @@ from opfuse.quantization.fallback import (
     MAX_FLOAT_LAYERS,
     KeptFloat,
     fallback,
+    stem_first,
 )
 from opfuse.quantization.gate import Gate
 from opfuse.quantization.kernels import integer_coverage
@@ -322,8 +323,38 @@ def _quantize(
     accuracy = first_accuracy = on_held(model)
     kept: list[KeptFloat] = []
     tries, stopped = 0, ""
+    ranked_on = best.ws  # the workspace the fallback ranks its candidates on
     if gate.misses(accuracy) and fallback_seconds > 0:
-        found = fallback(best.ws, gate, build, split_model, valid_figures, fallback_seconds)
+        stem = stem_first(ws, gate, best, tried, forced is not None)
+        if stem is not None:
+            tried.append(stem)
+            chosen, searched = stem.steps, chosen
+            candidate = final([])
+            figures = on_held(candidate)
+            ws.say(
+                f"the stem in float: recipe {stem.name}: {_short(figures)} on the evaluation samples"
+            )
+            if gate.better(figures, first_accuracy):
+                model, accuracy = candidate, figures
+                stem.kept, best.kept = True, False
+                ws.notes.append(
+                    f"the recipe missed the gate ({_short(first_accuracy)}); with the stem in "
+                    f"float (mixed precision: its layers lose their int8 kernels) recipe "
+                    f"{stem.name} reached {_short(figures)} on the evaluation samples"
+                )
+                if gate.misses(accuracy):  # the rest of the fallback starts from it
+                    again = recipes.scored(ws, chosen)
+                    assert again.model is not None
+                    ranked_on, split_model, valid_figures = again.ws, again.model, again.accuracy
+            else:
+                chosen = searched
+                ws.notes.append(
+                    f"with the stem in float (recipe {stem.name}) the evaluation samples did "
+                    f"not score better ({_short(figures)} against {_short(first_accuracy)}): "
+                    "not kept"
+                )
+    if gate.misses(accuracy) and fallback_seconds > 0:
+        found = fallback(ranked_on, gate, build, split_model, valid_figures, fallback_seconds)
         tries, stopped = found.tries, found.stopped
         if found.kept:
             candidate = final(found.exclude)

@@ -26,7 +26,7 @@ import onnx
 
 from opfuse.errors import OpfuseError, first_line
 from opfuse.quantization import flow, heads
-from opfuse.quantization.accuracy import OutputAccuracy, compare_outputs
+from opfuse.quantization.accuracy import OutputAccuracy, brief, compare_outputs
 from opfuse.quantization.gate import CLASS_MIN_SAMPLES, Gate
 from opfuse.quantization.steps import STEPS, StepReport, recipe_name, recipe_steps
 from opfuse.quantization.workspace import QuantizeInternalError, Workspace, run_model
@@ -105,9 +105,7 @@ class Built:
     def line(self) -> str:
         if self.error:
             return f"{self.name}: failed ({self.error})"
-        top1 = [a.top1 for a in self.accuracy if a.top1 is not None]
-        sqnr = min((a.sqnr_db for a in self.accuracy), default=float("nan"))
-        figures = (f"top-1 {min(top1):.1%}, " if top1 else "") + f"SQNR {sqnr:.1f} dB"
+        figures = brief(self.accuracy)
         said = [r.describe() for r in self.reports if r.dropped]
         said += [self.paired] if self.paired else []
         return f"{self.name}: {figures}" + (f" ({'; '.join(said)})" if said else "")
@@ -304,9 +302,7 @@ def paired_look(
 
 
 def _short(figures: list[OutputAccuracy]) -> str:
-    top1 = [a.top1 for a in figures if a.top1 is not None]
-    sqnr = min((a.sqnr_db for a in figures), default=float("nan"))
-    return (f"top-1 {min(top1):.1%}, " if top1 else "") + f"SQNR {sqnr:.1f} dB"
+    return brief(figures)
 
 
 def search(

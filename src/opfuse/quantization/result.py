@@ -3,12 +3,11 @@ kept in float, the speed and its verdict in words; as text lines, JSON and a sho
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from opfuse.quantization.accuracy import OutputAccuracy
+from opfuse.quantization.accuracy import OutputAccuracy, brief
 from opfuse.quantization.fallback import KeptFloat
 from opfuse.quantization.gate import Gate
 from opfuse.quantization.heads import HeadChoice
@@ -285,15 +284,7 @@ class QuantizeResult:
 
 
 def _short(accuracy: list[OutputAccuracy]) -> str:
-    top1 = [a.top1 for a in accuracy if a.top1 is not None]
-    sqnr = min((a.sqnr_db for a in accuracy), default=float("nan"))
-    text = f"SQNR {sqnr:.1f} dB" if not math.isinf(sqnr) else "SQNR inf"
-    maps = [a.map_iou for a in accuracy if a.map_iou is not None]
-    return (
-        (f"top-1 {min(top1):.1%}, " if top1 else "")
-        + (f"map IoU {min(maps):.1%}, " if maps else "")
-        + text
-    )
+    return brief(accuracy)
 
 
 def _size(n: int) -> str:

@@ -1,0 +1,119 @@
+"""The fallback's first try, the stem in float (fallback.stem_recipes / stem_first): only
+when the recipe misses the gate; the chosen recipe with the stem and, unless forced, the
+stem with global min/max ranges; kept only when it scores better, as the search scored
+and then on the evaluation samples."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto
+from onnx import helper as h
+from test_float_stem import detector_like, feed, outlier_stem
+
+import opfuse
+from opfuse.quantization import fallback, recipes
+from opfuse.quantization.accuracy import OutputAccuracy
+from opfuse.quantization.gate import Gate
+from opfuse.quantization.workspace import Workspace
+
+
+def test_the_stem_recipes():
+    assert fallback.stem_recipes(("mean-minmax", "bias-correction"), forced=False) == [
+        ("float-stem", "mean-minmax", "bias-correction"),
+        ("float-stem", "minmax"),
+    ]
+    # forced: the user's recipe with the stem, nothing else
+    assert fallback.stem_recipes(("mse",), forced=True) == [("float-stem", "mse")]
+    # already there, or the recipe is plain minmax: nothing, or one
+    assert fallback.stem_recipes(("float-stem", "minmax"), forced=False) == []
+    assert fallback.stem_recipes(("minmax",), forced=False) == [("float-stem", "minmax")]
+
+
+def _figures(sqnr: float) -> list[OutputAccuracy]:
+    return [OutputAccuracy("y", sqnr, 0.9, 1.0)]
+
+
+def _workspace() -> Workspace:
+    model = detector_like()
+    return Workspace(
+        name="m", fused_model=model, float_model=model, calib=[feed(1)], valid=[feed(2)] * 3
+    )
+
+
+def _scores(monkeypatch: pytest.MonkeyPatch, sqnr: dict[tuple[str, ...], float]) -> list:
+    scored: list = []
+
+    def fake(ws, steps):
+        scored.append(steps)
+        return recipes.Built(steps, ws, accuracy=_figures(sqnr[steps]))
+
+    monkeypatch.setattr(recipes, "scored", fake)
+    return scored
+
+
+def test_stem_first_keeps_the_best_recipe_that_beats_the_chosen(monkeypatch):
+    sqnr = {("float-stem", "mean-minmax"): 14.0, ("float-stem", "minmax"): 18.0}
+    scored = _scores(monkeypatch, sqnr)
+    chosen = recipes.Built(("mean-minmax",), _workspace(), accuracy=_figures(8.0))
+    got = fallback.stem_first(chosen.ws, Gate.parse("sqnr=20"), chosen, [chosen], forced=False)
+    assert got is not None and got.steps == ("float-stem", "minmax")
+    assert scored == [("float-stem", "mean-minmax"), ("float-stem", "minmax")]
+
+
+def test_stem_first_keeps_nothing_without_a_gain(monkeypatch):
+    _scores(monkeypatch, {("float-stem", "minmax"): 8.0})
+    chosen = recipes.Built(("minmax",), _workspace(), accuracy=_figures(8.0))
+    assert fallback.stem_first(chosen.ws, Gate.parse("sqnr=20"), chosen, [], False) is None
+
+
+def test_stem_first_does_not_fire_where_there_is_no_stem(monkeypatch):
+    scored = _scores(monkeypatch, {})
+    model = outlier_stem()
+    # the first layer alone above the share: no stem
+    ws = Workspace(name="m", fused_model=model, float_model=model, calib=[], valid=[])
+    monkeypatch.setattr(fallback.STEPS["float-stem"], "applies", lambda ws: False)
+    chosen = recipes.Built(("minmax",), ws, accuracy=_figures(8.0))
+    assert fallback.stem_first(ws, Gate.parse("sqnr=20"), chosen, [], False) is None
+    assert scored == []
+
+
+def _data(seeds: range) -> dict[str, np.ndarray]:
+    return {"x": np.concatenate([feed(s)["x"] for s in seeds])}
+
+
+def _model():
+    model = outlier_stem()
+    del model.graph.output[:]
+    model.graph.output.append(h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 96, "h", "w"]))
+    return model
+
+
+def _quantize(max_drop: str, recipe: str = "minmax") -> opfuse.QuantizeResult:
+    return opfuse.quantize(
+        _model(),
+        calibration=_data(range(8)),
+        eval=_data(range(10, 14)),
+        max_drop=max_drop,
+        recipe=recipe,
+        benchmark=False,
+    )
+
+
+def test_a_missed_gate_is_passed_with_the_stem_in_float():
+    missed = _quantize("off")
+    floor = missed.accuracy[0].sqnr_db + 5.0
+    result = _quantize(f"sqnr={floor:.1f}")
+    assert result.passed and result.recipe == "float-stem,minmax"
+    assert result.accuracy[0].sqnr_db >= floor
+    assert any("with the stem in float" in n for n in result.notes)
+    # the stem's Convs run in float in the model written: no DequantizeLinear feeds them
+    producer = {o: n for n in result.model.graph.node for o in n.output}
+    stem0 = next(n for n in result.model.graph.node if n.name == "stem0")
+    assert all(producer.get(i) is None or producer[i].op_type != "DequantizeLinear" for i in stem0.input)
+
+
+def test_a_gate_the_recipe_meets_keeps_every_layer_in_int8():
+    result = _quantize("sqnr=1")
+    assert result.passed and result.recipe == "minmax"
+    assert not any("stem" in n for n in result.notes)
