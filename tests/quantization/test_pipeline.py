@@ -255,6 +255,22 @@ def test_the_speed_verdict_when_int8_pays():
     assert "measure to confirm" not in text
 
 
+def test_the_speed_verdict_says_when_the_medians_disagree_with_the_paired_ratio():
+    from opfuse.quantization.result import FLOAT_OPT, INT8
+    from opfuse.tuning.measure import AGAIN, ORIGINAL, Measurement
+
+    steady = verdict(measured(20.0, 18.0, 8.0))
+    assert "paired; the medians give" not in steady
+    # the load fell while the int8 model ran its fifth round: every round's ratio is 0.6
+    # but one (0.2), the medians' ratio 6 / 30 ms = 0.2
+    original = [0.030] * 5 + [0.010] * 4
+    int8 = [0.018] * 4 + [0.006] * 5
+    times = {ORIGINAL: original, AGAIN: original, FLOAT_OPT: original, INT8: int8}
+    moved = Measurement("fake 1.0", 9, times)
+    text = verdict(moved)
+    assert "1.67x faster (paired; the medians give 5.00x" in text
+
+
 def test_the_speed_verdict_names_the_measured_cause():
     from opfuse.quantization.kernels import KernelCoverage
 

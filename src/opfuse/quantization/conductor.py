@@ -27,7 +27,7 @@ from opfuse.errors import GateError, OpfuseError
 from opfuse.model import io
 from opfuse.pipeline.switch import SwitchTable
 from opfuse.quantization import calibration, flow, heads, recipes
-from opfuse.quantization.accuracy import OutputAccuracy, compare_outputs
+from opfuse.quantization.accuracy import OutputAccuracy, brief, compare_outputs
 from opfuse.quantization.fallback import (
     FALLBACK_SECONDS,
     MAX_FALLBACK_TRIES,
@@ -44,7 +44,6 @@ from opfuse.quantization.result import (
     HARDSWISH_OPSET,
     INT8,
     QuantizeResult,
-    _short,
     decomposed_hardswish,
 )
 from opfuse.quantization.steps import parse_recipe
@@ -332,15 +331,15 @@ def _quantize(
             candidate = final([])
             figures = on_held(candidate)
             ws.say(
-                f"the stem in float: recipe {stem.name}: {_short(figures)} on the evaluation samples"
+                f"the stem in float: recipe {stem.name}: {brief(figures)} on the evaluation samples"
             )
             if gate.better(figures, first_accuracy):
                 model, accuracy = candidate, figures
                 stem.kept, best.kept = True, False
                 ws.notes.append(
-                    f"the recipe missed the gate ({_short(first_accuracy)}); with the stem in "
+                    f"the recipe missed the gate ({brief(first_accuracy)}); with the stem in "
                     f"float (mixed precision: its layers lose their int8 kernels) recipe "
-                    f"{stem.name} reached {_short(figures)} on the evaluation samples"
+                    f"{stem.name} reached {brief(figures)} on the evaluation samples"
                 )
                 if gate.misses(accuracy):  # the rest of the fallback starts from it
                     again = recipes.scored(ws, chosen)
@@ -350,7 +349,7 @@ def _quantize(
                 chosen = searched
                 ws.notes.append(
                     f"with the stem in float (recipe {stem.name}) the evaluation samples did "
-                    f"not score better ({_short(figures)} against {_short(first_accuracy)}): "
+                    f"not score better ({brief(figures)} against {brief(first_accuracy)}): "
                     "not kept"
                 )
     if gate.misses(accuracy) and fallback_seconds > 0:
@@ -364,8 +363,8 @@ def _quantize(
             else:  # parts in float cost speed: only for a gain that holds
                 ws.notes.append(
                     f"the fallback's choice on the validation part ({', '.join(k.node for k in found.kept)} "
-                    f"in float) did not score better on the evaluation samples ({_short(figures)} "
-                    f"against {_short(first_accuracy)}): the model without it is kept"
+                    f"in float) did not score better on the evaluation samples ({brief(figures)} "
+                    f"against {brief(first_accuracy)}): the model without it is kept"
                 )
     growth = []
     if gate.misses(accuracy):  # where the first model's error grows, for the message
@@ -501,8 +500,8 @@ def _gate_message(gate: Gate, result: QuantizeResult, growth: list[TensorError])
     )
     return (
         f"the int8 model misses --max-drop ({'; '.join(gate.misses(result.accuracy))}): "
-        f"recipe {result.recipe} reached {_short(result.first_accuracy)}, the best after the "
-        f"fallback {_short(result.accuracy)} ({kept}; stopped at {result.fallback_stopped or 'no fallback'})"
+        f"recipe {result.recipe} reached {brief(result.first_accuracy)}, the best after the "
+        f"fallback {brief(result.accuracy)} ({kept}; stopped at {result.fallback_stopped or 'no fallback'})"
         + (f"; the error grows most at {grows}" if grows else "")
         + "; nothing written. To write that best model anyway: "
         + result.command

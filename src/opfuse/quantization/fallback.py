@@ -114,7 +114,7 @@ def fallback(
         helped = gate.better(figures, best)
         ws.say(
             f"fallback try {found.tries}: the {len(group)} most sensitive parts in float at "
-            f"once: {_figures(figures)} on validation, "
+            f"once: {brief(figures)} on validation, "
             + ("better: one at a time next" if helped else "no help: stopped")
         )
         if not helped:
@@ -143,7 +143,7 @@ def fallback(
         helped = gate.better(figures, best)
         ws.say(
             f"fallback try {found.tries}: {k.node} in float ({k.sqnr_db:.1f} dB {k.how}): "
-            f"{_figures(figures)} on validation, {'kept' if helped else 'no help'}"
+            f"{brief(figures)} on validation, {'kept' if helped else 'no help'}"
         )
         if not helped:
             continue
@@ -173,10 +173,6 @@ def _group(ranked: list[KeptFloat], layers: list[str], exclude: list[str]) -> li
             continue
         group.append(k)
     return group
-
-
-def _figures(accuracy: list[OutputAccuracy]) -> str:
-    return brief(accuracy)
 
 
 STEM = "float-stem"

@@ -291,18 +291,14 @@ def paired_look(
     won = gate.better(theirs.accuracy, mine.accuracy, strict=True)
     made.paired = (
         f"{'better' if won else 'not better'} than {current.name} cross-validated on "
-        f"{theirs.cross_validated} calibration samples, paired: {_short(theirs.accuracy)} "
-        f"against {_short(mine.accuracy)}"
+        f"{theirs.cross_validated} calibration samples, paired: {brief(theirs.accuracy)} "
+        f"against {brief(mine.accuracy)}"
     )
     for report in made.reports:  # the JSON's steps say it too
         if report.step in PAIRED:
             report.detail = f"{report.detail}; {made.paired}" if report.detail else made.paired
     base.say(f"recipe {made.name}: {made.paired}")
     return made, won
-
-
-def _short(figures: list[OutputAccuracy]) -> str:
-    return brief(figures)
 
 
 def search(

@@ -197,7 +197,7 @@ class QuantizeResult:
             out.append(f"the first int8 try's error grew most at: {grows}")
         if self.first_accuracy and self.kept_float:
             out.append(
-                f"before the fallback: {_short(self.first_accuracy)}; after: {_short(self.accuracy)}"
+                f"before the fallback: {brief(self.first_accuracy)}; after: {brief(self.accuracy)}"
             )
         if self.kept_float:
             kept = ", ".join(f"{k.node} ({k.sqnr_db:.1f} dB {k.how})" for k in self.kept_float)
@@ -229,11 +229,18 @@ class QuantizeResult:
         if self.sizes.get("int8") and self.sizes.get("original"):
             sizes = f"; {_size(self.sizes['int8'])} against {_size(self.sizes['original'])}"
         where = f"on {s.runtime} ({self.cpu.describe()})"
+        apart = s.medians_ratio_apart(INT8)
+        load = (
+            ""
+            if apart is None
+            else f" (paired; the medians give {1 / apart:.2f}x: the machine's load changed "
+            "between rounds, the paired figure is the one to trust)"
+        )
         if self.pays():
             return (
                 f"int8 pays on this machine: {int8_ms:.3g} ms against {orig_ms:.3g} ms for the "
-                f"float original, {1 / s.ratio(INT8):.2f}x faster (the float optimized model "
-                f"{opt_ms:.3g} ms; noise +-{s.noise:.0%}){sizes}, {where}"
+                f"float original, {1 / s.ratio(INT8):.2f}x faster{load} (the float optimized "
+                f"model {opt_ms:.3g} ms; noise +-{s.noise:.0%}){sizes}, {where}"
             )
         causes = self._slow_causes(orig_ms)
         return (
@@ -281,10 +288,6 @@ class QuantizeResult:
                 "--runtime."
             )
         return causes
-
-
-def _short(accuracy: list[OutputAccuracy]) -> str:
-    return brief(accuracy)
 
 
 def _size(n: int) -> str:

@@ -86,6 +86,14 @@ class Measurement:
         more than its own ratio's confidence half-width."""
         return self.ratio(label, than) < 1 - max(self.threshold, self.spread(label, than))
 
+    def medians_ratio_apart(self, label: str) -> float | None:
+        """The ratio of ``label``'s median to the original's where it differs from the
+        paired ratio beyond the noise (the machine's load changed between rounds), else None."""
+        of_medians = self.medians[label] / self.original_s
+        if abs(of_medians / self.ratio(label) - 1) > max(self.threshold, self.spread(label)):
+            return of_medians
+        return None
+
     def line(self, label: str) -> str:
         """``latency 20.1 -> 7.5 ms (0.37x; noise +-0.4%) onnxruntime 1.32 ...``: the
         medians of each model's rounds, and the paired ratio (the median of the per-round
@@ -96,8 +104,8 @@ class Measurement:
             f"latency {_ms(self.original_s)} -> {_ms(self.medians[label])} ms "
             f"({ratio:.2f}x; noise +-{pct(self.noise)}) {self.runtime}"
         )
-        of_medians = self.medians[label] / self.original_s
-        if abs(of_medians / ratio - 1) > max(self.threshold, self.spread(label)):
+        of_medians = self.medians_ratio_apart(label)
+        if of_medians is not None:
             text += (
                 f"; the medians' ratio is {of_medians:.2f}x: the machine's load changed "
                 "between rounds, the paired ratio is the one to trust (measure again on a "
