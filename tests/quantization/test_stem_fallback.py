@@ -110,7 +110,9 @@ def test_a_missed_gate_is_passed_with_the_stem_in_float():
     # the stem's Convs run in float in the model written: no DequantizeLinear feeds them
     producer = {o: n for n in result.model.graph.node for o in n.output}
     stem0 = next(n for n in result.model.graph.node if n.name == "stem0")
-    assert all(producer.get(i) is None or producer[i].op_type != "DequantizeLinear" for i in stem0.input)
+    assert all(
+        producer.get(i) is None or producer[i].op_type != "DequantizeLinear" for i in stem0.input
+    )
 
 
 def test_a_gate_the_recipe_meets_keeps_every_layer_in_int8():
