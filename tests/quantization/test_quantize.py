@@ -141,7 +141,7 @@ def test_the_gate_keeps_the_sensitive_layer_in_float(tmp_path):
     assert [k.node for k in result.kept_float] == ["sensitive"]
     assert min(a.sqnr_db for a in result.accuracy) >= 25
     assert result.error_growth == []  # traced only when the gate is still missed
-    assert any(line.startswith("before the fallback: ") for line in result.lines())
+    assert any(line.startswith("before the fallback (recipe ") for line in result.lines())
     graph = onnx.load(str(tmp_path / "out.onnx")).graph
     sensitive = next(n for n in graph.node if n.name == "sensitive")
     producers = {o: n.op_type for n in graph.node for o in n.output}

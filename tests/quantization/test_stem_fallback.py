@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 from onnx import helper as h
-from test_float_stem import detector_like, feed, outlier_stem
+from test_float_stem import conv, detector_like, feed, model_of, outlier_stem
 
 import opfuse
 from opfuse.quantization import fallback, recipes
@@ -69,10 +69,14 @@ def test_stem_first_keeps_nothing_without_a_gain(monkeypatch):
 
 def test_stem_first_does_not_fire_where_there_is_no_stem(monkeypatch):
     scored = _scores(monkeypatch, {})
-    model = outlier_stem()
-    # the first layer alone above the share: no stem
-    ws = Workspace(name="m", fused_model=model, float_model=model, calib=[], valid=[])
-    monkeypatch.setattr(fallback.STEPS["float-stem"], "applies", lambda ws: False)
+    inits: dict = {}
+    nodes = [  # the first layer alone holds 96% of the multiply-adds: no stem
+        conv("big", "x", "b", 3, 64, 3, inits),
+        h.make_node("Relu", ["b"], ["a"], name="relu"),
+        conv("small", "a", "y", 64, 1, 1, inits),
+    ]
+    model = model_of(nodes, inits, 1)
+    ws = Workspace(name="m", fused_model=model, float_model=model, calib=[feed(1)], valid=[])
     chosen = recipes.Built(("minmax",), ws, accuracy=_figures(8.0))
     assert fallback.stem_first(ws, Gate.parse("sqnr=20"), chosen, [], False) is None
     assert scored == []
@@ -89,10 +93,10 @@ def _model():
     return model
 
 
-def _quantize(max_drop: str, recipe: str = "minmax") -> opfuse.QuantizeResult:
+def _quantize(max_drop: str, recipe: str = "minmax", samples: int = 8) -> opfuse.QuantizeResult:
     return opfuse.quantize(
         _model(),
-        calibration=_data(range(8)),
+        calibration=_data(range(samples)),
         eval=_data(range(10, 14)),
         max_drop=max_drop,
         recipe=recipe,
@@ -100,11 +104,14 @@ def _quantize(max_drop: str, recipe: str = "minmax") -> opfuse.QuantizeResult:
     )
 
 
-def test_a_missed_gate_is_passed_with_the_stem_in_float():
-    missed = _quantize("off")
+@pytest.mark.parametrize("samples", [8, 6])  # 6: no validation part apart
+def test_a_missed_gate_is_passed_with_the_stem_in_float(samples):
+    missed = _quantize("off", samples=samples)
     floor = missed.accuracy[0].sqnr_db + 5.0
-    result = _quantize(f"sqnr={floor:.1f}")
+    result = _quantize(f"sqnr={floor:.1f}", samples=samples)
     assert result.passed and result.recipe == "float-stem,minmax"
+    assert result.first_recipe == "minmax" and result.to_json()["first_recipe"] == "minmax"
+    assert [r["recipe"] for r in result.recipes if r["kept"]] == ["float-stem,minmax"]
     assert result.accuracy[0].sqnr_db >= floor
     assert any("with the stem in float" in n for n in result.notes)
     # the stem's Convs run in float in the model written: no DequantizeLinear feeds them

@@ -298,7 +298,7 @@ def _quantize(
         if keep:
             float_heads.append(out_name)
             model, valid_figures = candidate, figures
-    split_model = model
+    split_model, split_steps = model, chosen
     # the model written is calibrated on every calibration sample (the validation part
     # only chooses): the recipe, its heads and what the fallback keeps in float
     everything = ws.fork()
@@ -306,7 +306,7 @@ def _quantize(
 
     def final(in_float: list[str]) -> onnx.ModelProto:
         if not apart:
-            return build(in_float) if in_float else split_model
+            return build(in_float) if in_float or chosen != split_steps else split_model
         ws.say(f"the recipe on all {len(calib_all)} calibration samples")
         made = recipes.build(everything, chosen, in_float, tuple(float_heads))
         assert made.model is not None
@@ -320,14 +320,16 @@ def _quantize(
 
     model = first_model = final([])
     accuracy = first_accuracy = on_held(model)
+    searched = chosen  # the search's recipe (the stem may join it below)
     kept: list[KeptFloat] = []
     tries, stopped = 0, ""
     ranked_on = best.ws  # the workspace the fallback ranks its candidates on
+    fallback_start = time.perf_counter()
     if gate.misses(accuracy) and fallback_seconds > 0:
         stem = stem_first(ws, gate, best, tried, forced is not None)
         if stem is not None:
             tried.append(stem)
-            chosen, searched = stem.steps, chosen
+            chosen = stem.steps
             candidate = final([])
             figures = on_held(candidate)
             ws.say(
@@ -335,16 +337,19 @@ def _quantize(
             )
             if gate.better(figures, first_accuracy):
                 model, accuracy = candidate, figures
-                stem.kept, best.kept = True, False
+                for t in tried:  # the search's choice is not the model written
+                    t.kept = t is stem
                 ws.notes.append(
-                    f"the recipe missed the gate ({brief(first_accuracy)}); with the stem in "
-                    f"float (mixed precision: its layers lose their int8 kernels) recipe "
-                    f"{stem.name} reached {brief(figures)} on the evaluation samples"
+                    f"recipe {recipes.recipe_name(searched)} missed the gate "
+                    f"({brief(first_accuracy)}); with the stem in float (mixed precision: its "
+                    f"layers lose their int8 kernels) recipe {stem.name} reached "
+                    f"{brief(figures)} on the evaluation samples"
                 )
                 if gate.misses(accuracy):  # the rest of the fallback starts from it
-                    again = recipes.scored(ws, chosen)
-                    assert again.model is not None
-                    ranked_on, split_model, valid_figures = again.ws, again.model, again.accuracy
+                    made = recipes.build(ws, chosen, [], tuple(float_heads))
+                    assert made.model is not None
+                    ranked_on, split_model, split_steps = made.ws, made.model, chosen
+                    valid_figures = ws.score(made.model)
             else:
                 chosen = searched
                 ws.notes.append(
@@ -352,20 +357,24 @@ def _quantize(
                     f"not score better ({brief(figures)} against {brief(first_accuracy)}): "
                     "not kept"
                 )
-    if gate.misses(accuracy) and fallback_seconds > 0:
-        found = fallback(ranked_on, gate, build, split_model, valid_figures, fallback_seconds)
+    # the stem's tries count in the fallback's seconds
+    left = fallback_seconds - (time.perf_counter() - fallback_start)
+    if gate.misses(accuracy) and fallback_seconds > 0 and left > 0:
+        found = fallback(ranked_on, gate, build, split_model, valid_figures, left)
         tries, stopped = found.tries, found.stopped
         if found.kept:
             candidate = final(found.exclude)
             figures = on_held(candidate)
-            if gate.better(figures, first_accuracy):
+            if gate.better(figures, accuracy):
                 kept, model, accuracy = found.kept, candidate, figures
             else:  # parts in float cost speed: only for a gain that holds
                 ws.notes.append(
                     f"the fallback's choice on the validation part ({', '.join(k.node for k in found.kept)} "
                     f"in float) did not score better on the evaluation samples ({brief(figures)} "
-                    f"against {brief(first_accuracy)}): the model without it is kept"
+                    f"against {brief(accuracy)}): the model without it is kept"
                 )
+    elif gate.misses(accuracy) and fallback_seconds > 0:
+        stopped = f"its {fallback_seconds:g} s budget, spent on the stem in float"
     growth = []
     if gate.misses(accuracy):  # where the first model's error grows, for the message
         growth = largest_drops(error_trace(best.ws.float_model, first_model, held[:4]))
@@ -399,6 +408,7 @@ def _quantize(
         validation_samples=len(valid),
         validation_apart=apart,
         recipe=recipes.recipe_name(chosen),
+        first_recipe=recipes.recipe_name(searched),
         recipes=[t.to_json() for t in tried],
         recipe_lines=[t.line() for t in tried],
         skipped=skipped,
@@ -500,7 +510,7 @@ def _gate_message(gate: Gate, result: QuantizeResult, growth: list[TensorError])
     )
     return (
         f"the int8 model misses --max-drop ({'; '.join(gate.misses(result.accuracy))}): "
-        f"recipe {result.recipe} reached {brief(result.first_accuracy)}, the best after the "
+        f"recipe {result.first_recipe or result.recipe} reached {brief(result.first_accuracy)}, the best after the "
         f"fallback {brief(result.accuracy)} ({kept}; stopped at {result.fallback_stopped or 'no fallback'})"
         + (f"; the error grows most at {grows}" if grows else "")
         + "; nothing written. To write that best model anyway: "

@@ -53,6 +53,9 @@ CLASS_GAIN_DB = 3.0
 CLASS_WINS = 2 / 3
 SQNR_CAP_DB = 100.0  # a sample without error (inf) counts as this
 LOWEST_MAP_IOU = 0.5
+# two maps' IoU within a point of each other is a tie: a fixed margin, not fitted (the
+# pixels of a map are not independent samples, so no binomial standard error applies)
+MAP_IOU_TIE = 0.01
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,8 @@ class Gate:
                     raise ValueError(KEYS_HELP)
             except ValueError as exc:
                 raise OpfuseError(f"--max-drop {text!r}: {exc}") from None
+        if top1 is None and sqnr is None:  # iou= alone: class outputs keep their floor
+            top1 = DEFAULT_TOP1
         return cls(top1, sqnr, map_iou=iou)
 
     def map_floor(self) -> float | None:
@@ -145,7 +150,8 @@ class Gate:
         tries are compared): fewer outputs missing the gate (the default gate's when this
         one is off); else a higher lowest top-1 agreement when the difference exceeds twice
         its standard error on the rows counted (on 160 rows near 95%, 3.4 points: a few
-        rows more or less is not a difference); else, with top-1 within its noise, the
+        rows more or less is not a difference); else a higher lowest map IoU by more than
+        MAP_IOU_TIE where maps are judged by it; else, with top-1 within its noise, the
         SQNR: on the outputs that score classes only a large and consistent paired gain
         (``sqnr_verdict``), on the others (every output when the gate has an SQNR floor,
         ``sqnr=DB``) a higher lowest SQNR by 0.1 dB; ``a`` is better when it wins one of
@@ -160,6 +166,7 @@ class Gate:
             return (
                 misses_a <= misses_b
                 and self._top1_verdict(a, b) >= 0
+                and self._map_verdict(a, b) >= 0
                 and sqnr_verdict(a, b, strict=True) > 0
             )
         if misses_a != misses_b:
@@ -167,6 +174,9 @@ class Gate:
         top1 = self._top1_verdict(a, b)
         if top1:
             return top1 > 0
+        maps = self._map_verdict(a, b) if judge.map_floor() is not None else 0
+        if maps:
+            return maps > 0
         # the SQNR of the outputs the gate judges by it (those that score no classes): on
         # an output that scores classes, top-1 within its noise is a tie, not a contest of
         # the lowest SQNR (on PP-OCRv4's recognizer the SQNR of 4 validation windows rose
@@ -175,13 +185,29 @@ class Gate:
         # paired gain large and consistent over enough samples counts there
         # (with an SQNR floor given, ``sqnr=DB``, every output is judged by its lowest SQNR)
         by_sqnr = judge.sqnr_db is not None
-        plain_a = [o.sqnr_db for o in a if by_sqnr or o.top1 is None]
-        plain_b = [o.sqnr_db for o in b if by_sqnr or o.top1 is None]
+        by_iou = judge.map_floor() is not None  # a map judged by its IoU is no SQNR contest
+        plain_a = [
+            o.sqnr_db for o in a if by_sqnr or (o.top1 is None and not _judged_by_iou(o, by_iou))
+        ]
+        plain_b = [
+            o.sqnr_db for o in b if by_sqnr or (o.top1 is None and not _judged_by_iou(o, by_iou))
+        ]
         plain = 0
         if plain_a and plain_b:
             plain = (min(plain_a) > min(plain_b) + 0.1) - (min(plain_b) > min(plain_a) + 0.1)
         classes = 0 if by_sqnr else sqnr_verdict(a, b)
         return plain >= 0 and classes >= 0 and plain + classes > 0
+
+    @staticmethod
+    def _map_verdict(a: Sequence[OutputAccuracy], b: Sequence[OutputAccuracy]) -> int:
+        """1: ``a``'s lowest map IoU is higher than ``b``'s by more than MAP_IOU_TIE; -1:
+        lower; 0: within it, or no output is a map. The pixels of a map are not independent
+        samples (a text line is thousands of them), so no binomial noise: a fixed margin."""
+        iou_a = [o.map_iou for o in a if o.map_iou is not None]
+        iou_b = [o.map_iou for o in b if o.map_iou is not None]
+        if not iou_a or not iou_b:
+            return 0
+        return (min(iou_a) > min(iou_b) + MAP_IOU_TIE) - (min(iou_b) > min(iou_a) + MAP_IOU_TIE)
 
     @staticmethod
     def _top1_verdict(a: Sequence[OutputAccuracy], b: Sequence[OutputAccuracy]) -> int:
@@ -274,3 +300,7 @@ def sqnr_verdict(
     if strict:
         return int(bool(pairs) and all(ahead)) - int(any(behind))
     return int(any(ahead) and not any(behind)) - int(any(behind) and not any(ahead))
+
+
+def _judged_by_iou(o: OutputAccuracy, by_iou: bool) -> bool:
+    return by_iou and o.map_iou is not None

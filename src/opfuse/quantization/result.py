@@ -80,6 +80,7 @@ class QuantizeResult:
     heads: list[HeadChoice] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # workarounds (the quantizer's failures)
     first_accuracy: list[OutputAccuracy] = field(default_factory=list)  # before the fallback
+    first_recipe: str = ""  # the recipe search's choice (``recipe`` adds the stem in float)
     fallback_tries: int = 0
     fallback_stopped: str = ""
     passed: bool = True
@@ -144,6 +145,7 @@ class QuantizeResult:
             "heads": [h.to_json() for h in self.heads],
             "accuracy": [a.to_json() for a in self.accuracy],
             "first_accuracy": [a.to_json() for a in self.first_accuracy],
+            "first_recipe": self.first_recipe or self.recipe,
             "kept_float": [
                 {"kept": k.node, "nodes": list(k.in_float), "sqnr_db": k.sqnr_db, "measure": k.how}
                 for k in self.kept_float
@@ -195,9 +197,11 @@ class QuantizeResult:
         if self.error_growth:
             grows = "; ".join(e.describe() for e in self.error_growth)
             out.append(f"the first int8 try's error grew most at: {grows}")
-        if self.first_accuracy and self.kept_float:
+        stem = bool(self.first_recipe) and self.first_recipe != self.recipe
+        if self.first_accuracy and (self.kept_float or stem):
             out.append(
-                f"before the fallback: {brief(self.first_accuracy)}; after: {brief(self.accuracy)}"
+                f"before the fallback (recipe {self.first_recipe or self.recipe}): "
+                f"{brief(self.first_accuracy)}; after: {brief(self.accuracy)}"
             )
         if self.kept_float:
             kept = ", ".join(f"{k.node} ({k.sqnr_db:.1f} dB {k.how})" for k in self.kept_float)
