@@ -80,15 +80,9 @@ class Gate:
             key, _, value = part.partition("=")
             try:
                 if key == "top1":
-                    top1 = float(value.rstrip("%")) / (100 if value.endswith("%") else 1)
-                    if not 0 <= top1 <= 1:
-                        raise ValueError("a share between 0 and 100%")
-                    if top1 < LOWEST_TOP1:
-                        raise ValueError(
-                            f"a floor of {top1:.0%} agreement turns the gate off in effect "
-                            f"(top1 is a floor: top1=99% keeps agreement >= 99%); give at "
-                            f"least {LOWEST_TOP1:.0%}, or --max-drop off"
-                        )
+                    top1 = _floor_share(
+                        value, LOWEST_TOP1, "agreement", "top1=99% keeps agreement >= 99%"
+                    )
                 elif key == "sqnr":
                     sqnr = float(value.removesuffix("dB").removesuffix("db"))
                     if sqnr <= 0:
@@ -98,15 +92,9 @@ class Gate:
                             "--max-drop off"
                         )
                 elif key == "iou":
-                    iou = float(value.rstrip("%")) / (100 if value.endswith("%") else 1)
-                    if not 0 <= iou <= 1:
-                        raise ValueError("a share between 0 and 100%")
-                    if iou < LOWEST_MAP_IOU:
-                        raise ValueError(
-                            f"a floor of {iou:.0%} map IoU turns the gate off in effect "
-                            f"(iou is a floor: iou=90% keeps the map IoU >= 90%); give at "
-                            f"least {LOWEST_MAP_IOU:.0%}, or --max-drop off"
-                        )
+                    iou = _floor_share(
+                        value, LOWEST_MAP_IOU, "map IoU", "iou=90% keeps the map IoU >= 90%"
+                    )
                 else:
                     raise ValueError(KEYS_HELP)
             except ValueError as exc:
@@ -304,3 +292,18 @@ def sqnr_verdict(
 
 def _judged_by_iou(o: OutputAccuracy, by_iou: bool) -> bool:
     return by_iou and o.map_iou is not None
+
+
+def _floor_share(value: str, lowest: float, what: str, example: str) -> float:
+    """A floor given as a share (``99%`` or ``0.99``); one below ``lowest`` turns the gate
+    off in effect and is refused (ValueError, said with the option)."""
+    share = float(value.rstrip("%")) / (100 if value.endswith("%") else 1)
+    if not 0 <= share <= 1:
+        raise ValueError("a share between 0 and 100%")
+    if share < lowest:
+        key = example.split("=")[0]
+        raise ValueError(
+            f"a floor of {share:.0%} {what} turns the gate off in effect ({key} is a floor: "
+            f"{example}); give at least {lowest:.0%}, or --max-drop off"
+        )
+    return share
