@@ -326,7 +326,7 @@ def _quantize(
     ranked_on = best.ws  # the workspace the fallback ranks its candidates on
     fallback_start = time.perf_counter()
     if gate.misses(accuracy) and fallback_seconds > 0:
-        stem = stem_first(ws, gate, best, tried, forced is not None)
+        stem = stem_first(ws, gate, best, tried, forced is not None, fallback_seconds)
         if stem is not None:
             tried.append(stem)
             chosen = stem.steps

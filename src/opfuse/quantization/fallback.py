@@ -200,13 +200,15 @@ def stem_first(
     chosen: recipes.Built,
     tried: list[recipes.Built],
     forced: bool,
+    seconds: float = FALLBACK_SECONDS,
 ) -> recipes.Built | None:
     """The best recipe with the stem in float (``stem_recipes``) when it scores better than
     ``chosen`` (``Gate.better``) as the recipe search scored it: cross-validated where the
     search was (``tried`` holds those figures), else on the validation part. None: no gain.
     Mixed precision: the stem's layers lose their int8 kernels, so it is tried only when
     the recipe misses the gate, and kept only on a gain (the caller confirms it on the
-    evaluation samples, as the rest of the fallback's choice)."""
+    evaluation samples, as the rest of the fallback's choice). Its time counts in the
+    fallback's ``seconds``: the first recipe always runs, the next only within them."""
     candidates = [s for s in stem_recipes(chosen.steps, forced) if STEPS[STEM].applies(ws)]
     if not candidates:
         return None
@@ -222,7 +224,13 @@ def stem_first(
         same = [t for t in tried if t.steps == chosen.steps and t.cross_validated]
         base = same[0] if same else score(chosen.steps)
     best: recipes.Built | None = None
-    for steps in candidates:
+    start = time.perf_counter()
+    for k, steps in enumerate(candidates):
+        if k and time.perf_counter() - start > seconds:
+            ws.say(
+                f"the stem in float: {recipes.recipe_name(steps)} not tried (the fallback's {seconds:g} s spent)"
+            )
+            break
         made = score(steps)
         if made.error:
             continue
