@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from opfuse.quantization.accuracy import sqnr_db
+
 TIES = (0.01, 0.05, 0.1)
 
 
@@ -45,10 +47,9 @@ def figures(ref: np.ndarray, got: np.ndarray, blank: int | None) -> dict[str, An
     ordered = np.sort(r2, axis=1)
     margin = ordered[:, -1] - ordered[:, -2]
     differ = np.nonzero(top != top_got)[0]
-    noise = float(np.sum((r2.astype(np.float64) - g2) ** 2))
     out: dict[str, Any] = {
         "top1": round(float(np.mean(top == top_got)), 4),
-        "sqnr_db": round(10 * np.log10(float(np.sum(r2.astype(np.float64) ** 2)) / noise), 2),
+        "sqnr_db": round(sqnr_db(ref, got), 2),
         "rows": len(top),
         "differ": len(differ),
         "differ_margins": sorted(round(float(margin[i]), 3) for i in differ),

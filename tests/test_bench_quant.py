@@ -349,3 +349,12 @@ def test_quant_regions_counts_near_ties_blank_flips_and_decoded_windows():
     # no blank given: no CTC figures; the same model: nothing differs
     same = figures(ref, ref + 1e-3, blank=None)
     assert same["differ"] == 0 and "windows_decoded_differ" not in same
+
+
+def test_quant_regions_figures_of_an_exact_model():
+    """An int8 twin without error (no noise) gives an infinite SQNR, not a division by 0."""
+    from bench.quant_regions import figures
+
+    scores = np.random.default_rng(0).random((2, 5, 4)).astype(np.float32)
+    out = figures(scores, scores.copy(), blank=0)
+    assert out["top1"] == 1.0 and out["differ"] == 0 and out["sqnr_db"] == float("inf")
