@@ -152,35 +152,9 @@ def test_the_fallback_keeps_only_layers_that_help(tmp_path, monkeypatch):
     """The layer whose rounding is worst ("a") makes the whole model worse when kept in
     float (as on PP-OCR's recognizer): it is tried and dropped, "b" is kept and the gate
     holds; a gate nothing meets stops at the candidates' end with the best reached."""
-    from opfuse.quantization import fallback as fb
-    from opfuse.quantization.accuracy import OutputAccuracy
-    from opfuse.quantization.sensitivity import Candidate
-
     in_float_sqnr = {(): 20.0, ("a",): 15.0, ("b",): 26.0, ("a", "b"): 22.0, ("b", "c"): 25.0}
-    monkeypatch.setattr(fb.flow, "weighted_nodes", lambda model: ["a", "b", "c"])
-    monkeypatch.setattr(fb, "activation_candidates", lambda f, q, s: [])
-    monkeypatch.setattr(
-        fb,
-        "weight_candidates",
-        lambda m, layers, s, pc: [Candidate(n, (n,), db, "weight rounding")
-                                  for n, db in (("a", 5.0), ("b", 10.0), ("c", 30.0))],
-    )  # fmt: skip
-
-    class FakeWorkspace:
-        exclude: list[str] = []
-        float_model = None
-        calib: list[dict[str, np.ndarray]] = []
-        per_channel = True
-        lines: list[str] = []
-
-        def score(self, model):
-            return [OutputAccuracy("y", in_float_sqnr[tuple(sorted(model))], 1.0, 0.0)]
-
-        def say(self, text):
-            self.lines.append(text)
-
-    ws = FakeWorkspace()
-    first = [OutputAccuracy("y", 20.0, 1.0, 0.0)]
+    ranked = (("a", 5.0), ("b", 10.0), ("c", 30.0))
+    fb, ws, first = _fake_fallback(monkeypatch, in_float_sqnr, ranked)
     found = fb.fallback(ws, Gate.parse("sqnr=25"), lambda names: names, [], first)
     assert [k.node for k in found.kept] == ["b"] and found.accuracy[0].sqnr_db == 26.0
     assert found.tries == 2 and "gate holds" in found.stopped
@@ -194,22 +168,23 @@ def test_the_fallback_keeps_only_layers_that_help(tmp_path, monkeypatch):
     assert late.tries == 0 and "budget" in late.stopped
 
 
-def _fake_fallback(monkeypatch, sqnr_in_float):
-    """A fallback on layers "a".."d" ranked a, b, c, d (worst first), whose validation
-    SQNR with the layers kept in float is ``sqnr_in_float`` (sorted names -> dB; 20 dB
-    with none)."""
+def _fake_fallback(
+    monkeypatch, sqnr_in_float, ranked=(("a", 5.0), ("b", 10.0), ("c", 12.0), ("d", 30.0))
+):
+    """A fallback on the layers of ``ranked`` (name, the SQNR that ranks it: by default
+    "a".."d" ranked a, b, c, d, worst first), whose validation SQNR with the layers kept in
+    float is ``sqnr_in_float`` (sorted names -> dB; 20 dB with none)."""
     from opfuse.quantization import fallback as fb
     from opfuse.quantization.accuracy import OutputAccuracy
     from opfuse.quantization.sensitivity import Candidate
 
-    monkeypatch.setattr(fb.flow, "weighted_nodes", lambda model: ["a", "b", "c", "d"])
+    monkeypatch.setattr(fb.flow, "weighted_nodes", lambda model: [n for n, _ in ranked])
     monkeypatch.setattr(fb, "activation_candidates", lambda f, q, s: [])
     monkeypatch.setattr(
         fb,
         "weight_candidates",
-        lambda m, layers, s, pc: [Candidate(n, (n,), db, "weight rounding")
-                                  for n, db in (("a", 5.0), ("b", 10.0), ("c", 12.0), ("d", 30.0))],
-    )  # fmt: skip
+        lambda m, layers, s, pc: [Candidate(n, (n,), db, "weight rounding") for n, db in ranked],
+    )
 
     class FakeWorkspace:
         exclude: list[str] = []

@@ -32,6 +32,9 @@ MANIFEST_KEYS = {
 # options that decide how long or in how much memory a task may run, not what it computes:
 # they are not part of the resume key
 LIMIT_KEYS = ("timeout", "max_memory")
+# the OptimizeSettings fields a batch task carries under the same name (its switch file is
+# ``switch_file``, resolved to an absolute path for the workers)
+OPTIMIZE_FIELDS = ("enable", "disable", "fold_size_limit", "target_opset", "layout", "target")
 
 
 @dataclass(frozen=True)
@@ -93,12 +96,7 @@ class TaskOptions:
             switch_file = optimize.fusion_switch_file
             given.update(
                 switch_file=str(Path(switch_file).resolve()) if switch_file else None,
-                enable=optimize.enable,
-                disable=optimize.disable,
-                fold_size_limit=optimize.fold_size_limit,
-                target_opset=optimize.target_opset,
-                layout=optimize.layout,
-                target=optimize.target,
+                **{name: getattr(optimize, name) for name in OPTIMIZE_FIELDS},
             )
         if checks is not None:
             _refuse_unused(checks, VerifySettings(), ("seed", "save_failing_inputs"))
@@ -116,12 +114,7 @@ class TaskOptions:
         """What one model's optimizer takes (``pipeline.conductor.optimize_file``)."""
         return OptimizeSettings(
             fusion_switch_file=self.switch_file,
-            enable=self.enable,
-            disable=self.disable,
-            fold_size_limit=self.fold_size_limit,
-            target_opset=self.target_opset,
-            layout=self.layout,
-            target=self.target,
+            **{name: getattr(self, name) for name in OPTIMIZE_FIELDS},
         )
 
     def verify_settings(self) -> VerifySettings:
