@@ -135,3 +135,20 @@ def test_stem_first_tries_one_recipe_when_the_fallback_seconds_are_spent(monkeyp
     got = fallback.stem_first(chosen.ws, Gate.parse("sqnr=20"), chosen, [], False, seconds=-1)
     assert scored == [("float-stem", "mean-minmax")]
     assert got is not None and got.steps == ("float-stem", "mean-minmax")
+
+
+def test_a_stem_that_does_not_help_is_said_and_listed(monkeypatch):
+    """A stem that cannot help (here: a Relu the int8 model's error does not come from):
+    its recipe is tried, listed among the recipes (not kept) and said in a note."""
+    from opfuse.errors import GateError
+    from opfuse.quantization import steps
+
+    monkeypatch.setattr(steps, "stem_nodes", lambda model, feed: ["body_relu"])
+    with pytest.raises(GateError) as caught:
+        _quantize("sqnr=200")
+    result = caught.value.report
+    assert result is not None and result.recipe == "minmax"
+    listed = [r["recipe"] for r in result.recipes]
+    assert "float-stem,minmax" in listed
+    assert [r["recipe"] for r in result.recipes if r["kept"]] == ["minmax"]
+    assert any("with the stem in float (" in n and "not kept" in n for n in result.notes)

@@ -326,9 +326,16 @@ def _quantize(
     ranked_on = best.ws  # the workspace the fallback ranks its candidates on
     fallback_start = time.perf_counter()
     if gate.misses(accuracy) and fallback_seconds > 0:
-        stem = stem_first(ws, gate, best, tried, forced is not None, fallback_seconds)
+        stem_tries: list[recipes.Built] = []
+        stem = stem_first(ws, gate, best, tried, forced is not None, fallback_seconds, stem_tries)
+        tried.extend(stem_tries)
+        if stem is None and stem_tries:
+            ws.notes.append(
+                "with the stem in float ("
+                + "; ".join(t.line() for t in stem_tries)
+                + f") did not score better than recipe {best.name}: not kept"
+            )
         if stem is not None:
-            tried.append(stem)
             chosen = stem.steps
             candidate = final([])
             figures = on_held(candidate)

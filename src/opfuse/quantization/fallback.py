@@ -201,6 +201,7 @@ def stem_first(
     tried: list[recipes.Built],
     forced: bool,
     seconds: float = FALLBACK_SECONDS,
+    scored: list[recipes.Built] | None = None,
 ) -> recipes.Built | None:
     """The best recipe with the stem in float (``stem_recipes``) when it scores better than
     ``chosen`` (``Gate.better``) as the recipe search scored it: cross-validated where the
@@ -232,6 +233,8 @@ def stem_first(
             )
             break
         made = score(steps)
+        if scored is not None:  # what was tried, for the caller to say
+            scored.append(made)
         if made.error:
             continue
         if gate.better(made.accuracy, (best or base).accuracy):
