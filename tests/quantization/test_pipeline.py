@@ -286,7 +286,15 @@ def test_the_speed_verdict_names_the_measured_cause():
         "22 float ops stay between DequantizeLinear and QuantizeLinear (HardSigmoid 11, Mul 11)"
         in text
     )
-    assert "11 of them are HardSwish written out" in text and "try --target-opset 14" in text
+    assert "Up to 11 of them are HardSwish written out" in text and "try --target-opset 14" in text
+    # the HardSwish ops of the layers kept in float, or run as QLinearMul, are not among them
+    se_only = KernelCoverage(
+        integer_ops={"QLinearConv": 20},
+        float_between_qdq={"HardSigmoid": 2, "Div": 5},
+        integer_fraction=1.0,
+        total_macs=10**8,
+    )
+    assert "HardSwish" not in verdict(measured(1.0, 0.9, 1.5), se_only, hardswish=28)
     # a HardSigmoid gating another tensor (squeeze-excite) is not a HardSwish: no advice
     assert "--target-opset" not in verdict(measured(1.0, 0.9, 1.5), hardswish)
     assert "The model runs in 1 ms" in text  # small: the Q/DQ costs what int8 saves
@@ -294,7 +302,9 @@ def test_the_speed_verdict_names_the_measured_cause():
     # the multiply-adds left in float, and a CPU without VNNI
     partial = KernelCoverage(integer_fraction=0.4, total_macs=10**8)
     text = verdict(measured(30.0, 28.0, 31.0), partial, flags=("avx2",), kept=("conv1", "conv2"))
-    assert "Only 40% of the multiply-adds run in integer kernels (2 parts kept in float" in text
+    assert (
+        "Only 40% of the multiply-adds run in integer kernels (conv1, conv2 kept in float" in text
+    )
     assert "This CPU has no VNNI" in text and "The model runs in" not in text
     # nothing to name: said as measured, with what to try
     full = KernelCoverage(integer_fraction=1.0, total_macs=10**8)

@@ -169,16 +169,23 @@ def test_the_fallback_keeps_only_layers_that_help(tmp_path, monkeypatch):
 
 
 def _fake_fallback(
-    monkeypatch, sqnr_in_float, ranked=(("a", 5.0), ("b", 10.0), ("c", 12.0), ("d", 30.0))
+    monkeypatch,
+    sqnr_in_float,
+    ranked=(("a", 5.0), ("b", 10.0), ("c", 12.0), ("d", 30.0)),
+    leading=None,
 ):
     """A fallback on the layers of ``ranked`` (name, the SQNR that ranks it: by default
     "a".."d" ranked a, b, c, d, worst first), whose validation SQNR with the layers kept in
-    float is ``sqnr_in_float`` (sorted names -> dB; 20 dB with none)."""
+    float is ``sqnr_in_float`` (sorted names -> dB; 20 dB with none); ``leading``: the
+    node names of each share of the leading layers (none by default)."""
     from opfuse.quantization import fallback as fb
     from opfuse.quantization.accuracy import OutputAccuracy
     from opfuse.quantization.sensitivity import Candidate
 
     monkeypatch.setattr(fb.flow, "weighted_nodes", lambda model: [n for n, _ in ranked])
+    monkeypatch.setattr(
+        fb, "stem_nodes", lambda model, feed, share: list((leading or {}).get(share, []))
+    )
     monkeypatch.setattr(fb, "activation_candidates", lambda f, q, s: [])
     monkeypatch.setattr(
         fb,
@@ -189,7 +196,7 @@ def _fake_fallback(
     class FakeWorkspace:
         exclude: list[str] = []
         float_model = None
-        calib: list[dict[str, np.ndarray]] = []
+        calib: list[dict[str, np.ndarray]] = [{}]
         per_channel = True
 
         def __init__(self):
@@ -213,6 +220,65 @@ def test_the_fallback_stops_when_its_worst_parts_at_once_do_not_help(monkeypatch
     assert "at once scoring no better" in found.stopped and "spread" in found.stopped
     assert "the 3 most sensitive parts in float at once" in ws.lines[0]
     assert "no help: stopped" in ws.lines[0] and len(ws.lines) == 1
+
+
+# the leading layers of the fake: every share but the whole model ("a" is not leading)
+LEADING = {0.25: ["d"], 0.5: ["c", "d"], 0.75: ["b", "c", "d"], 0.9: ["b", "c", "d"]}
+SPREAD = {("a", "b", "c"): 19.0}  # the worst parts at once do not help
+
+
+def test_the_fallback_keeps_the_least_leading_share_that_holds_the_gate(monkeypatch):
+    """The error spread: the leading layers in float, the largest share first, smaller ones
+    while the gate holds; the least that holds is kept (less in float: more speed)."""
+    sqnr = {**SPREAD, ("b", "c", "d"): 26.0, ("c", "d"): 25.5, ("d",): 21.0}
+    fb, ws, first = _fake_fallback(monkeypatch, sqnr, leading=LEADING)
+    found = fb.fallback(ws, Gate.parse("sqnr=25"), lambda names: names, [], first)
+    [part] = found.kept
+    assert part.node == "the leading 50% of the multiply-adds (2 layers)" and part.how == fb.LEADING
+    assert found.exclude == ["c", "d"] and found.model == ["c", "d"]
+    assert found.accuracy[0].sqnr_db == 25.5 and found.tries == 4  # the group, 75%, 50%, 25%
+    assert "the least share where the gate holds (on validation)" in found.stopped
+    tries = [line for line in ws.lines if "leading" in line]
+    assert [t.split(": ")[1] for t in tries] == [
+        "the leading 75% of the multiply-adds (3 layers) in float",
+        "the leading 50% of the multiply-adds (2 layers) in float",
+        "the leading 25% of the multiply-adds (1 layers) in float",
+    ]  # 90% takes the same layers as 75%: one try
+    assert part.describe() == part.node  # no SQNR ranked it
+
+
+def test_the_leading_layers_are_kept_only_when_they_score_better_than_none(monkeypatch):
+    fb, ws, first = _fake_fallback(monkeypatch, {**SPREAD, ("b", "c", "d"): 20.05}, leading=LEADING)
+    found = fb.fallback(ws, Gate.parse("sqnr=25"), lambda names: names, [], first)
+    assert found.kept == [] and found.accuracy is first and found.tries == 2
+    # missing the gate but better than none: kept, and said so
+    fb, ws, first = _fake_fallback(monkeypatch, {**SPREAD, ("b", "c", "d"): 23.0}, leading=LEADING)
+    found = fb.fallback(ws, Gate.parse("sqnr=25"), lambda names: names, [], first)
+    assert found.exclude == ["b", "c", "d"] and found.accuracy[0].sqnr_db == 23.0
+    assert "misses the gate (on validation) but scores better than none" in found.stopped
+    # no leading share short of the whole model: nothing tried
+    fb, ws, first = _fake_fallback(monkeypatch, SPREAD, leading={0.25: ["a", "b", "c", "d"]})
+    found = fb.fallback(ws, Gate.parse("sqnr=25"), lambda names: names, [], first)
+    assert found.kept == [] and found.tries == 1
+
+
+def test_the_leading_layers_are_judged_cross_validated_when_it_can(monkeypatch):
+    """Scored by the cross-validated figures (every calibration sample), not the validation
+    part's: here the validation part would keep none, the cross-validated figures 50%."""
+    from opfuse.quantization.accuracy import OutputAccuracy
+
+    valid = {**SPREAD, ("b", "c", "d"): 20.0, ("c", "d"): 20.0, ("d",): 20.0}
+    cross = {(): 18.0, ("b", "c", "d"): 27.0, ("c", "d"): 26.0, ("d",): 22.0}
+    fb, ws, first = _fake_fallback(monkeypatch, valid, leading=LEADING)
+
+    def scorer(names):
+        return [OutputAccuracy("y", cross[tuple(sorted(names))], 1.0, 0.0)]
+
+    found = fb.fallback(ws, Gate.parse("sqnr=25"), lambda names: names, [], first, cross=scorer)
+    assert found.exclude == ["c", "d"]
+    assert found.accuracy[0].sqnr_db == 20.0  # the validation figures of the model kept
+    assert "(cross-validated)" in found.stopped
+    assert all("cross-validated" in line for line in ws.lines if "leading" in line)
 
 
 def test_the_fallback_goes_one_at_a_time_when_its_worst_parts_at_once_help(monkeypatch):

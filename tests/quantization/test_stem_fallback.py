@@ -152,3 +152,33 @@ def test_a_stem_that_does_not_help_is_said_and_listed(monkeypatch):
     assert "float-stem,minmax" in listed
     assert [r["recipe"] for r in result.recipes if r["kept"]] == ["minmax"]
     assert any("with the stem in float (" in n and "not kept" in n for n in result.notes)
+
+
+def test_the_leading_layers_in_float_pass_a_gate_the_stem_misses(monkeypatch):
+    """No part singled out (no tries), the stem already in the recipe: the fallback keeps
+    the leading layers in float (cross-validated over the calibration samples), the gate
+    holds, and the summary gives the gate the model before it passes (more in int8)."""
+    monkeypatch.setattr(fallback, "MAX_FALLBACK_TRIES", 0)
+    monkeypatch.setattr(fallback, "MIN_GROUP", 99)
+    stem = _quantize("off", recipe="float-stem,minmax")
+    floor = stem.accuracy[0].sqnr_db + 1.0
+    result = _quantize(f"sqnr={floor:.1f}", recipe="float-stem,minmax")
+    assert result.passed and result.accuracy[0].sqnr_db >= floor
+    [part] = result.kept_float
+    assert part.how == fallback.LEADING and part.node.startswith("the leading 25% of the")
+    assert "(cross-validated)" in result.fallback_stopped
+    loose = Gate.parse(result.first_passes)
+    assert loose.misses(result.first_accuracy) == [] and loose.sqnr_db < floor
+    text = result.summary()
+    assert f"passes --max-drop {result.first_passes}" in text
+    assert f"kept in float to pass the gate: {part.node}" in text
+    assert result.to_json()["kept_float"][0]["sqnr_db"] is None  # JSON has no NaN
+    assert result.to_json()["first_passes_max_drop"] == result.first_passes
+    # its layers run in float: no DequantizeLinear feeds them
+    producer = {o: n for n in result.model.graph.node for o in n.output}
+    convs = [n for n in result.model.graph.node if n.name in part.in_float and n.op_type == "Conv"]
+    assert convs
+    for node in convs:
+        assert all(
+            producer.get(i) is None or producer[i].op_type != "DequantizeLinear" for i in node.input
+        )

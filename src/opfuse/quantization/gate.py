@@ -229,6 +229,33 @@ class Gate:
         )
         return "; ".join(parts)
 
+    def loosened(self, outputs: Sequence[OutputAccuracy]) -> str | None:
+        """The ``--max-drop`` value nearest this gate that ``outputs`` pass: each floor they
+        miss lowered to their figure, rounded down to a whole percent or dB (None: they
+        pass this gate, the gate is off, or such a floor would be refused)."""
+        if self.off or not self.misses(outputs):
+            return None
+        top1, sqnr, iou, floor = self.top1, self.sqnr_db, self.map_iou, self.map_floor()
+        for o in outputs:
+            if o.top1 is not None and top1 is not None and o.top1 < top1:
+                top1 = math.floor(o.top1 * 100 + 1e-9) / 100
+            if o.map_iou is not None and floor is not None and o.map_iou < (iou or floor):
+                iou = math.floor(o.map_iou * 100 + 1e-9) / 100
+        loose = Gate(top1, sqnr, map_iou=iou)
+        if any("SQNR" in m for m in loose.misses(outputs)):
+            # an explicit SQNR floor judges every output, the maps too (kept to their IoU
+            # floor by giving it)
+            maps = floor is not None and any(o.map_iou is not None for o in outputs)
+            iou = (iou or floor) if maps else iou
+            lowest = min(o.sqnr_db for o in outputs)
+            loose = Gate(top1, float(math.floor(lowest)), map_iou=iou)
+        option = loose.option()
+        try:
+            again = Gate.parse(option)
+        except OpfuseError:
+            return None
+        return None if again.misses(outputs) else option
+
     def option(self) -> str:
         """The ``--max-drop`` value that gives this gate."""
         if self.off:

@@ -162,11 +162,17 @@ def build(
     return made
 
 
-def _built_or_failed(ws: Workspace, base: Workspace, steps: tuple[str, ...]) -> Built:
+def _built_or_failed(
+    ws: Workspace,
+    base: Workspace,
+    steps: tuple[str, ...],
+    exclude: list[str] | None = None,
+    float_heads: tuple[str, ...] = (),
+) -> Built:
     """``steps`` built on ``ws``; a step that raises (not a failure of onnxruntime's
     quantizer on the model, which is exit 3) makes a failed recipe, said on ``base``."""
     try:
-        return build(ws, steps)
+        return build(ws, steps, exclude, float_heads)
     except QuantizeInternalError:
         raise
     except (OpfuseError, ValueError, RuntimeError, KeyError, IndexError) as exc:
@@ -224,14 +230,22 @@ def folds(base: Workspace, always: bool = False) -> list[Workspace] | None:
     return made
 
 
-def cross_validated(base: Workspace, halves: list[Workspace], steps: tuple[str, ...]) -> Built:
-    """``steps`` built on each half, each scored on the other; the figures over both."""
+def cross_validated(
+    base: Workspace,
+    halves: list[Workspace],
+    steps: tuple[str, ...],
+    exclude: list[str] | None = None,
+    float_heads: tuple[str, ...] = (),
+    say: bool = True,
+) -> Built:
+    """``steps`` built on each half (``exclude``, ``float_heads``: as ``build``), each scored
+    on the other; the figures over both. ``say``: a progress line."""
     start = time.perf_counter()
     got: list[list[np.ndarray]] = []
     reference: list[list[np.ndarray]] = []
     reports: list[StepReport] = []
     for ws in halves:
-        made = _built_or_failed(ws, base, steps)
+        made = _built_or_failed(ws, base, steps, exclude, float_heads)
         if made.error:
             return made
         assert made.model is not None
@@ -242,10 +256,11 @@ def cross_validated(base: Workspace, halves: list[Workspace], steps: tuple[str, 
     out.accuracy = compare_outputs(base.output_names, reference, got, base.scoring, base.maps)
     out.seconds = time.perf_counter() - start
     out.cross_validated = len(reference)
-    base.say(
-        f"recipe {out.line()} cross-validated on {len(reference)} calibration samples "
-        f"(2 halves) ({out.seconds:.1f} s)"
-    )
+    if say:
+        base.say(
+            f"recipe {out.line()} cross-validated on {len(reference)} calibration samples "
+            f"(2 halves) ({out.seconds:.1f} s)"
+        )
     return out
 
 

@@ -3,6 +3,7 @@ kept in float, the speed and its verdict in words; as text lines, JSON and a sho
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -81,6 +82,8 @@ class QuantizeResult:
     notes: list[str] = field(default_factory=list)  # workarounds (the quantizer's failures)
     first_accuracy: list[OutputAccuracy] = field(default_factory=list)  # before the fallback
     first_recipe: str = ""  # the recipe search's choice (``recipe`` adds the stem in float)
+    # the --max-drop the model before the fallback passes (it keeps more in int8: faster)
+    first_passes: str = ""
     fallback_tries: int = 0
     fallback_stopped: str = ""
     passed: bool = True
@@ -146,8 +149,14 @@ class QuantizeResult:
             "accuracy": [a.to_json() for a in self.accuracy],
             "first_accuracy": [a.to_json() for a in self.first_accuracy],
             "first_recipe": self.first_recipe or self.recipe,
+            "first_passes_max_drop": self.first_passes or None,
             "kept_float": [
-                {"kept": k.node, "nodes": list(k.in_float), "sqnr_db": k.sqnr_db, "measure": k.how}
+                {
+                    "kept": k.node,
+                    "nodes": list(k.in_float),
+                    "sqnr_db": None if math.isnan(k.sqnr_db) else k.sqnr_db,
+                    "measure": k.how,
+                }
                 for k in self.kept_float
             ],
             "fallback": {"tries": self.fallback_tries, "stopped": self.fallback_stopped},
@@ -202,9 +211,14 @@ class QuantizeResult:
             out.append(
                 f"before the fallback (recipe {self.first_recipe or self.recipe}): "
                 f"{brief(self.first_accuracy)}; after: {brief(self.accuracy)}"
+                + (
+                    f" (the model before it, more in int8, passes --max-drop {self.first_passes})"
+                    if self.first_passes and self.passed
+                    else ""
+                )
             )
         if self.kept_float:
-            kept = ", ".join(f"{k.node} ({k.sqnr_db:.1f} dB {k.how})" for k in self.kept_float)
+            kept = ", ".join(k.describe() for k in self.kept_float)
             out.append(f"kept in float to pass the gate: {kept}")
         if self.fallback_tries:
             tries = "1 try" if self.fallback_tries == 1 else f"{self.fallback_tries} tries"
@@ -261,16 +275,19 @@ class QuantizeResult:
             ops = ", ".join(f"{op} {n}" for op, n in sorted(cov.float_between_qdq.items()))
             count = sum(cov.float_between_qdq.values())
             text = f"{count} float ops stay between DequantizeLinear and QuantizeLinear ({ops}), each a conversion to float and back."
-            if self.hardswish_written_out:
+            # each written-out HardSwish ends in a Mul: only a float Mul can be one (the
+            # others run as QLinearMul, or sit in the layers kept in float)
+            hardswish = min(self.hardswish_written_out, cov.float_between_qdq.get("Mul", 0))
+            if hardswish:
                 text += (
-                    f" {self.hardswish_written_out} of them are HardSwish written out (x * "
+                    f" Up to {hardswish} of them are HardSwish written out (x * "
                     "HardSigmoid(x) or x * Clip(x + 3, 0, 6) / 6) below opset 14: try "
                     "--target-opset 14 (opfuse then folds each into one HardSwish op)."
                 )
             causes.append(text)
         if cov is not None and cov.total_macs and cov.integer_fraction < 0.9:
             kept = (
-                f" ({len(self.kept_float)} parts kept in float to pass the gate)"
+                f" ({', '.join(k.node for k in self.kept_float)} kept in float to pass the gate)"
                 if self.kept_float
                 else ""
             )
