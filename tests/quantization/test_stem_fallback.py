@@ -12,7 +12,9 @@ from onnx import helper as h
 from test_float_stem import conv, detector_like, feed, model_of, outlier_stem
 
 import opfuse
-from opfuse.quantization import fallback, recipes
+from opfuse.errors import GateError, OpfuseError
+from opfuse.quantization import fallback, flow, recipes
+from opfuse.quantization.float_stem import stem_nodes
 from opfuse.quantization.accuracy import OutputAccuracy
 from opfuse.quantization.gate import Gate
 from opfuse.quantization.workspace import Workspace
@@ -93,9 +95,12 @@ def _model():
     return model
 
 
-def _quantize(max_drop: str, recipe: str = "minmax", samples: int = 8) -> opfuse.QuantizeResult:
+def _quantize(
+    max_drop: str, recipe: str = "minmax", samples: int = 8, exclude: tuple | list = ()
+) -> opfuse.QuantizeResult:
     return opfuse.quantize(
         _model(),
+        exclude=list(exclude),
         calibration=_data(range(samples)),
         eval=_data(range(10, 14)),
         max_drop=max_drop,
@@ -182,3 +187,36 @@ def test_the_leading_layers_in_float_pass_a_gate_the_stem_misses(monkeypatch):
         assert all(
             producer.get(i) is None or producer[i].op_type != "DequantizeLinear" for i in node.input
         )
+
+
+def test_a_missed_gate_gives_the_command_with_the_leading_share(monkeypatch):
+    """The leading layers kept as the best reached: the command that writes that model
+    names them as ``--exclude leading=SHARE`` (not 100 node names), and that item keeps
+    the same nodes in float."""
+    monkeypatch.setattr(fallback, "MAX_FALLBACK_TRIES", 0)
+    monkeypatch.setattr(fallback, "MIN_GROUP", 99)
+    stem = _quantize("off", recipe="float-stem,minmax")
+    with pytest.raises(GateError) as caught:
+        _quantize(f"sqnr={stem.accuracy[0].sqnr_db + 30:.1f}", recipe="float-stem,minmax")
+    report = caught.value.report
+    [part] = report.kept_float
+    assert part.how == fallback.LEADING and part.option == "leading=25%"
+    assert "exclude=['leading=25%']" in report.command
+    again = _quantize("off", recipe="float-stem,minmax", exclude=["leading=25%"])
+    assert again.accuracy[0].sqnr_db == pytest.approx(report.accuracy[0].sqnr_db, abs=0.05)
+
+
+def test_exclude_leading_takes_the_stems_nodes():
+    model = _model()
+    sample = feed(1)
+    assert flow.excluded_names(model, ["leading=25%"], "m", sample) == stem_nodes(
+        model, sample, 0.25
+    )
+    assert flow.excluded_names(model, ["leading=0.25"], "m", sample) == stem_nodes(
+        model, sample, 0.25
+    )
+    for bad in ("leading=0%", "leading=100%", "leading=abc", "leading=1.5"):
+        with pytest.raises(OpfuseError, match="leading=SHARE takes a share"):
+            flow.excluded_names(model, [bad], "m", sample)
+    with pytest.raises(OpfuseError, match="alone is more than that share"):
+        flow.excluded_names(model, ["leading=0.1%"], "m", sample)

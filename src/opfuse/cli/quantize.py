@@ -39,7 +39,10 @@ from opfuse.quantization.names import FALLBACK_SECONDS, KEYS_HELP, RECIPE_HELP
     help="Images: size=224,layout=NCHW,order=RGB,scale=1/255,mean=0.485:0.456:0.406,std=...",
 )
 @click.option(
-    "--exclude", multiple=True, help="An op type or node name kept in float (repeatable)."
+    "--exclude",
+    multiple=True,
+    help="An op type or node name kept in float, or leading=SHARE: the leading layers up "
+    "to that share of the multiply-adds (e.g. leading=25%) (repeatable).",
 )
 @click.option(
     "--max-drop",

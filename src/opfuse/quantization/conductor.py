@@ -30,6 +30,7 @@ from opfuse.quantization import calibration, flow, heads, recipes
 from opfuse.quantization.accuracy import OutputAccuracy, brief, compare_outputs
 from opfuse.quantization.fallback import (
     FALLBACK_SECONDS,
+    LEADING,
     MAX_FALLBACK_TRIES,
     MAX_FLOAT_LAYERS,
     KeptFloat,
@@ -250,7 +251,7 @@ def _quantize(
         source, fused_path, switch_table, enable, disable, target, verify_inputs=sample
     )
     fused_model = onnx.load_model(str(fused_path))
-    excluded = flow.excluded_names(fused_model, exclude, name)
+    excluded = flow.excluded_names(fused_model, exclude, name, calib[0])
     ws = Workspace(
         name,
         fused_model,
@@ -459,7 +460,9 @@ def _quantize(
     result.sizes = {"original": source.stat().st_size, "int8": int8_path.stat().st_size}
     result.coverage = integer_coverage(model, feed=calib[0])
     if not passed:
-        result.command = _best_command(command, name, output, chosen, kept, ws.exclude, excluded)
+        result.command = _best_command(
+            command, name, output, chosen, kept, ws.exclude, excluded, exclude
+        )
         _write_report(report, result)
         raise GateError(_gate_message(gate, result, growth), report=result)
     if benchmark:
@@ -547,12 +550,22 @@ def _best_command(
     kept: list[KeptFloat],
     ws_exclude: list[str],
     user_exclude: list[str],
+    given: Sequence[str] = (),
 ) -> str:
     """The command line that rebuilds the best model reached with the gate off: the
     user's own (``command``) with --recipe, --exclude (node names) and --max-drop
     replaced; an API caller gets the keywords."""
+    # the user's items as given (an op type, leading=SHARE), the fallback's parts as theirs
+    leading = set(n for k in kept if k.how == LEADING for n in k.in_float)
     nodes = list(
-        dict.fromkeys([*user_exclude, *ws_exclude, *(n for k in kept for n in k.in_float)])
+        dict.fromkeys(
+            [
+                *given,
+                *(n for n in ws_exclude if n not in user_exclude),
+                *(k.option for k in kept if k.how == LEADING),
+                *(n for k in kept if k.how != LEADING for n in k.in_float if n not in leading),
+            ]
+        )
     )
     if command is None:
         return (

@@ -75,10 +75,16 @@ class KeptFloat:
     sqnr_db: float  # the figure that ranked it (lower: more sensitive)
     how: str = "alone"  # which figure: sensitivity.Candidate.how
     nodes: tuple[str, ...] = ()  # the nodes kept in float (default: ``node``)
+    share: float = 0.0  # a rung of LEAD_SHARES: its share of the multiply-adds
 
     @property
     def in_float(self) -> tuple[str, ...]:
         return self.nodes or (self.node,)
+
+    @property
+    def option(self) -> str:
+        """The ``--exclude`` item that keeps it in float (a rung: ``leading=SHARE``)."""
+        return f"{flow.LEADING_KEY}{self.share:.0%}" if self.how == LEADING else self.node
 
     def describe(self) -> str:
         if self.how == LEADING:
@@ -220,7 +226,7 @@ def _leading(
         if rungs and len(rungs[-1].nodes) == len(names):
             continue
         label = f"the leading {share:.0%} of the multiply-adds ({count} layers)"
-        rungs.append(KeptFloat(label, math.nan, LEADING, tuple(names)))
+        rungs.append(KeptFloat(label, math.nan, LEADING, tuple(names), share))
     if not rungs:
         return found
 

@@ -14,8 +14,9 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -388,15 +389,33 @@ def nothing_quantized(qdq: onnx.ModelProto) -> str | None:
     return "nothing was quantized (no op onnxruntime's quantizer handles): the int8 model is the float one"
 
 
+LEADING_KEY = "leading="  # --exclude leading=25%: the leading layers up to 25% of the MACs
+
+
 def excluded_names(
-    model: str | os.PathLike[str] | onnx.ModelProto, exclude: Sequence[str], name: str = ""
+    model: str | os.PathLike[str] | onnx.ModelProto,
+    exclude: Sequence[str],
+    name: str = "",
+    feed: Mapping[str, np.ndarray] | None = None,
 ) -> list[str]:
-    """``--exclude`` items (op types or node names of the fused model) as node names of
-    ``model``; an item matching nothing is a one-line OpfuseError naming ``name``."""
-    graph = as_proto(model).graph
+    """``--exclude`` items (op types or node names of the fused model, or ``leading=SHARE``:
+    the leading layers up to that share of the multiply-adds with the shapes of ``feed``,
+    ``float_stem.stem_nodes``) as node names of ``model``; an item matching nothing is a
+    one-line OpfuseError naming ``name``."""
+    from opfuse.quantization.float_stem import stem_nodes
+
+    proto = as_proto(model)
+    graph = proto.graph
     names: list[str] = []
     for item in exclude:
         found = [n.name for n in graph.node if item in (n.op_type, n.name) and n.name]
+        if not found and item.startswith(LEADING_KEY):
+            found = stem_nodes(proto, feed, leading_share(item))
+            if not found:
+                raise OpfuseError(
+                    f"--exclude {item!r}: the first layer of {name or model} alone is more "
+                    "than that share of its multiply-adds, or every layer is within it"
+                )
         if not found:
             raise OpfuseError(
                 f"--exclude {item!r}: no op type or node of that name in {name or model} "
@@ -404,6 +423,21 @@ def excluded_names(
             )
         names += [n for n in found if n not in names]
     return names
+
+
+def leading_share(item: str) -> float:
+    """The share of ``leading=SHARE`` (25% or 0.25), between 0 and 1 exclusive."""
+    text = item.removeprefix(LEADING_KEY).strip()
+    try:
+        share = float(text.removesuffix("%")) / (100 if text.endswith("%") else 1)
+    except ValueError:
+        share = math.nan
+    if not 0 < share < 1:
+        raise OpfuseError(
+            f"--exclude {item!r}: leading=SHARE takes a share of the multiply-adds between "
+            "0 and 100% (e.g. leading=25%)"
+        )
+    return share
 
 
 def as_proto(model: str | os.PathLike[str] | onnx.ModelProto) -> onnx.ModelProto:
