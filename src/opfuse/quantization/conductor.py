@@ -117,6 +117,9 @@ def quantize_file(
         raise OpfuseError(f"--samples {samples_count}: a count of at least 1")
     if fallback_seconds < 0:
         raise OpfuseError(f"--fallback-seconds {fallback_seconds:g}: 0 or more")
+    for item in exclude:  # a node name is checked on the fused model, its syntax now
+        if item.startswith(flow.LEADING_KEY):
+            flow.leading_share(item)
     with tempfile.TemporaryDirectory(prefix=io.STAGING_PREFIX + "quant-") as tmp:
         work = Path(tmp)
         if isinstance(model, onnx.ModelProto):
