@@ -237,7 +237,10 @@ def test_the_fallback_keeps_the_least_leading_share_that_holds_the_gate(monkeypa
     assert part.node == "the leading 50% of the multiply-adds (2 layers)" and part.how == fb.LEADING
     assert found.exclude == ["c", "d"] and found.model == ["c", "d"]
     assert found.accuracy[0].sqnr_db == 25.5 and found.tries == 4  # the group, 75%, 50%, 25%
-    assert "the least share where the gate holds (on validation)" in found.stopped
+    assert (
+        "the smallest share tried that holds the gate (on validation; the next smaller share "
+        "misses it)" in found.stopped
+    )
     tries = [line for line in ws.lines if "leading" in line]
     assert [t.split(": ")[1] for t in tries] == [
         "the leading 75% of the multiply-adds (3 layers) in float",
@@ -262,6 +265,39 @@ def test_the_leading_layers_are_kept_only_when_they_score_better_than_none(monke
     assert found.kept == [] and found.tries == 1
 
 
+def test_the_leading_layers_within_the_seconds_left(monkeypatch):
+    """No second left: no share tried (the largest would be scored first otherwise); the
+    fallback's own budget spent on its tries leaves none for the leading layers either."""
+    sqnr = {**SPREAD, ("b", "c", "d"): 26.0, ("c", "d"): 25.5, ("d",): 21.0}
+    fb, ws, first = _fake_fallback(monkeypatch, sqnr, leading=LEADING)
+    found = fb._leading(ws, Gate.parse("sqnr=25"), lambda n: n, fb.FallbackResult([], first),
+                        ["a", "b", "c", "d"], seconds=0)  # fmt: skip
+    assert found.kept == [] and found.tries == 0 and ws.lines == []
+    found = fb.fallback(ws, Gate.parse("sqnr=25"), lambda n: n, [], first, seconds=-1)
+    assert found.kept == [] and not any("leading" in line for line in ws.lines)
+
+
+def test_the_leading_layers_when_the_cross_validation_cannot_score(monkeypatch):
+    """The cross-validated figures missing for the largest share: scored on the validation
+    part instead; missing for a smaller share: the search stops there, said, and the
+    smallest share that held so far is kept."""
+    from opfuse.quantization.accuracy import OutputAccuracy
+
+    sqnr = {**SPREAD, ("b", "c", "d"): 26.0, ("c", "d"): 25.5, ("d",): 25.2}
+    fb, ws, first = _fake_fallback(monkeypatch, sqnr, leading=LEADING)
+    found = fb.fallback(ws, Gate.parse("sqnr=25"), lambda n: n, [], first, cross=lambda n: None)
+    assert found.exclude == ["d"] and "(on validation;" in found.stopped
+
+    def midway(names):
+        return None if len(names) < 3 else [OutputAccuracy("y", 27.0, 1.0, 0.0)]
+
+    fb, ws, first = _fake_fallback(monkeypatch, sqnr, leading=LEADING)
+    found = fb.fallback(ws, Gate.parse("sqnr=25"), lambda n: n, [], first, cross=midway)
+    assert found.exclude == ["b", "c", "d"]
+    assert "the leading 50% of the multiply-adds (2 layers) could not be scored" in found.stopped
+    assert any("could not be scored" in line for line in ws.lines)
+
+
 def test_the_leading_layers_are_judged_cross_validated_when_it_can(monkeypatch):
     """Scored by the cross-validated figures (every calibration sample), not the validation
     part's: here the validation part would keep none, the cross-validated figures 50%."""
@@ -277,7 +313,7 @@ def test_the_leading_layers_are_judged_cross_validated_when_it_can(monkeypatch):
     found = fb.fallback(ws, Gate.parse("sqnr=25"), lambda names: names, [], first, cross=scorer)
     assert found.exclude == ["c", "d"]
     assert found.accuracy[0].sqnr_db == 20.0  # the validation figures of the model kept
-    assert "(cross-validated)" in found.stopped
+    assert "(cross-validated over the calibration samples" in found.stopped
     assert all("cross-validated" in line for line in ws.lines if "leading" in line)
 
 
@@ -318,7 +354,7 @@ def test_a_gate_no_mix_meets_writes_nothing_and_exits_1(tmp_path):
     # the first and the best figures, and the command that writes that best model
     assert "recipe minmax reached top-1 100.0%, SQNR 0.0 dB" in error
     assert (
-        "the best after the fallback" in error and "(keeping 1 parts in float (sensitive)" in error
+        "the best after the fallback" in error and "(keeping 1 part in float (sensitive)" in error
     )
     command = error.split("To write that best model anyway: ")[1]
     assert "--max-drop off" in command and "--exclude sensitive" in command
@@ -393,7 +429,6 @@ def test_bad_calibration_folders_on_the_command_line(tmp_path):
         ([str(tmp_path / "missing.npz")], "no such file"),
         ([str(images), "--preprocess", "size=8", "--samples", "0"], "--samples 0: a count"),
         ([str(four), "--samples", "5"], "4 samples, --samples asks for 5"),
-        ([str(four), "--exclude", "leading=150%"], "--exclude 'leading=150%': leading=SHARE"),
     ]
     for args, message in cases:
         run = subprocess.run(
@@ -528,6 +563,23 @@ def test_gate_keys_are_floors():
         with pytest.raises(OpfuseError, match=message):
             Gate.parse(text)
     assert Gate.parse("top1=50%").option() == "top1=50%"
+
+
+def test_a_bad_leading_share_is_refused_before_any_work(tmp_path):
+    model = small_cnn(tmp_path / "cnn.onnx")
+    data = tmp_path / "x.npz"
+    np.savez(data, x=RNG.standard_normal((4, 3, 8, 8)).astype(np.float32))
+    run = subprocess.run(
+        [sys.executable, "-m", "opfuse", "quantize", str(model), "-o", str(tmp_path / "o.onnx"),
+         "--calibration", str(data), "--no-benchmark", "--exclude", "leading=150%"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 2 and run.stderr.strip().splitlines() == [
+        "opfuse: error: --exclude 'leading=150%': leading=SHARE takes a share of the "
+        "multiply-adds above 0 and below 1, as a percentage (leading=25%) or a fraction "
+        "(leading=0.25)"
+    ]  # no "fusing": refused before any work
+    assert not (tmp_path / "o.onnx").exists()
 
 
 def test_calibration_split_holds_back_every_fourth():

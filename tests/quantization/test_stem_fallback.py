@@ -14,8 +14,8 @@ from test_float_stem import conv, detector_like, feed, model_of, outlier_stem
 import opfuse
 from opfuse.errors import GateError, OpfuseError
 from opfuse.quantization import fallback, flow, recipes
-from opfuse.quantization.float_stem import stem_nodes
 from opfuse.quantization.accuracy import OutputAccuracy
+from opfuse.quantization.float_stem import stem_nodes
 from opfuse.quantization.gate import Gate
 from opfuse.quantization.workspace import Workspace
 
@@ -171,7 +171,7 @@ def test_the_leading_layers_in_float_pass_a_gate_the_stem_misses(monkeypatch):
     assert result.passed and result.accuracy[0].sqnr_db >= floor
     [part] = result.kept_float
     assert part.how == fallback.LEADING and part.node.startswith("the leading 25% of the")
-    assert "(cross-validated)" in result.fallback_stopped
+    assert "(cross-validated over the calibration samples" in result.fallback_stopped
     loose = Gate.parse(result.first_passes)
     assert loose.misses(result.first_accuracy) == [] and loose.sqnr_db < floor
     text = result.summary()
@@ -200,9 +200,17 @@ def test_a_missed_gate_gives_the_command_with_the_leading_share(monkeypatch):
         _quantize(f"sqnr={stem.accuracy[0].sqnr_db + 30:.1f}", recipe="float-stem,minmax")
     report = caught.value.report
     [part] = report.kept_float
-    assert part.how == fallback.LEADING and part.option == "leading=25%"
+    assert part.how == fallback.LEADING and part.exclude_items == ["leading=25%"]
     assert "exclude=['leading=25%']" in report.command
+    assert "keeping 1 part in float (the leading 25% of the multiply-adds" in str(caught.value)
+    assert "kept in float (the gate still missed): the leading 25%" in report.summary()
+    assert report.to_json()["kept_float"][0]["exclude"] == ["leading=25%"]
+    # the command's model: the same graph (the same nodes in float), the same figures
     again = _quantize("off", recipe="float-stem,minmax", exclude=["leading=25%"])
+    written = caught.value.report.model
+    assert [(n.op_type, n.name) for n in again.model.graph.node] == [
+        (n.op_type, n.name) for n in written.graph.node
+    ]
     assert again.accuracy[0].sqnr_db == pytest.approx(report.accuracy[0].sqnr_db, abs=0.05)
 
 

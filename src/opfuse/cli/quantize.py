@@ -138,6 +138,11 @@ def quantize(
         ("--activation-type", None if activation_type == "uint8" else activation_type),
         ("--fusion-switch-file", fusion_switch_file),
         ("--target-opset", target_opset),
+        # the form of the model written (the OpenVINO form's figures are that form's)
+        (
+            "--runtime",
+            None if runtime.get("runtime") in (None, "onnxruntime") else runtime["runtime"],
+        ),
     ):
         if value is not None:
             command += [flag, str(value)]

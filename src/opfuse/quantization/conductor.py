@@ -30,7 +30,6 @@ from opfuse.quantization import calibration, flow, heads, recipes
 from opfuse.quantization.accuracy import OutputAccuracy, brief, compare_outputs
 from opfuse.quantization.fallback import (
     FALLBACK_SECONDS,
-    LEADING,
     MAX_FALLBACK_TRIES,
     MAX_FLOAT_LAYERS,
     KeptFloat,
@@ -117,9 +116,6 @@ def quantize_file(
         raise OpfuseError(f"--samples {samples_count}: a count of at least 1")
     if fallback_seconds < 0:
         raise OpfuseError(f"--fallback-seconds {fallback_seconds:g}: 0 or more")
-    for item in exclude:  # a node name is checked on the fused model, its syntax now
-        if item.startswith(flow.LEADING_KEY):
-            flow.leading_share(item)
     with tempfile.TemporaryDirectory(prefix=io.STAGING_PREFIX + "quant-") as tmp:
         work = Path(tmp)
         if isinstance(model, onnx.ModelProto):
@@ -205,7 +201,10 @@ def _quantize(
 ) -> QuantizeResult:
     outputs = [("-o", output)] if output is not None else []
     io.check_outputs(source, [*outputs, ("--report", report)])
-    io.read_proto(source)
+    source_nodes = {n.name for n in io.read_proto(source)[0].graph.node}
+    for item in exclude:  # a node name is checked on the fused model, leading=SHARE now
+        if item.startswith(flow.LEADING_KEY) and item not in source_nodes:
+            flow.leading_share(item)
     inputs = calibration.model_inputs(source)
     warnings: list[str] = []
     samples = _samples(
@@ -397,6 +396,7 @@ def _quantize(
                     f"in float) did not score better on the evaluation samples ({brief(figures)} "
                     f"against {brief(accuracy)}): the model without it is kept"
                 )
+                stopped += "; not kept: the evaluation samples scored no better"
     elif gate.misses(accuracy) and fallback_seconds > 0:
         stopped = f"its {fallback_seconds:g} s budget, spent on the stem in float"
     growth = []
@@ -442,7 +442,10 @@ def _quantize(
         fallback_tries=tries,
         fallback_stopped=stopped,
         passed=passed,
-        first_passes=(gate.loosened(first_accuracy) or "") if kept or chosen != searched else "",
+        # the model before the fallback in the same form (onnxruntime's) as its figures
+        first_passes=(gate.loosened(first_accuracy) or "")
+        if (kept or chosen != searched) and form == "onnxruntime" and passed
+        else "",
     )
     result.form = form
     if (flow.default_opset(fused_path) or 0) < HARDSWISH_OPSET:
@@ -530,8 +533,9 @@ def _write_report(report: str | os.PathLike[str] | None, result: QuantizeResult)
 
 def _gate_message(gate: Gate, result: QuantizeResult, growth: list[TensorError]) -> str:
     grows = "; ".join(e.describe() for e in growth[:2])
+    parts = len(result.kept_float)
     kept = (
-        f"keeping {len(result.kept_float)} parts in float ({', '.join(k.node for k in result.kept_float)})"
+        f"keeping {parts} part{'s' * (parts != 1)} in float ({', '.join(k.node for k in result.kept_float)})"
         if result.kept_float
         else f"no part kept in float helped ({result.fallback_tries} tr{'y' if result.fallback_tries == 1 else 'ies'})"
     )
@@ -556,17 +560,17 @@ def _best_command(
     given: Sequence[str] = (),
 ) -> str:
     """The command line that rebuilds the best model reached with the gate off: the
-    user's own (``command``) with --recipe, --exclude (node names) and --max-drop
-    replaced; an API caller gets the keywords."""
-    # the user's items as given (an op type, leading=SHARE), the fallback's parts as theirs
-    leading = set(n for k in kept if k.how == LEADING for n in k.in_float)
+    user's own (``command``) with --recipe, --exclude and --max-drop replaced; an API
+    caller gets the keywords. --exclude: the user's items as given (op types, node names,
+    ``leading=SHARE``), the nodes a workaround for onnxruntime's quantizer kept in float
+    (``ws_exclude`` beyond the user's ``user_exclude``), and the fallback's parts
+    (``KeptFloat.exclude_items``: node names, or ``leading=SHARE``)."""
     nodes = list(
         dict.fromkeys(
             [
                 *given,
                 *(n for n in ws_exclude if n not in user_exclude),
-                *(k.option for k in kept if k.how == LEADING),
-                *(n for k in kept if k.how != LEADING for n in k.in_float if n not in leading),
+                *(item for k in kept for item in k.exclude_items),
             ]
         )
     )

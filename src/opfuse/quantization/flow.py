@@ -434,8 +434,8 @@ def leading_share(item: str) -> float:
         share = math.nan
     if not 0 < share < 1:
         raise OpfuseError(
-            f"--exclude {item!r}: leading=SHARE takes a share of the multiply-adds between "
-            "0 and 100% (e.g. leading=25%)"
+            f"--exclude {item!r}: leading=SHARE takes a share of the multiply-adds above 0 "
+            "and below 1, as a percentage (leading=25%) or a fraction (leading=0.25)"
         )
     return share
 

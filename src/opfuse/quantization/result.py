@@ -156,6 +156,8 @@ class QuantizeResult:
                     "nodes": list(k.in_float),
                     "sqnr_db": None if math.isnan(k.sqnr_db) else k.sqnr_db,
                     "measure": k.how,
+                    "share": k.share or None,  # a share of the leading multiply-adds
+                    "exclude": k.exclude_items,  # the --exclude items that keep it
                 }
                 for k in self.kept_float
             ],
@@ -212,14 +214,17 @@ class QuantizeResult:
                 f"before the fallback (recipe {self.first_recipe or self.recipe}): "
                 f"{brief(self.first_accuracy)}; after: {brief(self.accuracy)}"
                 + (
-                    f" (the model before it, more in int8, passes --max-drop {self.first_passes})"
+                    f" (the model before it, more in int8, passes --max-drop {self.first_passes}: "
+                    f"--recipe {self.first_recipe or self.recipe} --max-drop {self.first_passes} "
+                    "writes it)"
                     if self.first_passes and self.passed
                     else ""
                 )
             )
         if self.kept_float:
             kept = ", ".join(k.describe() for k in self.kept_float)
-            out.append(f"kept in float to pass the gate: {kept}")
+            why = "to pass the gate" if self.passed else "(the gate still missed)"
+            out.append(f"kept in float {why}: {kept}")
         if self.fallback_tries:
             tries = "1 try" if self.fallback_tries == 1 else f"{self.fallback_tries} tries"
             out.append(f"fallback: {tries}, stopped at {self.fallback_stopped}")
