@@ -683,3 +683,19 @@ def test_scalar_inputs_and_a_model_the_quantizer_cannot_enter(tmp_path):
     assert any("nothing was quantized" in w and "If/Loop/Scan" in w for w in result.warnings)
     assert result.accuracy[0].sqnr_db == float("inf")
     assert result.accuracy[0].top1 is None  # an If's output: no classifier head in sight
+
+
+def test_the_exit_1_command_keeps_the_options_that_change_the_model():
+    """--runtime openvino writes OpenVINO's form: the command that rebuilds the best model
+    keeps it; the defaults are left out."""
+    from opfuse.cli.quantize import _command_line
+
+    values = {"--eval": None, "--calibrate-method": "minmax", "--runtime": "openvino"}
+    line = _command_line(Path("m.onnx"), Path("o.onnx"), "c.npz", values, True, ("X",), ())
+    assert line == [
+        "opfuse", "quantize", "m.onnx", "-o", "o.onnx", "--calibration", "c.npz",
+        "--runtime", "openvino", "--per-tensor", "--enable", "X",
+    ]  # fmt: skip
+    assert "--runtime" not in _command_line(
+        Path("m.onnx"), Path("o.onnx"), "c.npz", {"--runtime": "onnxruntime"}, False, (), ()
+    )

@@ -129,28 +129,24 @@ def quantize(
     to OUTPUT."""
     from opfuse import api
 
-    command = ["opfuse", "quantize", str(model), "-o", str(output), "--calibration", calibration]
-    for flag, value in (
-        ("--eval", eval_data),
-        ("--samples", samples),
-        ("--preprocess", preprocess),
-        ("--calibrate-method", None if calibrate_method == "minmax" else calibrate_method),
-        ("--activation-type", None if activation_type == "uint8" else activation_type),
-        ("--fusion-switch-file", fusion_switch_file),
-        ("--target-opset", target_opset),
-        # the form of the model written (the OpenVINO form's figures are that form's)
-        (
-            "--runtime",
-            None if runtime.get("runtime") in (None, "onnxruntime") else runtime["runtime"],
-        ),
-    ):
-        if value is not None:
-            command += [flag, str(value)]
-    command += ["--per-tensor"] if per_tensor else []
-    for name in enable:
-        command += ["--enable", name]
-    for name in disable:
-        command += ["--disable", name]
+    command = _command_line(
+        model,
+        output,
+        calibration,
+        {
+            "--eval": eval_data,
+            "--samples": samples,
+            "--preprocess": preprocess,
+            "--calibrate-method": calibrate_method,
+            "--activation-type": activation_type,
+            "--fusion-switch-file": fusion_switch_file,
+            "--target-opset": target_opset,
+            "--runtime": runtime.get("runtime"),
+        },
+        per_tensor,
+        enable,
+        disable,
+    )
 
     try:
         result = api.quantize(
@@ -183,6 +179,38 @@ def quantize(
             _show(exc.report, model, output, fmt)
         raise
     _show(result, model, output, fmt)
+
+
+# the defaults the command line leaves out
+COMMAND_DEFAULTS = {
+    "--calibrate-method": "minmax",
+    "--activation-type": "uint8",
+    "--runtime": "onnxruntime",
+}
+
+
+def _command_line(
+    model: Path,
+    output: Path,
+    calibration: str,
+    values: dict[str, object],
+    per_tensor: bool,
+    enable: tuple[str, ...],
+    disable: tuple[str, ...],
+) -> list[str]:
+    """The user's command line, the options that change the model written (the exit-1
+    message rebuilds from it the command that writes the best model reached); --runtime:
+    the form of the model written (the OpenVINO form's figures are that form's)."""
+    command = ["opfuse", "quantize", str(model), "-o", str(output), "--calibration", calibration]
+    for flag, value in values.items():
+        if value is not None and value != COMMAND_DEFAULTS.get(flag):
+            command += [flag, str(value)]
+    command += ["--per-tensor"] if per_tensor else []
+    for name in enable:
+        command += ["--enable", name]
+    for name in disable:
+        command += ["--disable", name]
+    return command
 
 
 def _progress(line: str) -> None:
