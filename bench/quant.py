@@ -212,7 +212,7 @@ def text_lines(page: Any) -> list[Any]:
 
 def rendered_lines(count: int, seed: int = 7) -> list[Any]:
     """``count`` text lines of 5 to 9 words of the installed packages' READMEs, each in
-    DejaVu Sans or Serif at 26-40 px, dark on a light background, lightly blurred, with
+    DejaVu Sans or Serif (Pillow's own font where DejaVu is not installed) at 26-40 px, dark on a light background, lightly blurred, with
     noise (the recognizer's second data set: other words, other type than the page)."""
     from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
@@ -230,7 +230,10 @@ def rendered_lines(count: int, seed: int = 7) -> list[Any]:
     out = []
     for pos in starts[:count]:
         size = rng.randrange(26, 41)
-        font = ImageFont.truetype(rng.choice(fonts), size) if fonts else ImageFont.load_default()
+        # without DejaVu: Pillow's own scalable font (Pillow >= 10.1 with FreeType)
+        font = (
+            ImageFont.truetype(rng.choice(fonts), size) if fonts else ImageFont.load_default(size)
+        )
         text = " ".join(words[pos : pos + rng.randrange(5, 10)])
         width = int(ImageDraw.Draw(Image.new("L", (1, 1))).textlength(text, font=font)) + 20
         height = int(size * 1.4)

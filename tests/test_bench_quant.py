@@ -57,6 +57,26 @@ def test_text_lines_of_a_drawn_page() -> None:
     assert min(c.min() for c in crops) >= -1.0 and max(c.max() for c in crops) <= 1.0
 
 
+def test_rendered_lines_are_text_and_the_same_each_run() -> None:
+    """The recognizer's second data set: dark words on a light line, the same pixels for
+    the same seed (every tool and every run measures the same windows), other lines for
+    another seed."""
+    lines = quant.rendered_lines(3)
+    again = quant.rendered_lines(3)
+    assert len(lines) == 3
+    for line, same in zip(lines, again, strict=True):
+        pixels = np.asarray(line.convert("L"), np.float32)
+        assert line.size[0] > 4 * line.size[1]  # a line of several words
+        assert pixels.min() < 100 < 200 < np.median(pixels)  # ink on paper
+        assert np.array_equal(pixels, np.asarray(same.convert("L"), np.float32))
+    other = quant.rendered_lines(1, seed=8)[0]
+    assert other.size != lines[0].size or not np.array_equal(
+        np.asarray(other), np.asarray(lines[0])
+    )
+    windows = quant.text_crops(lines, 48, 320, False)
+    assert windows and all(w.shape == (1, 3, 48, 320) for w in windows)
+
+
 def test_a_built_cnn_through_onnxruntime_and_the_report(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
