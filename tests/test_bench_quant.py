@@ -378,3 +378,61 @@ def test_quant_regions_figures_of_an_exact_model():
     scores = np.random.default_rng(0).random((2, 5, 4)).astype(np.float32)
     out = figures(scores, scores.copy(), blank=0)
     assert out["top1"] == 1.0 and out["differ"] == 0 and out["sqnr_db"] == float("inf")
+
+
+def test_gptq_rounds_a_conv_closer_to_its_float_output_than_round_to_nearest() -> None:
+    """bench.quant_gptq: on the calibration samples, the first Conv's output with its
+    weights rounded by GPTQ is closer to the float Conv's (on the same quantized input)
+    than with the quantizer's own round-to-nearest; an exact im2col of a strided, padded,
+    grouped Conv."""
+    from bench import quant_gptq
+    from bench.measure import session as open_session
+
+    import opfuse
+
+    model = cnn((8,), size=12, seed=3)
+    samples = calibration(model, n=16, seed=4)
+    qdq = opfuse.quantize(
+        model, calibration=samples, max_drop="off", benchmark=False, recipe="minmax"
+    ).model
+    conv = next(n for n in qdq.graph.node if n.op_type == "Conv")
+    rewritten = quant_gptq.gptq_convs(qdq, model, samples)
+
+    def conv_output(m: onnx.ModelProto) -> tuple[np.ndarray, np.ndarray]:
+        probe = onnx.ModelProto()
+        probe.CopyFrom(m)
+        del probe.graph.output[:]
+        for name in (conv.input[0], conv.output[0]):
+            probe.graph.output.append(onnx.helper.make_tensor_value_info(name, 1, None))
+        session = open_session(probe.SerializeToString(), "all")
+        got = [session.run(None, s) for s in samples]
+        return np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got])
+
+    x, rtn = conv_output(qdq)
+    _, gptq = conv_output(rewritten)
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    float_conv = next(n for n in model.graph.node if n.name == conv.name)
+    w, b = weights[float_conv.input[1]], weights[float_conv.input[2]]
+    cols = quant_gptq.im2col(x, w.shape[2:], {"pads": [1, 1, 1, 1]})
+    want = (cols @ w.reshape(len(w), -1).T + b).reshape(len(x), 12, 12, -1).transpose(0, 3, 1, 2)
+    assert np.sum((gptq - want) ** 2) < np.sum((rtn - want) ** 2)
+    assert not np.array_equal(gptq, rtn)
+    # im2col against onnxruntime's own Conv: stride 2, asymmetric pads, groups of 2
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((2, 4, 9, 7)).astype(np.float32)
+    ws = rng.standard_normal((6, 2, 3, 2)).astype(np.float32)
+    attrs = {"strides": [2, 1], "pads": [1, 0, 0, 1], "group": 2}
+    node = onnx.helper.make_node("Conv", ["x", "w"], ["y"], **attrs)
+    graph = onnx.helper.make_graph(
+        [node], "g",
+        [onnx.helper.make_tensor_value_info("x", 1, list(xs.shape))],
+        [onnx.helper.make_tensor_value_info("y", 1, None)],
+        [onnx.numpy_helper.from_array(ws, "w")],
+    )  # fmt: skip
+    conv_model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    ref = open_session(conv_model.SerializeToString(), "all").run(None, {"x": xs})[0]
+    for g in range(2):
+        cols = quant_gptq.im2col(xs[:, 2 * g : 2 * g + 2], (3, 2), attrs)
+        mine = cols @ ws[3 * g : 3 * g + 3].reshape(3, -1).T
+        expect = ref[:, 3 * g : 3 * g + 3].transpose(0, 2, 3, 1).reshape(-1, 3)
+        np.testing.assert_allclose(mine, expect, rtol=1e-5, atol=1e-5)
