@@ -18,7 +18,6 @@ dB after: the 8-bit activations, not the weights, limit it (docs/QUANTIZATION.md
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from bench.quant_regions import figures
+from bench.quant_regions import diagnosis_parser, figures
 
 
 def im2col(x: np.ndarray, kernel: Sequence[int], attrs: dict[str, Any]) -> np.ndarray:
@@ -141,13 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     from bench.measure import session as open_session
     from opfuse.quantization.conductor import quantize_file
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", type=Path)
-    parser.add_argument("--calibration", type=Path, required=True)
-    parser.add_argument("--eval", type=Path, required=True)
-    parser.add_argument("--recipe", default="minmax")
+    parser = diagnosis_parser(__doc__ or "")
     parser.add_argument("--damp", type=float, default=0.01)
-    parser.add_argument("--ctc-blank", type=int, default=None)
     args = parser.parse_args(argv)
 
     def feeds(path: Path) -> list[dict[str, np.ndarray]]:

@@ -79,6 +79,18 @@ def region(order: list[str], spec: str) -> list[str]:
     return order[order.index(first) : order.index(last) + 1]
 
 
+def diagnosis_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of a diagnosis of one model's int8 error (this module, quant_gptq): the
+    model, its calibration and evaluation samples, the recipe, the CTC blank."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--calibration", type=Path, required=True)
+    parser.add_argument("--eval", type=Path, required=True)
+    parser.add_argument("--recipe", default="minmax")
+    parser.add_argument("--ctc-blank", type=int, default=None)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     import onnx
     import onnxruntime as ort
@@ -86,13 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     from opfuse.quantization import flow
     from opfuse.quantization.conductor import quantize_file
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", type=Path)
-    parser.add_argument("--calibration", type=Path, required=True)
-    parser.add_argument("--eval", type=Path, required=True)
-    parser.add_argument("--recipe", default="minmax")
+    parser = diagnosis_parser(__doc__ or "")
     parser.add_argument("--regions", default="", help="NAME=FIRST..LAST[,NAME=FIRST..LAST]")
-    parser.add_argument("--ctc-blank", type=int, default=None)
     args = parser.parse_args(argv)
     evaluation = dict(np.load(args.eval))
     count = len(next(iter(evaluation.values())))
