@@ -111,7 +111,10 @@ def test_optimize_benchmark_prints_the_latency_line(tmp_path):
     text = proc.stdout.strip()
     line = " ".join(text[text.rindex("\nlatency ") + 1 :].split())  # wrapped at the width
     assert line.startswith("latency ") and "x; noise +-" in line
-    assert line.endswith("CPUExecutionProvider, ORT_ENABLE_ALL, 1 thread")
+    # the runtime last, or followed by the caveat a load change between rounds adds (the
+    # machine's load is not the test's to fix)
+    head, _, tail = line.partition("CPUExecutionProvider, ORT_ENABLE_ALL, 1 thread")
+    assert head and (tail == "" or "the paired ratio is the one to trust" in tail), line
     assert "fewer kernels" not in proc.stderr
 
 
