@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from bench.quant_regions import diagnosis_parser, figures
+from bench.quant_regions import diagnosis_parser, figures, first_outputs, fused_float, sample_feeds
 
 
 def im2col(x: np.ndarray, kernel: Sequence[int], attrs: dict[str, Any]) -> np.ndarray:
@@ -137,42 +136,25 @@ def gptq_convs(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.measure import session as open_session
     from opfuse.quantization.conductor import quantize_file
 
     parser = diagnosis_parser(__doc__ or "")
     parser.add_argument("--damp", type=float, default=0.01)
     args = parser.parse_args(argv)
 
-    def feeds(path: Path) -> list[dict[str, np.ndarray]]:
-        data = dict(np.load(path))
-        count = len(next(iter(data.values())))
-        return [{k: v[i] for k, v in data.items()} for i in range(count)]
-
-    def run(model: onnx.ModelProto | Path) -> np.ndarray:
-        source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
-        session = open_session(source, "all")
-        return np.concatenate([session.run(None, f)[0] for f in feeds(args.eval)])
-
-    import tempfile
-
-    from opfuse.quantization import flow
-
-    with tempfile.TemporaryDirectory(prefix="quant_gptq.") as tmp:
-        sample = Path(tmp) / "sample.npz"
-        np.savez(sample, **feeds(args.calibration)[0])
-        flow.fuse(args.model, Path(tmp) / "fused.onnx", verify_inputs=sample)
-        fused = onnx.load(str(Path(tmp) / "fused.onnx"))
+    fused = fused_float(args.model, args.calibration)
     result = quantize_file(
         args.model, None, str(args.calibration), eval_data=str(args.eval),
         max_drop="off", benchmark=False, recipe=args.recipe,
     )  # fmt: skip
     assert result.model is not None
-    ref = run(args.model)
-    rewritten = gptq_convs(result.model, fused, feeds(args.calibration), args.damp)
+    held = sample_feeds(args.eval)
+    ref = first_outputs(str(args.model), held)
+    rewritten = gptq_convs(result.model, fused, sample_feeds(args.calibration), args.damp)
     for label, model in (("int8", result.model), ("int8 + GPTQ", rewritten)):
         line = {"model": args.model.name, "recipe": args.recipe, "weights": label}
-        print(json.dumps(line | figures(ref, run(model), args.ctc_blank)), flush=True)
+        got = first_outputs(model, held)
+        print(json.dumps(line | figures(ref, got, args.ctc_blank)), flush=True)
     return 0
 
 

@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 
 from bench import quant as bq
+from bench.quant_regions import sample_feeds
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,9 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     fused_path = work / "fused.onnx"
     flow.fuse(args.model, fused_path)
     fused = onnx.load(str(fused_path))
-    calib, held = _feeds(args.calibration), _feeds(args.eval)
+    calib, held = sample_feeds(args.calibration), sample_feeds(args.eval)
     rows = _rows(fused, args.parts.split(","))
-    ref_held, ref_calib = _run(fused, held), _run(fused, calib)
+    ref_held, ref_calib = _outputs(fused, held), _outputs(fused, calib)
     overrides = _overrides(fused, calib, args.method)
     for label, exclude in rows:
         notes: list[str] = []
@@ -59,8 +60,8 @@ def main(argv: list[str] | None = None) -> None:
             notes=notes,
             overrides=overrides,
         )
-        a = bq.accuracy(ref_held, _run(model, held), False)
-        b = bq.accuracy(ref_calib, _run(model, calib), False)
+        a = bq.accuracy(ref_held, _outputs(model, held), False)
+        b = bq.accuracy(ref_calib, _outputs(model, calib), False)
         print(
             f"{label:55s} map IoU {a['map_iou']:.1%} / {a['sqnr_db']:.1f} dB "
             f"(calib. {b['map_iou']:.1%} / {b['sqnr_db']:.1f} dB)",
@@ -68,18 +69,12 @@ def main(argv: list[str] | None = None) -> None:
         )
 
 
-def _feeds(path: str) -> list[dict[str, np.ndarray]]:
-    data = np.load(path)
-    names = list(data.keys())
-    return [{n: data[n][i] for n in names} for i in range(len(data[names[0]]))]
+def _outputs(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> list[Any]:
+    """The first output on each feed, one array per feed (as ``bench.quant.accuracy`` takes
+    them)."""
+    from bench.measure import session
 
-
-def _run(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> list[Any]:
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    sess = session(model.SerializeToString(), "all")
     return [sess.run(None, f)[0] for f in feeds]
 
 

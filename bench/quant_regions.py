@@ -79,6 +79,36 @@ def region(order: list[str], spec: str) -> list[str]:
     return order[order.index(first) : order.index(last) + 1]
 
 
+def sample_feeds(path: str | Path) -> list[dict[str, np.ndarray]]:
+    """An .npz of N samples (arrays named after the inputs, samples on axis 0) as N feeds."""
+    data = dict(np.load(path))
+    count = len(next(iter(data.values())))
+    return [{k: v[i] for k, v in data.items()} for i in range(count)]
+
+
+def first_outputs(model: Any, feeds: list[dict[str, np.ndarray]]) -> np.ndarray:
+    """The first output of ``model`` (a path or a ModelProto) on each feed, concatenated
+    (bench.measure's session: one thread, onnxruntime's optimizations on)."""
+    from bench.measure import session
+
+    sess = session(model if isinstance(model, str | bytes) else model.SerializeToString(), "all")
+    return np.concatenate([sess.run(None, f)[0] for f in feeds])
+
+
+def fused_float(model: Path, calibration: Path) -> Any:
+    """``model`` through opfuse's float fusions (verified on the first calibration sample),
+    as a ModelProto: the graph whose node names ``--exclude`` and the int8 model carry."""
+    import onnx
+
+    from opfuse.quantization import flow
+
+    with tempfile.TemporaryDirectory(prefix="quant_diagnosis.") as tmp:
+        sample = Path(tmp) / "sample.npz"
+        np.savez(sample, **sample_feeds(calibration)[0])
+        flow.fuse(model, Path(tmp) / "fused.onnx", verify_inputs=sample)
+        return onnx.load(str(Path(tmp) / "fused.onnx"))
+
+
 def diagnosis_parser(doc: str) -> argparse.ArgumentParser:
     """The options of a diagnosis of one model's int8 error (this module, quant_gptq): the
     model, its calibration and evaluation samples, the recipe, the CTC blank."""
@@ -92,33 +122,14 @@ def diagnosis_parser(doc: str) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import onnx
-    import onnxruntime as ort
-
-    from opfuse.quantization import flow
     from opfuse.quantization.conductor import quantize_file
 
     parser = diagnosis_parser(__doc__ or "")
     parser.add_argument("--regions", default="", help="NAME=FIRST..LAST[,NAME=FIRST..LAST]")
     args = parser.parse_args(argv)
-    evaluation = dict(np.load(args.eval))
-    count = len(next(iter(evaluation.values())))
-    feeds = [{k: v[i] for k, v in evaluation.items()} for i in range(count)]
-
-    def run(model: onnx.ModelProto | str) -> np.ndarray:
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = 1
-        source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
-        sess = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
-        return np.concatenate([sess.run(None, f)[0] for f in feeds])
-
-    ref = run(str(args.model))
-    with tempfile.TemporaryDirectory(prefix="quant_regions.") as tmp:
-        sample = Path(tmp) / "sample.npz"
-        calibration = dict(np.load(args.calibration))
-        np.savez(sample, **{k: v[0] for k, v in calibration.items()})
-        flow.fuse(args.model, Path(tmp) / "fused.onnx", verify_inputs=sample)
-        fused = onnx.load(str(Path(tmp) / "fused.onnx"))
+    feeds = sample_feeds(args.eval)
+    ref = first_outputs(str(args.model), feeds)
+    fused = fused_float(args.model, args.calibration)
     order = [n.name for n in fused.graph.node if n.name and n.op_type != "Constant"]
     regions = {"none": []} | {
         name: region(order, spec)
@@ -137,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         assert result.model is not None
         line = {"model": args.model.name, "recipe": args.recipe, "in_float": name}
-        line |= {"nodes_in_float": len(nodes)} | figures(ref, run(result.model), args.ctc_blank)
+        got = first_outputs(result.model, feeds)
+        line |= {"nodes_in_float": len(nodes)} | figures(ref, got, args.ctc_blank)
         print(json.dumps(line), flush=True)
     return 0
 

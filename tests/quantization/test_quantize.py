@@ -184,7 +184,9 @@ def _fake_fallback(
 
     monkeypatch.setattr(fb.flow, "weighted_nodes", lambda model: [n for n, _ in ranked])
     monkeypatch.setattr(
-        fb, "stem_nodes", lambda model, feed, share: list((leading or {}).get(share, []))
+        fb,
+        "leading_nodes",
+        lambda model, feed, shares: [list((leading or {}).get(s, [])) for s in shares],
     )
     monkeypatch.setattr(fb, "activation_candidates", lambda f, q, s: [])
     monkeypatch.setattr(

@@ -24,7 +24,7 @@ layer's input is quantized at the stem's last tensor, as before.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -42,24 +42,46 @@ def stem_nodes(
     share: float = STEM_SHARE,
 ) -> list[str]:
     """The names of the stem's nodes in graph order (see the module's docstring)."""
+    return leading_nodes(model, feed, (share,))[0]
+
+
+def leading_nodes(
+    model: onnx.ModelProto,
+    feed: Mapping[str, np.ndarray] | None,
+    shares: Sequence[float],
+) -> list[list[str]]:
+    """``stem_nodes`` for each of ``shares``, the multiply-adds counted once."""
     graph = model.graph
     macs = compute_macs(with_input_shapes(model, feed) if feed else model)
     layers = [(i, n) for i, n in enumerate(graph.node) if n.op_type in WEIGHTED]
     total = sum(macs.get(n.name or f"{n.op_type}#{i}", 0) for i, n in layers)
     if len(layers) < 2 or total <= 0:
-        return []
+        return [[] for _ in shares]
+    producer, _ = proto_wiring(graph)
+    index = {id(n): i for i, n in enumerate(graph.node)}
+    return [_before(graph, layers, macs, share * total, producer, index) for share in shares]
+
+
+def _before(
+    graph: onnx.GraphProto,
+    layers: list[tuple[int, onnx.NodeProto]],
+    macs: Mapping[str, int],
+    budget: float,
+    producer: Mapping[str, onnx.NodeProto],
+    index: Mapping[int, int],
+) -> list[str]:
+    """The nodes before the first weighted layer past ``budget`` multiply-adds that it
+    depends on (nothing when that is the first layer, or no layer is past it)."""
     taken = 0
     for i, n in layers:
         taken += macs.get(n.name or f"{n.op_type}#{i}", 0)
-        if taken > share * total:
+        if taken > budget:
             boundary = i
             break
     else:
         return []
     if boundary == layers[0][0]:
         return []
-    producer, _ = proto_wiring(graph)
-    index = {id(n): i for i, n in enumerate(graph.node)}
     seen: set[int] = set()
     stack = [x for x in graph.node[boundary].input if x]
     while stack:

@@ -92,19 +92,19 @@ class Workspace:
 
     @property
     def scoring(self) -> set[str]:
-        found = self.cache.get("scoring")
-        if not isinstance(found, set):
-            found = scoring_outputs(self.fused_model)
-            self.cache["scoring"] = found
-        return found
+        return self._outputs_of("scoring", scoring_outputs)
 
     @property
     def maps(self) -> set[str]:
         """The outputs a Sigmoid makes: judged by their map IoU where they are maps."""
-        found = self.cache.get("maps")
+        return self._outputs_of("maps", probability_maps)
+
+    def _outputs_of(self, key: str, find: Callable[[onnx.ModelProto], set[str]]) -> set[str]:
+        """The fused model's outputs ``find`` picks, found once per workspace."""
+        found = self.cache.get(key)
         if not isinstance(found, set):
-            found = probability_maps(self.fused_model)
-            self.cache["maps"] = found
+            found = find(self.fused_model)
+            self.cache[key] = found
         return found
 
     def score(
