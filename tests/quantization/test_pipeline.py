@@ -681,3 +681,50 @@ def test_a_small_calibration_set_is_cross_validated(tmp_path):
     np.savez(tmp_path / "c.npz", x=np.concatenate([f["x"] for f in feeds(10)]))
     result = quantize_file(path, None, tmp_path / "c.npz", benchmark=False, max_drop="off")
     assert result.recipes and all(r["cross_validated"] == 8 for r in result.recipes)
+
+
+def _gemm_model() -> onnx.ModelProto:
+    w = numpy_helper.from_array(
+        np.random.default_rng(3).standard_normal((6, 4)).astype(np.float32), "w"
+    )
+    graph = h.make_graph(
+        [h.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [2, 6])],
+        [h.make_tensor_value_info("y", T.FLOAT, [2, 4])],
+        [w],
+    )
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+def _scaled_weight(model: onnx.ModelProto, factor: float) -> onnx.ModelProto:
+    made = onnx.ModelProto()
+    made.CopyFrom(model)
+    w = numpy_helper.to_array(made.graph.initializer[0]) * np.float32(factor)
+    made.graph.initializer[0].CopyFrom(numpy_helper.from_array(w.astype(np.float32), "w"))
+    return made
+
+
+@pytest.mark.parametrize(
+    ("factor", "kept"), [(1.0 + 1e-7, True), (1.01, False)], ids=["exact", "inexact"]
+)
+def test_a_float_step_that_changes_the_outputs_is_dropped_and_said(factor, kept):
+    """A float-graph step (cle, smoothquant) is checked against the fused float model
+    before quantizing (``steps.float_check``): a change within the verifier's bound is
+    applied, one beyond it (1% on a weight) is dropped, the reason said."""
+    from opfuse.quantization.steps import FloatChange
+    from opfuse.quantization.workspace import Workspace
+
+    model = _gemm_model()
+    rng = np.random.default_rng(4)
+    samples = [{"x": rng.standard_normal((2, 6)).astype(np.float32)} for _ in range(6)]
+    ws = Workspace("m", model, model, samples[:4], samples[4:])
+    step = FloatChange("scale", lambda m, calib: (_scaled_weight(m, factor), 1), "weights scaled")
+    assert step.applies(ws) is kept
+    report = step.run(ws)
+    assert report.dropped is not kept
+    if kept:
+        assert ws.float_model is not model and report.detail == "1 weights scaled"
+    else:
+        assert ws.float_model is model
+        assert "beyond the verifier's bound" in step.reason(ws)

@@ -474,16 +474,20 @@ def test_a_folder_of_images_calibrates(tmp_path):
 
 def test_the_speed_logic_on_a_fake_runtime(tmp_path):
     """QuantizeLinear made expensive: int8 is slower, said plainly, and --min-speedup
-    turns it into exit 1 with nothing written."""
+    turns it into exit 1 with no model written, the report written (its figures)."""
     model = small_cnn(tmp_path / "cnn.onnx")
     data = samples_npz(tmp_path / "calib.npz", "x", (1, 3, 8, 8))
     slow_q = FakeRuntime({"QuantizeLinear": 0.01, "DequantizeLinear": 0.01}, default=0.001)
     result = quantize_file(model, tmp_path / "out.onnx", data, runtime=slow_q)
     assert result.pays() is False and result.speedup is not None and result.speedup < 1
     assert any("int8 does not pay on this machine" in line for line in result.lines())
-    with pytest.raises(GateError, match="below --min-speedup 1.5"):
-        quantize_file(model, tmp_path / "o2.onnx", data, runtime=slow_q, min_speedup=1.5)
+    report = tmp_path / "r.json"
+    with pytest.raises(GateError, match="below --min-speedup 1.5.*without --min-speedup"):
+        quantize_file(
+            model, tmp_path / "o2.onnx", data, runtime=slow_q, min_speedup=1.5, report=report
+        )
     assert not (tmp_path / "o2.onnx").exists()
+    assert json.loads(report.read_text())["speed"]["runtime"]
     fast_q = FakeRuntime({"Conv": 0.01, "BatchNormalization": 0.01}, default=0.0)
     result = quantize_file(model, tmp_path / "o3.onnx", data, runtime=fast_q)
     assert result.speed is not None and result.to_json()["speed"] is not None

@@ -3,17 +3,31 @@
 
 from __future__ import annotations
 
+import os
+
 import onnx
 import onnx.version_converter
 import onnx_ir as ir
 
 from opfuse.errors import OpfuseError, first_line
 from opfuse.model import io
+from opfuse.model.sessions import open_session
 
 
 def default_opset(model: ir.Model) -> int | None:
     """The model's default-domain opset; None when it imports only other domains."""
     return model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+
+
+def raise_ir_version(proto: onnx.ModelProto) -> None:
+    """Raise ``proto``'s IR version to the lowest its opsets need (in place; never lowered).
+    onnx's version converter keeps the IR version: a torch export of IR 3 (opset 6)
+    converted to opset 13 stays IR 3, where every initializer must also be a graph input,
+    so each one a later step adds (a quantization scale) made the model invalid. From IR 4
+    on, an initializer that is also an input stays an input with a default: nothing of the
+    model's interface changes."""
+    need = onnx.helper.find_min_ir_version_for(list(proto.opset_import), ignore_unknown=True)
+    proto.ir_version = max(proto.ir_version, need)
 
 
 def convert_opset(model: ir.Model, target: int) -> ir.Model:
@@ -32,6 +46,7 @@ def convert_opset(model: ir.Model, target: int) -> ir.Model:
     except Exception as exc:  # the converter raises plain RuntimeError/ValueError
         first = first_line(exc)
         raise OpfuseError(f"cannot convert the model to opset {target}: {first}") from None
+    raise_ir_version(converted)
     new = io.from_proto(converted)
     base_dirs = {
         v.name: v.const_value.base_dir
@@ -41,3 +56,19 @@ def convert_opset(model: ir.Model, target: int) -> ir.Model:
     if base_dirs:
         ir.external_data.set_base_dir(new.graph, next(iter(base_dirs.values())))
     return new
+
+
+def runnable(path: str | os.PathLike[str]) -> str | os.PathLike[str] | onnx.ModelProto:
+    """``path``, or, for a model below ``io.MIN_OPSET`` that onnxruntime cannot load (it
+    has no kernels for many ops there: BatchNormalization-6), the model converted to it:
+    what the user's inputs (``--verify-inputs``, ``--input-shape``) are checked on, as the
+    verifier checks the output against that conversion."""
+    header = onnx.load_model(str(path), load_external_data=False)
+    old = next((o.version for o in header.opset_import if o.domain in ("", "ai.onnx")), None)
+    if old is None or old >= io.MIN_OPSET:
+        return path
+    try:
+        open_session(path, graph_opt="off")
+    except OpfuseError:
+        return io.to_proto(convert_opset(io.load_model(path), io.MIN_OPSET))
+    return path

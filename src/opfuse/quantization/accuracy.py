@@ -210,29 +210,60 @@ def compare_outputs(
     (``probability_maps``), their map IoU measured at ``threshold`` where they are maps."""
     out = []
     for i, name in enumerate(names):
-        each = tuple(sqnr_db(r[i], g[i]) for r, g in zip(ref, got, strict=True))
-        r = np.concatenate(
-            [
-                np.asarray(s[i]).reshape(1, *np.shape(s[i]))
-                if np.ndim(s[i]) == 0
-                else np.asarray(s[i])
-                for s in ref
-            ]
-        )
-        g = np.concatenate(
-            [
-                np.asarray(s[i]).reshape(1, *np.shape(s[i]))
-                if np.ndim(s[i]) == 0
-                else np.asarray(s[i])
-                for s in got
-            ]
-        )
+        pairs = [_aligned(_as_array(r[i]), _as_array(g[i])) for r, g in zip(ref, got, strict=True)]
+        each = tuple(sqnr_db(r, g) for r, g in pairs)
+        r, g = _joined([r for r, _ in pairs]), _joined([g for _, g in pairs])
         out.append(
             compare_output(
                 name, r, g, scoring is None or name in scoring, each, name in maps, threshold
             )
         )
     return out
+
+
+def _as_array(value: object) -> np.ndarray:
+    """An output as one numeric array: a tensor as it is; a sequence of tensors (a list)
+    or a map (a dict, by its sorted keys), their values raveled and joined; an empty
+    optional (None): empty."""
+    if value is None:
+        return np.zeros(0)
+    if isinstance(value, dict):
+        value = [value[k] for k in sorted(value)]
+    if isinstance(value, list):
+        parts = [_as_array(v).ravel() for v in value]
+        return np.concatenate(parts) if parts else np.zeros(0)
+    return np.asarray(value)
+
+
+def _aligned(ref: np.ndarray, got: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One sample's output of the two models on one shape: where the int8 model's differs
+    (a count that depends on the data: boxes kept by NonMaxSuppression), both padded with
+    zeros to the larger (what one has and the other lacks is all error). Labels (strings)
+    compare by equality: the reference all ones, the int8 model's 1 where it agrees."""
+    if ref.dtype.kind not in "biuf" or got.dtype.kind not in "biuf":
+        same = ref == got if ref.shape == got.shape else np.zeros(ref.shape, bool)
+        return np.ones(ref.shape), np.asarray(same, np.float64)
+    if ref.shape != got.shape:
+        if ref.ndim != got.ndim:
+            ref, got = ref.ravel(), got.ravel()
+        shape = tuple(max(a, b) for a, b in zip(ref.shape, got.shape, strict=True))
+        ref, got = _padded(ref, shape), _padded(got, shape)
+    return ref, got
+
+
+def _padded(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    out = np.zeros(shape, array.dtype)
+    out[tuple(slice(0, n) for n in array.shape)] = array
+    return out
+
+
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+    """The samples' arrays along axis 0 (a scalar as one row), or raveled end to end where
+    their shapes past axis 0 differ (an output whose shape depends on the data)."""
+    rows = [a.reshape(1) if a.ndim == 0 else a for a in arrays]
+    if len({a.shape[1:] for a in rows}) == 1:
+        return np.concatenate(rows)
+    return np.concatenate([a.ravel() for a in rows])
 
 
 def brief(figures: Sequence[OutputAccuracy]) -> str:

@@ -25,6 +25,7 @@ import numpy as np
 from opfuse.errors import OpfuseError, first_line
 from opfuse.pipeline.conductor import OptimizeResult, optimize_file
 from opfuse.pipeline.switch import SwitchTable
+from opfuse.quantization import quantizer_input
 from opfuse.rewrite.context import Options
 
 if TYPE_CHECKING:
@@ -106,6 +107,7 @@ def quantize(
 # [1, N] makes "The truth value of an array ... is ambiguous"); the option turns it off
 INT32_BIAS_ADJUST = "_adjust_weight_scale_for_int32_bias"
 INT32_BIAS_OPTION = "QDQDisableWeightAdjustForInt32Bias"
+CONTRIB_QDQ = "UseQDQContribOps"
 MAX_WORKAROUNDS = 8
 
 
@@ -136,6 +138,14 @@ def quantize_proto(
     from opfuse.quantization.workspace import QuantizeInternalError
 
     extra = extra_options if extra_options is not None else {}
+    if not any(o.domain in ("", "ai.onnx") for o in model.opset_import):
+        # only other domains' operators (ai.onnx.ml's, a converter's own): nothing it
+        # quantizes, and it refuses such a model ("Failed to find proper ai.onnx domain")
+        note = "no operator of the default domain: nothing for onnxruntime's quantizer"
+        if note not in notes:
+            notes.append(note)
+        return model
+    model, invented = quantizer_input.with_names(model)
     model, flattened = gemm_biases_as_vectors(model)
     if flattened:
         note = (
@@ -145,16 +155,28 @@ def quantize_proto(
         )
         if note not in notes:
             notes.append(note)
+    other = [n for n in quantizer_input.other_float_nodes(model) if n not in exclude]
+    if other:
+        _note(notes, f"{len(other)} nodes read or write float16, bfloat16 or double: kept in float")
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if not quantizer_input.qdq_kernels_at(opset) and not extra.get(CONTRIB_QDQ):
+        extra[CONTRIB_QDQ] = True
+        _note(
+            notes,
+            f"onnxruntime has no QuantizeLinear/DequantizeLinear kernels at opset {opset}: "
+            "written in its com.microsoft domain",
+        )
     for _ in range(MAX_WORKAROUNDS):
         try:
-            return _quantize_once(
+            made = _quantize_once(
                 model,
                 samples,
                 options,
-                exclude,
+                [*exclude, *other],
                 {**extra, **({"TensorQuantOverrides": overrides} if overrides else {})},
                 cache=calibration_cache,
             )
+            return quantizer_input.without_names(made, invented)
         except Exception as exc:  # onnxruntime's quantizer raises plain exceptions
             fix = _workaround(exc, extra, exclude)
             if fix is None:
@@ -170,6 +192,11 @@ def quantize_proto(
         f"{name}: onnxruntime's quantizer still fails after {MAX_WORKAROUNDS} workarounds "
         f"({'; '.join(notes[-2:])}); try --exclude with the op types named"
     )
+
+
+def _note(notes: list[str], note: str) -> None:
+    if note not in notes:
+        notes.append(note)
 
 
 def gemm_biases_as_vectors(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
@@ -322,7 +349,7 @@ def clean_up_proto(
 
     with tempfile.TemporaryDirectory(prefix=STAGING_PREFIX + "clean-") as tmp:
         src, out = Path(tmp) / "qdq.onnx", Path(tmp) / "clean.onnx"
-        onnx.save_model(qdq, str(src))
+        onnx.save_model(sorted_graph(qdq), str(src))
         sample = None
         if verify_inputs is not None:
             sample = Path(tmp) / "sample.npz"
@@ -338,6 +365,18 @@ def clean_up_proto(
                 "the op type it names"
             ) from None
         return onnx.load_model(str(out))
+
+
+def sorted_graph(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its nodes in topological order, counting what a subgraph reads from
+    the graph around it: onnxruntime's quantizer sorts by the nodes' own inputs only, and
+    leaves an If whose branch reads a tensor made after it (onnx's AffineGrid function,
+    expanded), which onnxruntime runs but onnx.checker refuses."""
+    import onnx_ir as ir
+
+    in_ir = ir.from_proto(model)
+    in_ir.graph.sort()
+    return ir.to_proto(in_ir)
 
 
 def clean_up(

@@ -5,6 +5,7 @@ other's changes; the samples and the reference outputs are shared, not copied.""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -122,7 +123,7 @@ class Workspace:
 
 
 def run_model(
-    model: onnx.ModelProto | str,
+    model: onnx.ModelProto | str | os.PathLike[str],
     samples: list[Sample],
     name: str,
     *,

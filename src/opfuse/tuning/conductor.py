@@ -19,6 +19,7 @@ from pathlib import Path
 
 from opfuse.errors import SettingsError
 from opfuse.model import io
+from opfuse.pipeline.opset import runnable
 from opfuse.runtime.settings import RuntimeSettings
 from opfuse.tuning import search
 from opfuse.tuning.search import TuneResult
@@ -113,4 +114,4 @@ def _check(
     )
     io.read_proto(model)
     if settings.input_shape or settings.verify_inputs is not None:
-        check_feeds(model, settings.input_shapes, settings.verify_inputs)
+        check_feeds(runnable(model), settings.input_shapes, settings.verify_inputs)

@@ -8,9 +8,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from opfuse.errors import OpfuseError, VerificationError, first_line
@@ -19,9 +20,6 @@ from opfuse.model.sessions import open_session
 from opfuse.verification import inputs as verify_inputs
 from opfuse.verification import tolerance
 from opfuse.verification.inputs import InputPlan
-
-if TYPE_CHECKING:
-    import onnx
 
 ORT_DTYPES = {f"tensor({k})": v for k, v in verify_inputs.ORT_DTYPES.items() if k != "string"}
 
@@ -37,7 +35,7 @@ class OptimizedModelRunError(OptimizedModelError, VerificationError):
 
 
 def session(
-    path: str | os.PathLike[str], optimize: bool = False, threads: int = 0
+    path: str | os.PathLike[str] | onnx.ModelProto, optimize: bool = False, threads: int = 0
 ) -> ort.InferenceSession:
     return open_session(path, graph_opt="all" if optimize else "off", threads=threads)
 
@@ -105,11 +103,11 @@ def make_inputs(
     input_shapes: Mapping[str, list[int]] | None = None,
     inputs_npz: str | os.PathLike[str] | None = None,
     seed: int = 0,
-    model: str | os.PathLike[str] | None = None,
+    model: str | os.PathLike[str] | onnx.ModelProto | None = None,
 ) -> dict[str, np.ndarray]:
     """Seeded inputs for every model input (opfuse.verification.inputs), or the arrays of an
-    ``.npz``. ``model``: the session's file, read for a scalar input's rank and for the
-    uses of integer inputs."""
+    ``.npz``. ``model``: the session's file (or model), read for a scalar input's rank and
+    for the uses of integer inputs."""
     return make_inputs_and_plan(sess, input_shapes, inputs_npz, seed, model)[0]
 
 
@@ -118,7 +116,7 @@ def make_inputs_and_plan(
     input_shapes: Mapping[str, list[int]] | None = None,
     inputs_npz: str | os.PathLike[str] | None = None,
     seed: int = 0,
-    model: str | os.PathLike[str] | None = None,
+    model: str | os.PathLike[str] | onnx.ModelProto | None = None,
 ) -> tuple[dict[str, np.ndarray], InputPlan | None]:
     """make_inputs and how each input was generated (None for an ``.npz``)."""
     specs = sess.get_inputs()
@@ -133,10 +131,8 @@ def make_inputs_and_plan(
             check_input_shape(spec, input_shapes[spec.name], model)
     if inputs_npz is not None:
         return _load_npz(inputs_npz, specs), None
-    proto = None
-    if model is not None:
-        import onnx
-
+    proto = model if isinstance(model, onnx.ModelProto) else None
+    if model is not None and proto is None:
         proto = onnx.load_model(str(model), load_external_data=False)
     feeds, plan = verify_inputs.generate(specs, input_shapes, proto, seed)
     return cast(dict[str, np.ndarray], feeds), plan  # a sequence input is a list of arrays
@@ -387,12 +383,13 @@ def input_permutations(path: str | os.PathLike[str]) -> dict[str, list[int]]:
 
 
 def check_feeds(
-    model: str | os.PathLike[str],
+    model: str | os.PathLike[str] | onnx.ModelProto,
     input_shapes: Mapping[str, list[int]] | None = None,
     inputs_npz: str | os.PathLike[str] | None = None,
 ) -> None:
     """Fail now, with a one-line error, on ``--input-shape`` or ``.npz`` inputs that do not
-    fit ``model`` (optimize checks them before it works, not only when it verifies)."""
+    fit ``model`` (a path, or the model in memory: ``opset.runnable``) (optimize checks
+    them before it works, not only when it verifies)."""
     make_inputs(session(model), input_shapes, inputs_npz, model=model)
 
 

@@ -1,0 +1,242 @@
+"""What ``opfuse quantize`` on onnx's conformance models found (tests/quantize_conformance.py
+runs them all): models of IR 3 and opsets onnxruntime cannot load, models of other domains
+only, float16 parts, an opset without Q/DQ kernels, unnamed nodes, a quantizer output out
+of topological order, outputs whose shape depends on the data, sequences and strings."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+
+import opfuse
+from opfuse.model.sessions import open_session
+from opfuse.pipeline.opset import convert_opset, raise_ir_version
+from opfuse.quantization import flow, quantizer_input
+from opfuse.quantization.accuracy import compare_outputs
+
+RNG = np.random.default_rng(0)
+
+
+def feeds(name: str, shape: tuple[int, ...], n: int = 12, dtype=np.float32) -> list[dict]:
+    return [{name: RNG.standard_normal(shape).astype(dtype)} for _ in range(n)]
+
+
+def torch_legacy_conv() -> onnx.ModelProto:
+    """A 2016-era torch export: IR 3, opset 6, weights listed as graph inputs, a Conv and a
+    BatchNormalization-6 (which onnxruntime has no kernel for)."""
+    w = numpy_helper.from_array(RNG.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    stats = [
+        numpy_helper.from_array(v.astype(np.float32), n)
+        for n, v in [
+            ("scale", RNG.uniform(0.5, 1.5, 4)),
+            ("bias", RNG.standard_normal(4)),
+            ("mean", RNG.standard_normal(4)),
+            ("var", RNG.uniform(0.5, 1.5, 4)),
+        ]
+    ]
+    graph = h.make_graph(
+        [
+            h.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+            h.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["y"]),
+        ],
+        "legacy",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])]
+        + [h.make_tensor_value_info(t.name, T.FLOAT, list(t.dims)) for t in [w, *stats]],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 8, 8])],
+        [w, *stats],
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 6)])
+    model.ir_version = 3
+    return model
+
+
+def test_an_ir_3_model_onnxruntime_cannot_load_is_quantized():
+    """Its reference outputs come from the model converted to opset 7 (onnxruntime has no
+    BatchNormalization-6), and the IR version rises with the opset: at IR 3 each scale
+    the quantizer adds had to be a graph input (onnx.checker refused the int8 model)."""
+    legacy = torch_legacy_conv()
+    with pytest.raises(Exception, match="BatchNormalization"):
+        open_session(legacy, graph_opt="off")
+    result = opfuse.quantize(
+        legacy, calibration=feeds("x", (1, 3, 8, 8)), benchmark=False, max_drop="off"
+    )
+    made = result.model
+    onnx.checker.check_model(made, full_check=True)
+    assert made.ir_version >= 7
+    assert [i.name for i in made.graph.input][0] == "x"
+    assert "QuantizeLinear" in {n.op_type for n in made.graph.node}
+    open_session(made).run(None, feeds("x", (1, 3, 8, 8), 1)[0])
+
+
+def test_the_ir_version_rises_with_a_converted_opset_and_never_falls():
+    converted = ir.to_proto(convert_opset(ir.from_proto(torch_legacy_conv()), 13))
+    assert converted.ir_version == 7
+    onnx.checker.check_model(converted, full_check=True)
+    recent = torch_legacy_conv()
+    recent.opset_import[0].version, recent.ir_version = 13, 10
+    raise_ir_version(recent)
+    assert recent.ir_version == 10
+
+
+def ml_only() -> onnx.ModelProto:
+    node = h.make_node("Binarizer", ["x"], ["y"], domain="ai.onnx.ml", threshold=0.5)
+    graph = h.make_graph(
+        [node],
+        "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+        [h.make_tensor_value_info("y", T.FLOAT, [2, 3])],
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("ai.onnx.ml", 1)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_model_of_another_domain_only_passes_through_said():
+    """onnxruntime's quantizer refuses a model with no ai.onnx import ("Failed to find
+    proper ai.onnx domain"): it has nothing to quantize there, and is not called."""
+    result = opfuse.quantize(ml_only(), calibration=feeds("x", (2, 3)), benchmark=False)
+    assert [n.op_type for n in result.model.graph.node] == ["Binarizer"]
+    assert any("no operator of the default domain" in n for n in result.notes)
+
+
+def half_and_single() -> onnx.ModelProto:
+    """x -> MatMul (float32 weight) -> Cast to float16 -> Mul (float16) -> Cast -> y."""
+    w = numpy_helper.from_array(RNG.standard_normal((8, 8)).astype(np.float32), "w")
+    k = numpy_helper.from_array(np.full((8,), 0.5, np.float16), "k")
+    graph = h.make_graph(
+        [
+            h.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+            h.make_node("Cast", ["m"], ["mh"], to=T.FLOAT16),
+            h.make_node("Mul", ["mh", "k"], ["ph"]),
+            h.make_node("Cast", ["ph"], ["y"], to=T.FLOAT),
+        ],
+        "half",
+        [h.make_tensor_value_info("x", T.FLOAT, [4, 8])],
+        [h.make_tensor_value_info("y", T.FLOAT, [4, 8])],
+        [w, k],
+    )
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_float16_nodes_stay_float_and_the_rest_is_quantized():
+    """onnxruntime's quantizer, made for float32, makes a float16 part whose types
+    disagree (onnxruntime refuses the model): those nodes stay float, the float32 MatMul is
+    quantized, and the nodes without a name keep none."""
+    model = half_and_single()
+    assert quantizer_input.other_float_nodes(quantizer_input.with_names(model)[0]) == [
+        "Cast:mh",
+        "Mul:ph",
+        "Cast:y",
+    ]
+    result = opfuse.quantize(model, calibration=feeds("x", (4, 8)), benchmark=False)
+    made = result.model
+    assert any("3 nodes read or write float16" in n for n in result.notes)
+    mul = next(n for n in made.graph.node if n.op_type == "Mul")
+    assert mul.name == "" and "ph" in mul.output  # float, unnamed as it was
+    mm = next(n for n in made.graph.node if n.name == "mm")
+    made_by = {o: n.op_type for n in made.graph.node for o in n.output}
+    assert [made_by.get(i) for i in mm.input] == ["DequantizeLinear", "DequantizeLinear"]
+    open_session(made).run(None, feeds("x", (4, 8), 1)[0])
+
+
+def matmul(opset: int = 17) -> onnx.ModelProto:
+    graph = h.make_graph(
+        [h.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [4, 8])],
+        [h.make_tensor_value_info("y", T.FLOAT, [4, 8])],
+        [numpy_helper.from_array(RNG.standard_normal((8, 8)).astype(np.float32), "w")],
+    )
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", opset)])
+
+
+def test_a_float32_model_has_no_other_float_nodes():
+    assert quantizer_input.other_float_nodes(matmul()) == []
+
+
+def test_an_opset_without_qdq_kernels_gets_the_contrib_ones(monkeypatch):
+    """onnxruntime 1.32 has no QuantizeLinear at opset 28 (onnx's newest); the
+    com.microsoft ones run at any opset. Made to happen at opset 17 here, so the test does
+    not depend on which opsets the installed onnxruntime has kernels for."""
+    monkeypatch.setattr(quantizer_input, "qdq_kernels_at", lambda opset: opset != 17)
+    result = opfuse.quantize(matmul(), calibration=feeds("x", (4, 8)), benchmark=False)
+    assert any("com.microsoft domain" in n for n in result.notes)
+    domains = {n.domain for n in result.model.graph.node if "Quantize" in n.op_type}
+    assert domains == {"com.microsoft"}
+    open_session(result.model).run(None, feeds("x", (4, 8), 1)[0])
+
+
+def test_onnxruntime_has_qdq_kernels_at_opset_13():
+    assert quantizer_input.qdq_kernels_at(13)
+
+
+def test_names_are_invented_only_for_unnamed_nodes_and_taken_off_again():
+    model = half_and_single()
+    named, invented = quantizer_input.with_names(model)
+    assert invented == {"Cast:mh", "Mul:ph", "Cast:y"} and named.graph.node[0].name == "mm"
+    assert all(n.name == "" for n in model.graph.node[1:])  # the model given is not touched
+    back = quantizer_input.without_names(named, invented)
+    assert [n.name for n in back.graph.node] == ["mm", "", "", ""]
+    again = quantizer_input.with_names(back)[0]
+    assert again is not back
+    assert quantizer_input.with_names(again) == (again, set())  # all named: nothing to do
+
+
+def test_a_branch_reading_a_tensor_made_later_is_sorted():
+    """onnxruntime's quantizer sorts by the nodes' own inputs: an If whose branch reads a
+    tensor made after it stays before it (onnxruntime runs it; onnx.checker refuses it)."""
+    branch = h.make_graph(
+        [h.make_node("Identity", ["t"], ["o"])],
+        "then",
+        [],
+        [h.make_tensor_value_info("o", T.FLOAT, [2])],
+    )
+    graph = h.make_graph(
+        [
+            h.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch),
+            h.make_node("Neg", ["x"], ["t"]),
+        ],
+        "g",
+        [
+            h.make_tensor_value_info("c", T.BOOL, []),
+            h.make_tensor_value_info("x", T.FLOAT, [2]),
+        ],
+        [h.make_tensor_value_info("y", T.FLOAT, [2])],
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    with pytest.raises(onnx.checker.ValidationError, match="topologically sorted"):
+        onnx.checker.check_model(model)
+    made = flow.sorted_graph(model)
+    onnx.checker.check_model(made)
+    assert [n.op_type for n in made.graph.node] == ["Neg", "If"]
+    assert flow.sorted_graph(made).graph == made.graph  # idempotent
+
+
+def test_outputs_whose_shape_depends_on_the_data_are_compared():
+    """A count that differs between samples (boxes kept), and between the two models on
+    one sample: what one has and the other lacks is all error."""
+    ref = [[np.ones((3, 4), np.float32)], [np.ones((5, 4), np.float32)]]
+    same = compare_outputs(["boxes"], ref, ref)[0]
+    assert same.sqnr_db == float("inf")
+    got = [[np.ones((3, 4), np.float32)], [np.ones((4, 4), np.float32)]]
+    fewer = compare_outputs(["boxes"], ref, got)[0]
+    assert fewer.samples_sqnr_db[0] == float("inf")
+    assert fewer.samples_sqnr_db[1] == pytest.approx(10 * np.log10(20 / 4))
+    flat = [[np.ones((2, 3), np.float32)], [np.ones((2, 5), np.float32)]]
+    assert compare_outputs(["m"], flat, flat)[0].sqnr_db == float("inf")
+
+
+def test_sequence_and_string_outputs_are_compared():
+    seq = [[[np.ones(3, np.float32), np.ones(2, np.float32)]]]
+    half = [[[np.ones(3, np.float32), np.zeros(2, np.float32)]]]
+    assert compare_outputs(["s"], seq, seq)[0].sqnr_db == float("inf")
+    assert compare_outputs(["s"], seq, half)[0].sqnr_db == pytest.approx(10 * np.log10(5 / 2))
+    labels = [[np.array(["cat", "dog"])]]
+    other = [[np.array(["cat", "cow"])]]
+    assert compare_outputs(["l"], labels, labels)[0].sqnr_db == float("inf")
+    assert compare_outputs(["l"], labels, other)[0].sqnr_db == pytest.approx(10 * np.log10(2))
