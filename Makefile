@@ -31,9 +31,11 @@ test: lint
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow
 
-# the ONNX backend conformance suite of the installed onnx, 2 workers, counts per class
+# the ONNX backend conformance suite of the installed onnx, 2 workers, counts per class:
+# opfuse optimize on each model, then opfuse quantize
 test-conformance: $(STAMP)
 	$(BIN)/python tests/conformance.py --workers 2
+	cd tests && ../$(BIN)/python quantize_conformance.py --workers 2
 
 fuzz: $(STAMP)
 	OPFUSE_FUZZ_EXAMPLES=10000 $(BIN)/pytest -q tests/test_fuzz.py --hypothesis-show-statistics

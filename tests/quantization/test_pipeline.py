@@ -728,3 +728,20 @@ def test_a_float_step_that_changes_the_outputs_is_dropped_and_said(factor, kept)
     else:
         assert ws.float_model is model
         assert "beyond the verifier's bound" in step.reason(ws)
+
+
+def test_cache_keys_keep_their_objects_alive_across_forks():
+    """The statistics caches (and the calibration files) are keyed by the identity of a
+    float model and a sample list: each keyed object is kept, so no later object can take
+    its id and read its statistics (the folds' sample halves are freed after a search)."""
+    from opfuse.quantization.workspace import Workspace
+
+    model = _gemm_model()
+    ws = Workspace("m", model, model, [], [])
+    half = [{"x": np.zeros((2, 6), np.float32)}]
+    key = ws.key_of(model, half)
+    fork = ws.fork()
+    fork.cache = {}  # as the folds give each half its own statistics
+    assert fork.key_of(model, half) == key
+    assert fork.pinned[key][1] is half and ws.pinned is fork.pinned
+    assert ws.key_of(model, [*half]) != key  # another list: another key

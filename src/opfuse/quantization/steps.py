@@ -98,7 +98,7 @@ class Ranges:
         if self.name == "minmax":
             ws.calibrate_method = "minmax"
             return StepReport(self.name, 0, "onnxruntime's MinMax calibration")
-        key = f"ranges:{self.name}:{id(ws.float_model)}:{id(ws.calib)}:{ws.activation_type}"
+        key = f"ranges:{self.name}:{ws.key_of(ws.float_model, ws.calib)}:{ws.activation_type}"
         found = cast("dict[str, tuple[float, float]] | None", ws.cache.get(key))
         if found is None:
             tensors = ranges.quantized_activations(ws.float_model)
@@ -135,7 +135,7 @@ class FloatChange:
         return self.candidates is not None and not self.candidates(ws.float_model)
 
     def _result(self, ws: Workspace) -> tuple[onnx.ModelProto, int] | StepReport:
-        key = f"{self.name}:{id(ws.float_model)}"
+        key = f"{self.name}:{ws.key_of(ws.float_model)}"
         if key not in ws.cache:
             try:
                 made, count = self.change(ws.float_model, ws.calib)
@@ -202,7 +202,7 @@ class FloatStem:
     name = "float-stem"
 
     def _nodes(self, ws: Workspace) -> list[str]:
-        key = f"float-stem:{id(ws.float_model)}"
+        key = f"float-stem:{ws.key_of(ws.float_model)}"
         if key not in ws.cache:
             feed = ws.calib[0] if ws.calib else None
             ws.cache[key] = stem_nodes(ws.float_model, feed)

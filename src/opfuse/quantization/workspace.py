@@ -60,6 +60,7 @@ class Workspace:
     # the float original's outputs on ``valid`` (shared by every fork)
     valid_reference: list[list[np.ndarray]] = field(default_factory=list)
     cache: dict[str, object] = field(default_factory=dict)  # shared by every fork
+    pinned: dict[str, tuple[object, ...]] = field(default_factory=dict)  # ``key_of``'s
     # where onnxruntime's calibration ranges are kept between quantizations of one float
     # model on one sample set (its calibration_cache_path): a fallback try does not
     # calibrate again
@@ -68,8 +69,17 @@ class Workspace:
     def calibration_cache(self) -> Path | None:
         if self.cache_dir is None:
             return None
-        key = f"{id(self.float_model)}-{id(self.calib)}-{self.calibrate_method}"
+        key = f"{self.key_of(self.float_model, self.calib)}-{self.calibrate_method}"
         return self.cache_dir / f"calibration-{key}.json"
+
+    def key_of(self, *objects: object) -> str:
+        """A cache key for these objects (a float model, a sample list) by their identity,
+        each kept alive as long as the workspace and its forks (and the calibration files
+        named after the key) are: an object freed could leave its id to a new one, which
+        would then read its statistics."""
+        key = "-".join(str(id(o)) for o in objects)
+        self.pinned.setdefault(key, objects)
+        return key
 
     def fork(self) -> Workspace:
         """A copy for one recipe: models and lists copied, samples and caches shared."""
