@@ -11,7 +11,8 @@ original's interface (input and output names and element types). Classes:
 
     ok          a model that does all that
     wrong       a model that does not
-    refused     exit 2 (an OpfuseError other than below)
+    refused     exit 2 for a reason on REFUSALS (an already quantized model)
+    unexpected  exit 2 for another reason (an OpfuseError other than below)
     internal    exit 3 (QuantizeInternalError)
     unverified  opfuse's verification of the fused model failed (exit 1)
     crash       any other exception
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -45,7 +47,9 @@ import conformance
 
 SAMPLES = 16
 JITTER = 0.01
-BAD = ("wrong", "refused", "internal", "unverified", "crash", "timeout")
+BAD = ("wrong", "unexpected", "internal", "unverified", "crash", "timeout")
+# the reasons quantize may refuse a conformance model (exit 2, one line)
+REFUSALS = {"already-quantized": r"already quantized"}
 # the models that end in a documented failure, and why (docs/QUANTIZATION.md)
 KNOWN = {
     # an attention whose Softmax masks whole rows: NaN in its calibrated range, and
@@ -134,7 +138,9 @@ def classify(case: Path) -> tuple[str, str, str, float]:
         except VerificationError as exc:
             kind, detail = "unverified", str(exc)
         except OpfuseError as exc:
-            kind, detail = "refused", str(exc)
+            refusal = next((k for k, r in REFUSALS.items() if re.search(r, str(exc))), None)
+            kind = "refused" if refusal else "unexpected"
+            detail = f"{refusal}: {exc}" if refusal else str(exc)
     except conformance._Timeout:
         kind, detail = "timeout", f"over {conformance.TIMEOUT} s"
     except Exception as exc:  # a crash of opfuse's (or of this harness)
@@ -178,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             known = " (known)" if KNOWN.get(name) == kind else ""
             print(f"{kind:10} {name}{known}: {detail}")
     print(f"{len(results)} models in {time.perf_counter() - start:.0f} s")
-    for kind in ("ok", *BAD, "skipped"):
+    for kind in ("ok", "refused", *BAD, "skipped"):
         print(f"  {kind:10} {counts.get(kind, 0)}")
     return 1 if unexpected(results) else 0
 

@@ -240,3 +240,23 @@ def test_sequence_and_string_outputs_are_compared():
     other = [[np.array(["cat", "cow"])]]
     assert compare_outputs(["l"], labels, labels)[0].sqnr_db == float("inf")
     assert compare_outputs(["l"], labels, other)[0].sqnr_db == pytest.approx(10 * np.log10(2))
+
+
+def test_an_already_quantized_model_is_refused_with_what_to_give(tmp_path):
+    """The quantizer would quantize it again (duplicate node names: a model onnxruntime
+    refuses, exit 3 before); exit 2, nothing written, and what to give instead."""
+    from opfuse.errors import OpfuseError
+    from opfuse.quantization.workspace import QuantizeInternalError
+
+    made = opfuse.quantize(
+        matmul(), calibration=feeds("x", (4, 8)), benchmark=False, max_drop="off"
+    )
+    int8 = made.model
+    src = tmp_path / "int8.onnx"
+    onnx.save_model(int8, str(src))
+    out = tmp_path / "again.onnx"
+    with pytest.raises(OpfuseError, match=r"already quantized \(.*QuantizeLinear.*float model"):
+        opfuse.quantize(src, out, calibration=feeds("x", (4, 8)), benchmark=False)
+    assert not out.exists()
+    assert not issubclass(OpfuseError, QuantizeInternalError)  # exit 2, not 3
+    assert quantizer_input.quantized_ops(matmul()) == ""

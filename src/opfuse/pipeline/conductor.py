@@ -20,7 +20,7 @@ from opfuse.errors import OpfuseError, SettingsError
 from opfuse.model import io
 from opfuse.model.shapes import declare_static_inputs
 from opfuse.pipeline.gcpause import paused_gc
-from opfuse.pipeline.opset import convert_opset, default_opset, runnable
+from opfuse.pipeline.opset import convert_opset, converted_if_old, default_opset
 from opfuse.pipeline.optimizer import MAX_ROUNDS, op_counts, optimize_model
 from opfuse.pipeline.phases import Phases
 from opfuse.pipeline.result import OptimizeResult, timings_text, verification_text
@@ -200,7 +200,9 @@ def _check(
         switch_table = parse_switch_file(switch_file)
     selection = select(switch_table, enable, disable, where=str(switch_file or "switch file"))
     if feeds.input_shape or feeds.verify_inputs is not None:
-        check_feeds(runnable(input_path), feeds.shapes, feeds.verify_inputs)
+        check_feeds(
+            input_path, feeds.shapes, feeds.verify_inputs, lambda: converted_if_old(input_path)
+        )
     if static_shapes is not None and not static_shapes:
         raise SettingsError(
             "static_shapes",

@@ -11,7 +11,6 @@ import onnx_ir as ir
 
 from opfuse.errors import OpfuseError, first_line
 from opfuse.model import io
-from opfuse.model.sessions import open_session
 
 
 def default_opset(model: ir.Model) -> int | None:
@@ -58,17 +57,13 @@ def convert_opset(model: ir.Model, target: int) -> ir.Model:
     return new
 
 
-def runnable(path: str | os.PathLike[str]) -> str | os.PathLike[str] | onnx.ModelProto:
-    """``path``, or, for a model below ``io.MIN_OPSET`` that onnxruntime cannot load (it
-    has no kernels for many ops there: BatchNormalization-6), the model converted to it:
-    what the user's inputs (``--verify-inputs``, ``--input-shape``) are checked on, as the
-    verifier checks the output against that conversion."""
+def converted_if_old(path: str | os.PathLike[str]) -> onnx.ModelProto | None:
+    """The model at ``path`` converted to ``io.MIN_OPSET`` when it is below it, else None:
+    what to run instead of a model onnxruntime cannot load (it has no kernels for many ops
+    below opset 7: BatchNormalization-6), as the verifier checks an output against that
+    conversion. Called only once the model has failed to load (it reads the whole file)."""
     header = onnx.load_model(str(path), load_external_data=False)
     old = next((o.version for o in header.opset_import if o.domain in ("", "ai.onnx")), None)
     if old is None or old >= io.MIN_OPSET:
-        return path
-    try:
-        open_session(path, graph_opt="off")
-    except OpfuseError:
-        return io.to_proto(convert_opset(io.load_model(path), io.MIN_OPSET))
-    return path
+        return None
+    return io.to_proto(convert_opset(io.load_model(path), io.MIN_OPSET))

@@ -25,9 +25,9 @@ import onnx
 
 from opfuse.errors import GateError, OpfuseError
 from opfuse.model import io
-from opfuse.pipeline.opset import runnable
+from opfuse.pipeline.opset import converted_if_old
 from opfuse.pipeline.switch import SwitchTable
-from opfuse.quantization import calibration, flow, heads, recipes
+from opfuse.quantization import calibration, flow, heads, quantizer_input, recipes
 from opfuse.quantization.accuracy import OutputAccuracy, brief, compare_outputs
 from opfuse.quantization.fallback import (
     FALLBACK_SECONDS,
@@ -202,7 +202,14 @@ def _quantize(
 ) -> QuantizeResult:
     outputs = [("-o", output)] if output is not None else []
     io.check_outputs(source, [*outputs, ("--report", report)])
-    source_nodes = {n.name for n in io.read_proto(source)[0].graph.node}
+    source_proto = io.read_proto(source)[0]
+    quantized = quantizer_input.quantized_ops(source_proto)
+    if quantized:
+        raise OpfuseError(
+            f"{name}: already quantized ({quantized}): give the float model it was made "
+            "from (opfuse advise reads how much of a quantized model runs in int8)"
+        )
+    source_nodes = {n.name for n in source_proto.graph.node}
     for item in exclude:  # a node name is checked on the fused model, leading=SHARE now
         if item.startswith(flow.LEADING_KEY) and item not in source_nodes:
             flow.leading_share(item)
@@ -269,9 +276,7 @@ def _quantize(
         started=start,
         cache_dir=work,
     )
-    original = runnable(source)  # a model below opset 7 that onnxruntime cannot load: converted
-    ws.valid_reference = run_model(original, valid, name)
-    held_reference = run_model(original, held, name)
+    ws.valid_reference, held_reference = _references(source, [valid, held], name)
 
     def on_held(model: onnx.ModelProto) -> list[OutputAccuracy]:
         return compare_outputs(
@@ -499,6 +504,21 @@ def _quantize(
         result.output = Path(output)
     _write_report(report, result)
     return result
+
+
+def _references(
+    source: str | os.PathLike[str], parts: list[list[calibration.Sample]], name: str
+) -> list[list[list[np.ndarray]]]:
+    """The float original's outputs on each part; for a model below opset 7 onnxruntime
+    cannot load, its conversion's (``converted_if_old``: what the fused model is verified
+    against)."""
+    try:
+        return [run_model(str(source), part, name) for part in parts]
+    except OpfuseError:
+        converted = converted_if_old(source)
+        if converted is None:
+            raise
+        return [run_model(converted, part, name) for part in parts]
 
 
 def _samples(

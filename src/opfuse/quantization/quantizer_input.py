@@ -8,6 +8,9 @@ model onnxruntime cannot run, on models it was not written for (found by running
 - ``other_float_nodes``: the nodes that read or write float16, bfloat16 or double
   tensors. The quantizer is made for float32: on a float16 attention it makes a model
   whose types disagree (onnxruntime refuses it); those nodes stay in float.
+- ``quantized_ops``: the ops that make a model already quantized (QDQ pairs, QLinear
+  ops, integer kernels): the quantizer would quantize it again (duplicate node names,
+  a model onnxruntime refuses); ``opfuse quantize`` asks for the float model instead.
 - ``qdq_kernels_at``: whether onnxruntime has QuantizeLinear/DequantizeLinear kernels at
   the model's opset. onnxruntime 1.32 has none at opset 28, which the quantizer writes
   them at; the contrib-domain ones (``UseQDQContribOps``) run at any opset.
@@ -26,6 +29,33 @@ OTHER_FLOATS = frozenset(
     {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
 )
 NAME_SEPARATOR = ":"  # OP:output, a name no exporter writes (onnx names are free text)
+
+
+QUANTIZED_OPS = frozenset(
+    {
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "DynamicQuantizeLinear",
+        "ConvInteger",
+        "MatMulInteger",
+        "QLinearConv",
+        "QLinearMatMul",
+        "MatMulNBits",
+        "QGemm",
+        "QAttention",
+        "DynamicQuantizeMatMul",
+    }
+)
+
+
+def quantized_ops(model: onnx.ModelProto) -> str:
+    """The quantized ops of the main graph, counted ("12 QuantizeLinear, 3 QLinearConv"),
+    or '' for a float model. QLinear* ops of any domain count."""
+    counts: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type in QUANTIZED_OPS or node.op_type.startswith("QLinear"):
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return ", ".join(f"{n} {op}" for op, n in sorted(counts.items(), key=lambda c: -c[1]))
 
 
 def with_names(model: onnx.ModelProto) -> tuple[onnx.ModelProto, set[str]]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from opfuse.errors import SettingsError
 from opfuse.model import io
-from opfuse.pipeline.opset import runnable
+from opfuse.pipeline.opset import converted_if_old
 from opfuse.runtime.settings import RuntimeSettings
 from opfuse.tuning import search
 from opfuse.tuning.search import TuneResult
@@ -114,4 +114,9 @@ def _check(
     )
     io.read_proto(model)
     if settings.input_shape or settings.verify_inputs is not None:
-        check_feeds(runnable(model), settings.input_shapes, settings.verify_inputs)
+        check_feeds(
+            model,
+            settings.input_shapes,
+            settings.verify_inputs,
+            lambda: converted_if_old(model),
+        )

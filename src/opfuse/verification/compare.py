@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -383,14 +383,24 @@ def input_permutations(path: str | os.PathLike[str]) -> dict[str, list[int]]:
 
 
 def check_feeds(
-    model: str | os.PathLike[str] | onnx.ModelProto,
+    model: str | os.PathLike[str],
     input_shapes: Mapping[str, list[int]] | None = None,
     inputs_npz: str | os.PathLike[str] | None = None,
+    instead: Callable[[], onnx.ModelProto | None] | None = None,
 ) -> None:
     """Fail now, with a one-line error, on ``--input-shape`` or ``.npz`` inputs that do not
-    fit ``model`` (a path, or the model in memory: ``opset.runnable``) (optimize checks
-    them before it works, not only when it verifies)."""
-    make_inputs(session(model), input_shapes, inputs_npz, model=model)
+    fit ``model`` (optimize checks them before it works, not only when it verifies).
+    ``instead``: the model to check them on when onnxruntime cannot load ``model`` (None:
+    the failure stands)."""
+    try:
+        sess = session(model)
+    except OpfuseError:
+        other = instead() if instead is not None else None
+        if other is None:
+            raise
+        make_inputs(session(other), input_shapes, inputs_npz, model=other)
+        return
+    make_inputs(sess, input_shapes, inputs_npz, model=model)
 
 
 def compare_files(
