@@ -141,20 +141,17 @@ def quantize_proto(
     if not any(o.domain in ("", "ai.onnx") for o in model.opset_import):
         # only other domains' operators (ai.onnx.ml's, a converter's own): nothing it
         # quantizes, and it refuses such a model ("Failed to find proper ai.onnx domain")
-        note = "no operator of the default domain: nothing for onnxruntime's quantizer"
-        if note not in notes:
-            notes.append(note)
+        _note(notes, "no operator of the default domain: nothing for onnxruntime's quantizer")
         return model
     model, invented = quantizer_input.with_names(model)
     model, flattened = gemm_biases_as_vectors(model)
     if flattened:
-        note = (
+        _note(
+            notes,
             f"the bias of Gemm {', '.join(flattened)} is given to onnxruntime's quantizer "
             "as a vector [N] instead of [1, N] (the same broadcast): it cannot quantize a "
-            "[1, N] bias per channel (it raises, or makes a model it cannot run)"
+            "[1, N] bias per channel (it raises, or makes a model it cannot run)",
         )
-        if note not in notes:
-            notes.append(note)
     other = [n for n in quantizer_input.other_float_nodes(model) if n not in exclude]
     if other:
         _note(notes, f"{len(other)} nodes read or write float16, bfloat16 or double: kept in float")
@@ -185,9 +182,7 @@ def quantize_proto(
                     "--exclude with the op type or node it names, --per-tensor, or "
                     "--recipe minmax"
                 ) from None
-            note = f"onnxruntime's quantizer raised '{first_line(exc)}' {fix}"
-            if note not in notes:
-                notes.append(note)
+            _note(notes, f"onnxruntime's quantizer raised '{first_line(exc)}' {fix}")
     raise QuantizeInternalError(
         f"{name}: onnxruntime's quantizer still fails after {MAX_WORKAROUNDS} workarounds "
         f"({'; '.join(notes[-2:])}); try --exclude with the op types named"
@@ -195,6 +190,7 @@ def quantize_proto(
 
 
 def _note(notes: list[str], note: str) -> None:
+    """``note`` said once (each quantization of a run meets the same)."""
     if note not in notes:
         notes.append(note)
 
