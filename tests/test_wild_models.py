@@ -166,3 +166,29 @@ def test_an_old_opset_onnxruntime_cannot_load_is_verified_against_its_conversion
 
     sess = ort.InferenceSession(str(tmp_path / "out.onnx"), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(sess.run(None, {"x": x})[0], x + np.arange(12).reshape(3, 4))
+
+
+def test_a_conversion_onnxruntime_cannot_run_is_named_after_the_users_model(tmp_path):
+    """PRelu-6 with one slope per channel: onnx's version converter keeps the slope's shape
+    [C], which PRelu-7 broadcasts from the last axis, so the model verified against (the
+    conversion, onnxruntime has no PRelu-6) cannot run. The one-line error names the
+    user's model and the conversion, never the staging folder it was written to."""
+    slope = helper.make_tensor("slope", TensorProto.FLOAT, [3], [0.1, 0.2, 0.3])
+    graph = helper.make_graph(
+        [helper.make_node("PRelu", ["x", "slope"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4, 5])],
+        [slope],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 6)])
+    model.ir_version = 3
+    model.graph.input.append(helper.make_tensor_value_info("slope", TensorProto.FLOAT, [3]))
+    src = tmp_path / "prelu6.onnx"
+    onnx.save_model(model, str(src))
+    with pytest.raises(OpfuseError) as info:
+        optimize_file(src, tmp_path / "out.onnx")
+    message = str(info.value)
+    assert message.startswith(f"{src} as onnx's version converter converts it: ")
+    assert "opfuse-stage" not in message and "\n" not in message
+    assert not (tmp_path / "out.onnx").exists()

@@ -75,6 +75,11 @@ class Verification:
         except OptimizedModelError as exc:  # it cannot load or run in onnxruntime: our fault
             text = str(exc).replace(str(staged), "the optimized model")
             raise self.failure(result, text) from None
+        except OpfuseError as exc:  # about the reference: name the user's model, not a stage
+            if self.reference == self.input_path:
+                raise
+            converted = f"{self.input_path} as onnx's version converter converts it"
+            raise OpfuseError(str(exc).replace(str(self.reference), converted)) from None
         if not result.verify.ok:
             saved = None
             if self.settings.save_failing_inputs is not None:
