@@ -238,8 +238,25 @@ def test_sequence_and_string_outputs_are_compared():
     assert compare_outputs(["s"], seq, half)[0].sqnr_db == pytest.approx(10 * np.log10(5 / 2))
     labels = [[np.array(["cat", "dog"])]]
     other = [[np.array(["cat", "cow"])]]
-    assert compare_outputs(["l"], labels, labels)[0].sqnr_db == float("inf")
-    assert compare_outputs(["l"], labels, other)[0].sqnr_db == pytest.approx(10 * np.log10(2))
+    assert compare_outputs(["l"], labels, labels)[0].top1 == 1.0
+    differ = compare_outputs(["l"], labels, other)[0]
+    assert differ.top1 == 0.5 and differ.sqnr_db == pytest.approx(10 * np.log10(2))
+
+
+def test_integer_outputs_are_judged_by_exact_agreement():
+    """A classifier's label (int64) off by one is a wrong answer whatever its SQNR (an
+    sklearn MLP's label output read 25.5 dB, and passed the SQNR floor, with labels
+    changed): the share of elements that agree is its top-1, which the gate holds."""
+    from opfuse.quantization.gate import Gate
+
+    ref = [[np.array([3], np.int64)] for _ in range(99)] + [[np.array([4], np.int64)]]
+    got = [[np.array([3], np.int64)] for _ in range(98)] + [[np.array([5], np.int64)]] * 2
+    figures = compare_outputs(["label"], ref, got)
+    assert figures[0].top1 == pytest.approx(0.98) and figures[0].rows == 100
+    assert figures[0].sqnr_db > 20  # what the SQNR floor would have passed
+    assert Gate().misses(figures) == ["label: top-1 agreement 98.0% < 99.0%"]
+    flags = [[np.array([True, False])]]
+    assert compare_outputs(["mask"], flags, flags)[0].top1 == 1.0
 
 
 def test_an_already_quantized_model_is_refused_with_what_to_give(tmp_path):
@@ -260,3 +277,56 @@ def test_an_already_quantized_model_is_refused_with_what_to_give(tmp_path):
     assert not out.exists()
     assert not issubclass(OpfuseError, QuantizeInternalError)  # exit 2, not 3
     assert quantizer_input.quantized_ops(matmul()) == ""
+
+
+def zipmap_classifier() -> onnx.ModelProto:
+    """skl2onnx's default classifier form: X -> MatMul -> Softmax -> ZipMap (a sequence of
+    maps, a type onnx-ir cannot hold) and ArgMax as the label."""
+    w = numpy_helper.from_array(RNG.standard_normal((8, 3)).astype(np.float32), "w")
+    graph = h.make_graph(
+        [
+            h.make_node("MatMul", ["X", "w"], ["logits"], name="mm"),
+            h.make_node("Softmax", ["logits"], ["probabilities"], axis=1, name="sm"),
+            h.make_node("ArgMax", ["probabilities"], ["label"], axis=1, keepdims=0, name="am"),
+            h.make_node(
+                "ZipMap",
+                ["probabilities"],
+                ["output_probability"],
+                domain="ai.onnx.ml",
+                classlabels_int64s=[0, 1, 2],
+                name="zm",
+            ),
+        ],
+        "classifier",
+        [h.make_tensor_value_info("X", T.FLOAT, [None, 8])],
+        [
+            h.make_tensor_value_info("label", T.INT64, [None]),
+            h.make_value_info(
+                "output_probability",
+                h.make_sequence_type_proto(
+                    h.make_map_type_proto(T.INT64, h.make_tensor_type_proto(T.FLOAT, []))
+                ),
+            ),
+        ],
+        [w],
+    )
+    model = h.make_model(
+        graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("ai.onnx.ml", 1)]
+    )
+    model.ir_version = 8
+    return model
+
+
+def test_a_zipmap_classifier_quantizes_and_its_label_is_judged():
+    """The clean-up's sort read the int8 model into onnx-ir, which holds no map types
+    (SerdeError, exit 3); only a model with subgraphs is sorted, and through the
+    set-aside reader."""
+    result = opfuse.quantize(
+        zipmap_classifier(), calibration=feeds("X", (4, 8)), benchmark=False, max_drop="off"
+    )
+    figures = {a.name: a for a in result.accuracy}
+    assert figures["label"].top1 is not None and figures["label"].rows == 4 * 3
+    made = result.model
+    assert [o.name for o in made.graph.output] == ["label", "output_probability"]
+    run = open_session(made).run(None, feeds("X", (4, 8), 1)[0])
+    assert len(run[1]) == 4 and set(run[1][0]) == {0, 1, 2}

@@ -162,9 +162,13 @@ def compare_output(
     samples_sqnr_db: tuple[float, ...] = (),
     probability_map: bool = False,
     threshold: float = MAP_THRESHOLD,
+    labels: bool = False,
 ) -> OutputAccuracy:
     """``probability_map``: a Sigmoid makes the output (``probability_maps``); when it is a
-    map (``is_map``), its map IoU at ``threshold`` is measured instead of top-1."""
+    map (``is_map``), its map IoU at ``threshold`` is measured instead of top-1.
+    ``labels``: the output holds labels, indices or counts (integers, booleans, strings:
+    ``compare_outputs``), judged by the share of its elements that agree exactly (as
+    top-1: a classifier's label off by one is a wrong answer, whatever its SQNR)."""
     r = ref.astype(np.float64).ravel()
     g = got.astype(np.float64).ravel()
     noise = float(np.sum((r - g) ** 2))
@@ -173,6 +177,9 @@ def compare_output(
     cosine = float(r @ g / norms) if norms else (1.0 if noise == 0 else 0.0)
     max_abs = float(np.max(np.abs(r - g))) if r.size else 0.0
     top1 = top5 = None
+    if labels:
+        top1 = float(np.mean(r == g)) if r.size else 1.0
+        return OutputAccuracy(name, sqnr, cosine, max_abs, top1, None, r.size, samples_sqnr_db)
     if probability_map and is_map(ref):
         iou = map_iou(ref, got, threshold)
         return OutputAccuracy(
@@ -210,14 +217,13 @@ def compare_outputs(
     (``probability_maps``), their map IoU measured at ``threshold`` where they are maps."""
     out = []
     for i, name in enumerate(names):
-        pairs = [_aligned(_as_array(r[i]), _as_array(g[i])) for r, g in zip(ref, got, strict=True)]
+        raw = [(_as_array(r[i]), _as_array(g[i])) for r, g in zip(ref, got, strict=True)]
+        labels = any(r.dtype.kind not in "f" for r, _ in raw)
+        pairs = [_aligned(r, g) for r, g in raw]
         each = tuple(sqnr_db(r, g) for r, g in pairs)
         r, g = _joined([r for r, _ in pairs]), _joined([g for _, g in pairs])
-        out.append(
-            compare_output(
-                name, r, g, scoring is None or name in scoring, each, name in maps, threshold
-            )
-        )
+        scores = scoring is None or name in scoring
+        out.append(compare_output(name, r, g, scores, each, name in maps, threshold, labels))
     return out
 
 

@@ -367,12 +367,18 @@ def sorted_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with its nodes in topological order, counting what a subgraph reads from
     the graph around it: onnxruntime's quantizer sorts by the nodes' own inputs only, and
     leaves an If whose branch reads a tensor made after it (onnx's AffineGrid function,
-    expanded), which onnxruntime runs but onnx.checker refuses."""
-    import onnx_ir as ir
+    expanded), which onnxruntime runs but onnx.checker refuses. ``model`` itself when no
+    node has a subgraph (nothing else can be out of order)."""
+    import onnx
 
-    in_ir = ir.from_proto(model)
+    from opfuse.model.set_aside import from_proto, to_proto
+
+    graphs = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+    if not any(a.type in graphs for n in model.graph.node for a in n.attribute):
+        return model
+    in_ir = from_proto(model)  # what onnx-ir cannot hold (a ZipMap's map types) set aside
     in_ir.graph.sort()
-    return ir.to_proto(in_ir)
+    return to_proto(in_ir)
 
 
 def clean_up(
