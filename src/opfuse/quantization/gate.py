@@ -219,7 +219,9 @@ class Gate:
             return "off"
         parts = []
         if self.top1 is not None:
-            parts.append(f"top-1 agreement >= {self.top1:.0%} where an output scores classes")
+            parts.append(
+                f"top-1 agreement >= {self.top1:.0%} where an output scores classes or holds labels"
+            )
         iou = self.map_floor()
         if iou is not None:
             parts.append(f"map IoU >= {iou:.0%} where a Sigmoid makes a map")
