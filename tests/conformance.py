@@ -37,7 +37,7 @@ import tempfile
 import time
 import types
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -187,7 +187,7 @@ def original_ok(case: Path, feeds: dict[str, object], expected: list[object]) ->
     try:
         got = run(case / "model.onnx", feeds)
     except Exception as exc:
-        return f"onnxruntime: {_first(exc)}"
+        return f"onnxruntime: {first_line_of(exc)}"
     if len(got) != len(expected) or not all(
         e is None or matches(e, g) for e, g in zip(expected, got, strict=True)
     ):
@@ -195,7 +195,7 @@ def original_ok(case: Path, feeds: dict[str, object], expected: list[object]) ->
     return None
 
 
-def _first(exc: BaseException) -> str:
+def first_line_of(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
@@ -216,23 +216,23 @@ def output_wrong(
     try:
         onnx.checker.check_model(str(out), full_check=full)
     except Exception as exc:
-        return f"fails onnx.checker: {_first(exc)}"
+        return f"fails onnx.checker: {first_line_of(exc)}"
     try:
         got = run(out, feeds)
     except Exception as exc:
-        return f"onnxruntime cannot run it: {_first(exc)}"
+        return f"onnxruntime cannot run it: {first_line_of(exc)}"
     for j, (e, g) in enumerate(zip(expected, got, strict=False)):
         if e is not None and not matches(e, g):
             return f"output {j} differs from the expected"
     return None
 
 
-class _Timeout(Exception):
+class Timeout(Exception):
     pass
 
 
-def _alarm(signum: int, frame: object) -> None:
-    raise _Timeout
+def alarm(signum: int, frame: object) -> None:
+    raise Timeout
 
 
 def classify(case: Path) -> tuple[str, str, str, float]:
@@ -242,7 +242,7 @@ def classify(case: Path) -> tuple[str, str, str, float]:
 
     name = f"{case.parent.name}/{case.name}"
     start = time.perf_counter()
-    signal.signal(signal.SIGALRM, _alarm)
+    signal.signal(signal.SIGALRM, alarm)
     signal.alarm(TIMEOUT)
     try:
         feeds, expected = load_data(case)
@@ -263,10 +263,10 @@ def classify(case: Path) -> tuple[str, str, str, float]:
                     kind, detail = "refused", f"{refusal}: {exc}"
                 else:
                     kind, detail = _unverified(case, out, feeds, expected, "unexpected", exc)
-    except _Timeout:
+    except Timeout:
         kind, detail = "timeout", f"over {TIMEOUT} s"
     except Exception as exc:  # a crash of opfuse's (or of this harness)
-        kind, detail = "crash", f"{type(exc).__name__}: {_first(exc)}"
+        kind, detail = "crash", f"{type(exc).__name__}: {first_line_of(exc)}"
     finally:
         signal.alarm(0)
     return name, kind, detail, time.perf_counter() - start
@@ -295,12 +295,19 @@ def _unverified(
     return ("false-alarm" if kind == "false-alarm" else UNDECIDED), str(exc)
 
 
-def run_all(paths: list[Path], workers: int = 2) -> Iterator[tuple[str, str, str, float]]:
+def run_all(
+    paths: list[Path],
+    workers: int = 2,
+    judge: Callable[[Path], tuple[str, str, str, float]] | None = None,
+) -> Iterator[tuple[str, str, str, float]]:
+    """``judge`` (default ``classify``, opfuse optimize) on every model, ``workers`` at
+    a time (each worker a fresh interpreter)."""
+    judge = judge or classify
     if workers <= 1:
-        yield from map(classify, paths)
+        yield from map(judge, paths)
         return
     with get_context("spawn").Pool(workers, maxtasksperchild=100) as pool:
-        yield from pool.imap_unordered(classify, paths, chunksize=4)
+        yield from pool.imap_unordered(judge, paths, chunksize=4)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -192,3 +192,33 @@ def test_a_conversion_onnxruntime_cannot_run_is_named_after_the_users_model(tmp_
     assert message.startswith(f"{src} as onnx's version converter converts it: ")
     assert "opfuse-stage" not in message and "\n" not in message
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_input_shapes_are_checked_on_the_conversion_of_a_model_onnxruntime_cannot_load(
+    tmp_path,
+):
+    """--input-shape is checked before any work on a session of the model; below opset 7
+    onnxruntime may have no kernel (BatchNormalization-6), so the check runs on the
+    model's conversion to opset 7 (a wrong rank is still refused), and a file that is no
+    model stays exit 2."""
+    stats = [helper.make_tensor(n, TensorProto.FLOAT, [2], [1.0, 0.5]) for n in "sbmv"]
+    graph = helper.make_graph(
+        [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2, 3])]
+        + [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in "sbmv"],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2, 3])],
+        stats,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 6)])
+    model.ir_version = 3
+    src = tmp_path / "bn6.onnx"
+    onnx.save_model(model, str(src))
+    optimize_file(src, tmp_path / "out.onnx", input_shapes={"x": [4, 2, 3]})
+    onnx.checker.check_model(str(tmp_path / "out.onnx"))
+    with pytest.raises(OpfuseError, match="has rank 3"):
+        optimize_file(src, tmp_path / "o2.onnx", input_shapes={"x": [4, 2]})
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(OpfuseError, match="cannot load"):  # not protobuf's DecodeError
+        optimize_file(bad, tmp_path / "o3.onnx", input_shapes={"x": [1]})

@@ -730,18 +730,22 @@ def test_a_float_step_that_changes_the_outputs_is_dropped_and_said(factor, kept)
         assert "beyond the verifier's bound" in step.reason(ws)
 
 
-def test_cache_keys_keep_their_objects_alive_across_forks():
+def test_cache_keys_keep_their_objects_alive_in_their_scope():
     """The statistics caches (and the calibration files) are keyed by the identity of a
-    float model and a sample list: each keyed object is kept, so no later object can take
-    its id and read its statistics (the folds' sample halves are freed after a search)."""
-    from opfuse.quantization.workspace import Workspace
+    float model and a sample list: each keyed object is kept in the cache it keys, so no
+    later object can take its id while that cache is read; a fold's half gets a scope of
+    its own (its cache, freed with it, and calibration files no other scope reads)."""
+    from opfuse.quantization.workspace import PINS, Workspace
 
     model = _gemm_model()
-    ws = Workspace("m", model, model, [], [])
+    ws = Workspace("m", model, model, [], [], cache_dir=Path("/nowhere"))
     half = [{"x": np.zeros((2, 6), np.float32)}]
     key = ws.key_of(model, half)
     fork = ws.fork()
-    fork.cache = {}  # as the folds give each half its own statistics
-    assert fork.key_of(model, half) == key
-    assert fork.pinned[key][1] is half and ws.pinned is fork.pinned
+    assert fork.key_of(model, half) == key and fork.cache[PINS][key][1] is half
     assert ws.key_of(model, [*half]) != key  # another list: another key
+    fork.calib = half
+    shared = fork.calibration_cache()
+    fork.new_scope()
+    assert PINS not in fork.cache and PINS in ws.cache  # the half's pins are its own
+    assert fork.calibration_cache() != shared  # the same objects, another scope's file

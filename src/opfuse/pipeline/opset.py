@@ -62,7 +62,10 @@ def converted_if_old(path: str | os.PathLike[str]) -> onnx.ModelProto | None:
     what to run instead of a model onnxruntime cannot load (it has no kernels for many ops
     below opset 7: BatchNormalization-6), as the verifier checks an output against that
     conversion. Called only once the model has failed to load (it reads the whole file)."""
-    header = onnx.load_model(str(path), load_external_data=False)
+    try:
+        header = onnx.load_model(str(path), load_external_data=False)
+    except Exception:  # not a model protobuf reads: the load failure stands (exit 2)
+        return None
     old = next((o.version for o in header.opset_import if o.domain in ("", "ai.onnx")), None)
     if old is None or old >= io.MIN_OPSET:
         return None

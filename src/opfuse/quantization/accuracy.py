@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
@@ -145,13 +145,20 @@ def _through_moves(
     return node
 
 
+# the lowest SQNR given: an error on an output the float model leaves at zero (boxes only
+# the int8 model keeps) is all error, not -3000 dB (the 1e-300 floor of the signal)
+SQNR_FLOOR_DB = -100.0
+
+
 def sqnr_db(ref: np.ndarray, got: np.ndarray) -> float:
     """10 log10 of the signal's power over the error's (inf: no error)."""
     r = np.asarray(ref, dtype=np.float64).ravel()
     g = np.asarray(got, dtype=np.float64).ravel()
     noise = float(np.sum((r - g) ** 2))
     signal = float(np.sum(r**2))
-    return math.inf if noise == 0 else 10 * math.log10(max(signal, 1e-300) / noise)
+    if noise == 0:
+        return math.inf
+    return max(10 * math.log10(max(signal, 1e-300) / noise), SQNR_FLOOR_DB)
 
 
 def compare_output(
@@ -191,7 +198,7 @@ def compare_output(
             map_iou=iou,
             map_threshold=threshold,
         )
-    if scores and scores_classes(ref):
+    if scores and scores_classes(ref) and ref.size:
         rows_ref = ref.reshape(-1, ref.shape[-1])
         rows_got = got.reshape(-1, got.shape[-1])
         want = rows_ref.argmax(axis=1)
@@ -223,8 +230,31 @@ def compare_outputs(
         each = tuple(sqnr_db(r, g) for r, g in pairs)
         r, g = _joined([r for r, _ in pairs]), _joined([g for _, g in pairs])
         scores = scoring is None or name in scoring
-        out.append(compare_output(name, r, g, scores, each, name in maps, threshold, labels))
+        figures = compare_output(name, r, g, scores, each, name in maps, threshold, labels)
+        if figures.top1 is not None and any(r.shape != g.shape for r, g in raw):
+            top1, rows = _agreement(pairs, [r.shape != g.shape for r, g in raw], labels)
+            figures = replace(figures, top1=top1, top5=None, rows=rows)
+        out.append(figures)
     return out
+
+
+def _agreement(
+    pairs: list[tuple[np.ndarray, np.ndarray]], differs: list[bool], labels: bool
+) -> tuple[float, int]:
+    """Top-1 agreement and its rows where the two models' outputs differ in shape on some
+    samples: every row of such a sample disagrees (a row only one model has is no
+    agreement, and zero padding would agree with a zero row)."""
+    agree = count = 0
+    for (r, g), differ in zip(pairs, differs, strict=True):
+        rows_r = r.ravel() if labels or r.ndim < 2 else r.reshape(-1, r.shape[-1])
+        count += len(rows_r)
+        if differ or not len(rows_r):
+            continue
+        if labels or r.ndim < 2:
+            agree += int(np.sum(rows_r == g.ravel()))
+        else:
+            agree += int(np.sum(rows_r.argmax(axis=1) == g.reshape(-1, g.shape[-1]).argmax(axis=1)))
+    return (agree / count if count else 1.0), count
 
 
 def _as_array(value: object) -> np.ndarray:

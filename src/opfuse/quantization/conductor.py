@@ -495,8 +495,8 @@ def _quantize(
             raise GateError(
                 f"int8 runs at {result.speedup:.2f}x the float original's speed on "
                 f"{result.speed.runtime} ({result.cpu.describe()}), below --min-speedup "
-                f"{min_speedup:g}: nothing written (the same command without --min-speedup "
-                "writes it)",
+                f"{min_speedup:g}: no model written (the report is; the same command "
+                "without --min-speedup writes the model)",
                 report=result,
             )
     if output is not None:

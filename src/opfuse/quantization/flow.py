@@ -144,6 +144,7 @@ def quantize_proto(
         _note(notes, "no operator of the default domain: nothing for onnxruntime's quantizer")
         return model
     model, invented = quantizer_input.with_names(model)
+    model = quantizer_input.with_ir_for_initializers(model)
     model, flattened = gemm_biases_as_vectors(model)
     if flattened:
         _note(
@@ -163,19 +164,29 @@ def quantize_proto(
             f"onnxruntime has no QuantizeLinear/DequantizeLinear kernels at opset {opset}: "
             "written in its com.microsoft domain",
         )
+    unnamed: list[str] = []  # workarounds on nodes named here only: never the caller's
     for _ in range(MAX_WORKAROUNDS):
         try:
             made = _quantize_once(
                 model,
                 samples,
                 options,
-                [*exclude, *other],
+                [*exclude, *other, *unnamed],
                 {**extra, **({"TensorQuantOverrides": overrides} if overrides else {})},
                 cache=calibration_cache,
             )
             return quantizer_input.without_names(made, invented)
         except Exception as exc:  # onnxruntime's quantizer raises plain exceptions
-            fix = _workaround(exc, extra, exclude)
+            tried = [*exclude, *unnamed]
+            fix = _workaround(exc, extra, tried)
+            for node in tried[len(exclude) + len(unnamed) :]:
+                if node in invented:  # said by what it makes: the name is not the user's
+                    unnamed.append(node)
+                    fix = (fix or "").replace(
+                        f"node {node}", f"the unnamed node making {quantizer_input.made(node)}"
+                    )
+                else:
+                    exclude.append(node)
             if fix is None:
                 raise QuantizeInternalError(
                     f"{name}: onnxruntime's quantizer failed: {first_line(exc)}; try "

@@ -5,6 +5,8 @@ model onnxruntime cannot run, on models it was not written for (found by running
 - ``with_names``: every node named (``OP:first output``, unique as output names are),
   since the quantizer excludes nodes by name; ``without_names`` takes the invented
   names off its result, so the user's unnamed nodes stay unnamed.
+- ``with_ir_for_initializers``: a model below IR 4 raised to it (its initializers
+  need not be graph inputs, which the quantizer's scales are not).
 - ``other_float_nodes``: the nodes that read or write float16, bfloat16 or double
   tensors. The quantizer is made for float32: on a float16 attention it makes a model
   whose types disagree (onnxruntime refuses it); those nodes stay in float.
@@ -24,6 +26,7 @@ import onnx
 
 from opfuse.errors import OpfuseError
 from opfuse.model.shapes import infer_proto
+from opfuse.pipeline.opset import raise_ir_version
 
 OTHER_FLOATS = frozenset(
     {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
@@ -40,7 +43,6 @@ QUANTIZED_OPS = frozenset(
         "MatMulInteger",
         "QLinearConv",
         "QLinearMatMul",
-        "MatMulNBits",
         "QGemm",
         "QAttention",
         "DynamicQuantizeMatMul",
@@ -50,11 +52,18 @@ QUANTIZED_OPS = frozenset(
 
 def quantized_ops(model: onnx.ModelProto) -> str:
     """The quantized ops of the main graph, counted ("12 QuantizeLinear, 3 QLinearConv"),
-    or '' for a float model. QLinear* ops of any domain count."""
+    or '' for a float model. QLinear* ops of any domain count; a DequantizeLinear of a
+    constant does not (int8 weights an exporter stores, read in float: weight-only
+    quantization, whose activations the quantizer still quantizes), nor MatMulNBits."""
+    graph = model.graph
+    constants = {t.name for t in graph.initializer}
+    constants |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
     counts: dict[str, int] = {}
-    for node in model.graph.node:
-        if node.op_type in QUANTIZED_OPS or node.op_type.startswith("QLinear"):
-            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    for node in graph.node:
+        weight_only = node.op_type == "DequantizeLinear" and node.input[0] in constants
+        if weight_only or not (node.op_type in QUANTIZED_OPS or node.op_type.startswith("QLinear")):
+            continue
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
     return ", ".join(f"{n} {op}" for op, n in sorted(counts.items(), key=lambda c: -c[1]))
 
 
@@ -77,6 +86,25 @@ def with_names(model: onnx.ModelProto) -> tuple[onnx.ModelProto, set[str]]:
         taken.add(name)
         invented.add(name)
     return named, invented
+
+
+def made(invented: str) -> str:
+    """The output an invented name (``OP:output``) was made from."""
+    return invented.split(NAME_SEPARATOR, 1)[1]
+
+
+def with_ir_for_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model``, or a copy at IR 4 or more when it is below: up to IR 3 every initializer
+    must also be a graph input, so each scale and zero point the quantizer adds made the
+    int8 model invalid (a torch export of IR 3 at opset 9 quantized per tensor; a converted
+    opset raises the IR version itself: ``opset.raise_ir_version``)."""
+    if model.ir_version >= 4:
+        return model
+    raised = onnx.ModelProto()
+    raised.CopyFrom(model)
+    raise_ir_version(raised)
+    raised.ir_version = max(raised.ir_version, 4)
+    return raised
 
 
 def without_names(model: onnx.ModelProto, invented: set[str]) -> onnx.ModelProto:

@@ -225,7 +225,7 @@ def folds(base: Workspace, always: bool = False) -> list[Workspace] | None:
         ws = base.fork()
         ws.calib, ws.valid = halves[k], halves[1 - k]
         ws.valid_reference = reference[1 - k]
-        ws.cache = {}  # a step's statistics are its own half's
+        ws.new_scope()  # a step's statistics are its own half's
         made.append(ws)
     return made
 

@@ -5,11 +5,13 @@ other's changes; the samples and the reference outputs are shared, not copied.""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import onnx
@@ -60,7 +62,9 @@ class Workspace:
     # the float original's outputs on ``valid`` (shared by every fork)
     valid_reference: list[list[np.ndarray]] = field(default_factory=list)
     cache: dict[str, object] = field(default_factory=dict)  # shared by every fork
-    pinned: dict[str, tuple[object, ...]] = field(default_factory=dict)  # ``key_of``'s
+    # which statistics a cache and the calibration files belong to: the folds' halves
+    # each get a scope of their own (``new_scope``), with a cache of their own
+    scope: int = 0
     # where onnxruntime's calibration ranges are kept between quantizations of one float
     # model on one sample set (its calibration_cache_path): a fallback try does not
     # calibrate again
@@ -69,17 +73,24 @@ class Workspace:
     def calibration_cache(self) -> Path | None:
         if self.cache_dir is None:
             return None
-        key = f"{self.key_of(self.float_model, self.calib)}-{self.calibrate_method}"
+        key = f"{self.scope}-{self.key_of(self.float_model, self.calib)}-{self.calibrate_method}"
         return self.cache_dir / f"calibration-{key}.json"
 
     def key_of(self, *objects: object) -> str:
         """A cache key for these objects (a float model, a sample list) by their identity,
-        each kept alive as long as the workspace and its forks (and the calibration files
-        named after the key) are: an object freed could leave its id to a new one, which
+        each kept alive in the cache it keys (and so as long as the calibration files of
+        its scope can be read): an object freed could leave its id to a new one, which
         would then read its statistics."""
         key = "-".join(str(id(o)) for o in objects)
-        self.pinned.setdefault(key, objects)
+        pins = cast("dict[str, tuple[object, ...]]", self.cache.setdefault(PINS, {}))
+        pins.setdefault(key, objects)
         return key
+
+    def new_scope(self) -> None:
+        """A cache of its own, and calibration files no other scope reads (a fold's half:
+        its statistics are its own half's, and freed with it)."""
+        self.cache = {}
+        self.scope = next(_SCOPES)
 
     def fork(self) -> Workspace:
         """A copy for one recipe: models and lists copied, samples and caches shared."""
@@ -130,6 +141,10 @@ class Workspace:
             samples, reference = self.valid, self.valid_reference
         got = run_model(model, samples, self.name, internal=True)
         return compare_outputs(self.output_names, reference or [], got, self.scoring, self.maps)
+
+
+PINS = "pinned"  # ws.cache's entry of the objects its keys name (``key_of``)
+_SCOPES = itertools.count(1)
 
 
 def run_model(

@@ -63,15 +63,18 @@ def _dims_text(dims: list[int | str | None]) -> str:
 
 
 def declared_shape(
-    spec: ort.NodeArg, model: str | os.PathLike[str] | None
+    spec: ort.NodeArg, model: str | os.PathLike[str] | onnx.ModelProto | None
 ) -> list[int | str | None] | None:
     """The dims a model declares for an input; None where its rank is unknown.
-    onnxruntime reports an unknown rank as [] (a scalar's too): the model file tells."""
+    onnxruntime reports an unknown rank as [] (a scalar's too): the model (its file, or
+    the model in memory) tells."""
     if spec.shape or model is None:
         return list(spec.shape) if spec.shape else None
-    import onnx
-
-    proto = onnx.load_model(str(model), load_external_data=False)
+    proto = (
+        model
+        if isinstance(model, onnx.ModelProto)
+        else onnx.load_model(str(model), load_external_data=False)
+    )
     for value in proto.graph.input:
         if value.name == spec.name and value.type.tensor_type.HasField("shape"):
             return []
@@ -79,7 +82,9 @@ def declared_shape(
 
 
 def check_input_shape(
-    spec: ort.NodeArg, dims: list[int], model: str | os.PathLike[str] | None = None
+    spec: ort.NodeArg,
+    dims: list[int],
+    model: str | os.PathLike[str] | onnx.ModelProto | None = None,
 ) -> None:
     """``--input-shape`` dims must have the input's rank and keep its fixed dims."""
     declared = declared_shape(spec, model)
