@@ -329,6 +329,8 @@ def test_a_zipmap_classifier_quantizes_and_its_label_is_judged():
     )
     figures = {a.name: a for a in result.accuracy}
     assert figures["label"].top1 is not None and figures["label"].rows == 4 * 3
+    assert "label: SQNR" in result.summary() and "top-1" in figures["label"].line()
+    assert json.loads(json.dumps(result.to_json()))["accuracy"]
     made = result.model
     assert [o.name for o in made.graph.output] == ["label", "output_probability"]
     run = open_session(made).run(None, feeds("X", (4, 8), 1)[0])

@@ -45,8 +45,10 @@ class OutputAccuracy:
     def line(self) -> str:
         sqnr = "inf" if math.isinf(self.sqnr_db) else f"{self.sqnr_db:.1f}"
         text = f"{self.name}: SQNR {sqnr} dB, cosine {self.cosine:.4f}, max abs {self.max_abs:.3g}"
-        if self.top1 is not None:
+        if self.top1 is not None and self.top5 is not None:
             text += f", top-1 {self.top1:.1%}, top-5 {self.top5:.1%} agreement"
+        elif self.top1 is not None:  # labels, or rows only one model has: no top-5
+            text += f", top-1 {self.top1:.1%} agreement"
         if self.map_iou is not None:
             text += f", map IoU {self.map_iou:.1%} (above {self.map_threshold:g})"
         return text
