@@ -20,6 +20,7 @@ from opfuse.model.sessions import open_session
 from opfuse.pipeline.opset import convert_opset, raise_ir_version
 from opfuse.quantization import flow, quantizer_input
 from opfuse.quantization.accuracy import compare_outputs
+from test_wild_models import ml_only_model
 
 RNG = np.random.default_rng(0)
 
@@ -85,23 +86,10 @@ def test_the_ir_version_rises_with_a_converted_opset_and_never_falls():
     assert recent.ir_version == 10
 
 
-def ml_only() -> onnx.ModelProto:
-    node = h.make_node("Binarizer", ["x"], ["y"], domain="ai.onnx.ml", threshold=0.5)
-    graph = h.make_graph(
-        [node],
-        "g",
-        [h.make_tensor_value_info("x", T.FLOAT, [2, 3])],
-        [h.make_tensor_value_info("y", T.FLOAT, [2, 3])],
-    )
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("ai.onnx.ml", 1)])
-    model.ir_version = 8
-    return model
-
-
 def test_a_model_of_another_domain_only_passes_through_said():
     """onnxruntime's quantizer refuses a model with no ai.onnx import ("Failed to find
     proper ai.onnx domain"): it has nothing to quantize there, and is not called."""
-    result = opfuse.quantize(ml_only(), calibration=feeds("x", (2, 3)), benchmark=False)
+    result = opfuse.quantize(ml_only_model(), calibration=feeds("x", (2, 3)), benchmark=False)
     assert [n.op_type for n in result.model.graph.node] == ["Binarizer"]
     assert any("no operator of the default domain" in n for n in result.notes)
 
