@@ -31,7 +31,7 @@ from opfuse.pipeline.opset import raise_ir_version
 OTHER_FLOATS = frozenset(
     {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
 )
-NAME_SEPARATOR = ":"  # OP:output, a name no exporter writes (onnx names are free text)
+NAME_SEPARATOR = ":"  # OP:first output; a name taken already gets a trailing "_"
 
 
 QUANTIZED_OPS = frozenset(
