@@ -25,7 +25,7 @@ import numpy as np
 from opfuse.errors import OpfuseError, first_line
 from opfuse.pipeline.conductor import OptimizeResult, optimize_file
 from opfuse.pipeline.switch import SwitchTable
-from opfuse.quantization import quantizer_input
+from opfuse.quantization import ort_speedups, quantizer_input
 from opfuse.rewrite.context import Options
 
 if TYPE_CHECKING:
@@ -291,12 +291,6 @@ def _quantize_once(
     import onnx
     from onnxruntime import quantization as q
 
-    methods = {
-        "minmax": q.CalibrationMethod.MinMax,
-        "entropy": q.CalibrationMethod.Entropy,
-        "percentile": q.CalibrationMethod.Percentile,
-    }
-
     class Reader(q.CalibrationDataReader):
         """The samples, one at a time."""
 
@@ -321,24 +315,44 @@ def _quantize_once(
         with tempfile.TemporaryDirectory(prefix=STAGING_PREFIX + "q-") as tmp:
             src, out = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
             onnx.save_model(model, str(src))  # a ModelProto given to it loses large tensors
-            q.quantize_static(
-                str(src),
-                str(out),
-                reader,
-                quant_format=q.QuantFormat.QDQ,
-                per_channel=options.per_channel,
-                activation_type=(
-                    q.QuantType.QUInt8 if options.activation_type == "uint8" else q.QuantType.QInt8
-                ),
-                weight_type=q.QuantType.QInt8,
-                nodes_to_exclude=list(exclude),
-                calibrate_method=methods[options.calibrate_method],
-                extra_options=dict(extra_options),
-                calibration_cache_path=None if cache is None else str(cache),
-            )
+            with ort_speedups.faster_quantizer():
+                _quantize_static(q, src, out, reader, options, exclude, extra_options, cache)
             return onnx.load_model(str(out))
     finally:
         quiet.setLevel(level)
+
+
+def _quantize_static(
+    q: Any,
+    src: os.PathLike[str],
+    out: os.PathLike[str],
+    reader: Any,
+    options: QuantOptions,
+    exclude: Sequence[str],
+    extra_options: dict[str, object],
+    cache: os.PathLike[str] | None,
+) -> None:
+    """onnxruntime's ``quantize_static`` with opfuse's settings (``q``: its package)."""
+    methods = {
+        "minmax": q.CalibrationMethod.MinMax,
+        "entropy": q.CalibrationMethod.Entropy,
+        "percentile": q.CalibrationMethod.Percentile,
+    }
+    q.quantize_static(
+        str(src),
+        str(out),
+        reader,
+        quant_format=q.QuantFormat.QDQ,
+        per_channel=options.per_channel,
+        activation_type=(
+            q.QuantType.QUInt8 if options.activation_type == "uint8" else q.QuantType.QInt8
+        ),
+        weight_type=q.QuantType.QInt8,
+        nodes_to_exclude=list(exclude),
+        calibrate_method=methods[options.calibrate_method],
+        extra_options=dict(extra_options),
+        calibration_cache_path=None if cache is None else str(cache),
+    )
 
 
 def clean_up_proto(
