@@ -276,7 +276,12 @@ def _quantize(
         started=start,
         cache_dir=work,
     )
-    ws.valid_reference, held_reference = _references(source, [valid, held], name)
+    original, (ws.valid_reference, held_reference) = _references(source, [valid, held], name, work)
+    if original != source:
+        warnings.append(
+            "onnxruntime cannot load the model's opset: it is judged and timed as onnx's "
+            f"version converter makes it (opset {io.MIN_OPSET})"
+        )
 
     def on_held(model: onnx.ModelProto) -> list[OutputAccuracy]:
         return compare_outputs(
@@ -483,7 +488,7 @@ def _quantize(
         settings = runtime if isinstance(runtime, RuntimeSettings) else RuntimeSettings()
         rt = settings.make() if runtime is None or isinstance(runtime, RuntimeSettings) else runtime
         result.speed = measure(
-            source,
+            original,
             {FLOAT_OPT: fused_path, INT8: int8_path},
             rt,
             seconds=settings.bench_seconds,
@@ -507,18 +512,24 @@ def _quantize(
 
 
 def _references(
-    source: str | os.PathLike[str], parts: list[list[calibration.Sample]], name: str
-) -> list[list[list[np.ndarray]]]:
-    """The float original's outputs on each part; for a model below opset 7 onnxruntime
-    cannot load, its conversion's (``converted_if_old``: what the fused model is verified
-    against)."""
+    source: str | os.PathLike[str],
+    parts: list[list[calibration.Sample]],
+    name: str,
+    work: Path,
+) -> tuple[str | os.PathLike[str], list[list[list[np.ndarray]]]]:
+    """The float original as onnxruntime runs it (for the speed too), and its outputs on
+    each part: ``source``, or for a model below opset 7 onnxruntime cannot load, its
+    conversion (``converted_if_old``: what the fused model is verified against), saved in
+    ``work``."""
     try:
-        return [run_model(str(source), part, name) for part in parts]
+        return source, [run_model(str(source), part, name) for part in parts]
     except OpfuseError:
         converted = converted_if_old(source)
         if converted is None:
             raise
-        return [run_model(converted, part, name) for part in parts]
+        path = work / "original-opset7.onnx"
+        onnx.save_model(converted, str(path))
+        return path, [run_model(converted, part, name) for part in parts]
 
 
 def _samples(
