@@ -497,11 +497,12 @@ def _quantize(
         result.cpu = cpu_features()
         if min_speedup is not None and (result.speedup or 0) < min_speedup:
             _write_report(report, result)  # the figures, as on the accuracy gate's exit 1
+            written = "; the report is" if report is not None else ""
             raise GateError(
                 f"int8 runs at {result.speedup:.2f}x the float original's speed on "
                 f"{result.speed.runtime} ({result.cpu.describe()}), below --min-speedup "
-                f"{min_speedup:g}: no model written (the report is; the same command "
-                "without --min-speedup writes the model)",
+                f"{min_speedup:g}: no model written{written} (the same command without "
+                "--min-speedup writes the model)",
                 report=result,
             )
     if output is not None:
