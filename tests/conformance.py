@@ -40,6 +40,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -170,14 +171,20 @@ def matches(expected: object, got: object) -> bool:
     return True
 
 
-def run(path: Path, feeds: dict[str, object]) -> list[object]:
+def session(path: Path) -> Any:
+    """An onnxruntime session on ``path``, its optimizations off, one thread, quiet."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.log_severity_level = 4
     opts.intra_op_num_threads = 1
-    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def run(path: Path | Any, feeds: dict[str, object]) -> list[object]:
+    """``path``'s outputs on ``feeds`` (or a ``session``'s), the inputs it takes."""
+    sess = session(path) if isinstance(path, Path) else path
     wanted = {i.name for i in sess.get_inputs()}
     return list(sess.run(None, {k: v for k, v in feeds.items() if k in wanted}))
 
@@ -235,34 +242,15 @@ def alarm(signum: int, frame: object) -> None:
     raise Timeout
 
 
-def classify(case: Path) -> tuple[str, str, str, float]:
-    """(test name, class, detail, seconds) for one test folder."""
-    from opfuse.errors import OpfuseError, VerificationError
-    from opfuse.pipeline.conductor import optimize_file
-
+def guarded(case: Path, judge: Callable[[Path], tuple[str, str]]) -> tuple[str, str, str, float]:
+    """(test name, class, detail, seconds): ``judge``'s (class, detail) for the test folder
+    within TIMEOUT seconds ("timeout"), any exception it lets out a "crash"."""
     name = f"{case.parent.name}/{case.name}"
     start = time.perf_counter()
     signal.signal(signal.SIGALRM, alarm)
     signal.alarm(TIMEOUT)
     try:
-        feeds, expected = load_data(case)
-        why = original_ok(case, feeds, expected)
-        if why is not None:
-            return name, "skipped", why, time.perf_counter() - start
-        with tempfile.TemporaryDirectory(prefix="opfuse-conformance-") as tmp:
-            out = Path(tmp) / "model.opt.onnx"
-            try:
-                optimize_file(case / "model.onnx", out)
-                wrong = output_wrong(out, feeds, expected, passes_full_check(case / "model.onnx"))
-                kind, detail = ("wrong", wrong) if wrong else ("ok", "")
-            except VerificationError as exc:
-                kind, detail = _unverified(case, out, feeds, expected, "false-alarm", exc)
-            except OpfuseError as exc:
-                refusal = next((k for k, r in REFUSALS.items() if re.search(r, str(exc))), None)
-                if refusal is not None:
-                    kind, detail = "refused", f"{refusal}: {exc}"
-                else:
-                    kind, detail = _unverified(case, out, feeds, expected, "unexpected", exc)
+        kind, detail = judge(case)
     except Timeout:
         kind, detail = "timeout", f"over {TIMEOUT} s"
     except Exception as exc:  # a crash of opfuse's (or of this harness)
@@ -270,6 +258,34 @@ def classify(case: Path) -> tuple[str, str, str, float]:
     finally:
         signal.alarm(0)
     return name, kind, detail, time.perf_counter() - start
+
+
+def classify(case: Path) -> tuple[str, str, str, float]:
+    """(test name, class, detail, seconds) for one test folder: opfuse optimize."""
+    return guarded(case, _optimized)
+
+
+def _optimized(case: Path) -> tuple[str, str]:
+    from opfuse.errors import OpfuseError, VerificationError
+    from opfuse.pipeline.conductor import optimize_file
+
+    feeds, expected = load_data(case)
+    why = original_ok(case, feeds, expected)
+    if why is not None:
+        return "skipped", why
+    with tempfile.TemporaryDirectory(prefix="opfuse-conformance-") as tmp:
+        out = Path(tmp) / "model.opt.onnx"
+        try:
+            optimize_file(case / "model.onnx", out)
+            wrong = output_wrong(out, feeds, expected, passes_full_check(case / "model.onnx"))
+            return ("wrong", wrong) if wrong else ("ok", "")
+        except VerificationError as exc:
+            return _unverified(case, out, feeds, expected, "false-alarm", exc)
+        except OpfuseError as exc:
+            refusal = next((k for k, r in REFUSALS.items() if re.search(r, str(exc))), None)
+            if refusal is not None:
+                return "refused", f"{refusal}: {exc}"
+            return _unverified(case, out, feeds, expected, "unexpected", exc)
 
 
 def _unverified(

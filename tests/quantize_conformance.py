@@ -31,7 +31,6 @@ import argparse
 import contextlib
 import os
 import re
-import signal
 import sys
 import tempfile
 import time
@@ -65,6 +64,7 @@ KNOWN = {
 
 def _samples(case: Path, feeds: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(0)
+    original = conformance.session(case / "model.onnx")
     out = []
     for _ in range(SAMPLES):
         jittered = {
@@ -74,7 +74,7 @@ def _samples(case: Path, feeds: dict[str, np.ndarray]) -> list[dict[str, np.ndar
             for k, v in feeds.items()
         }
         try:
-            conformance.run(case / "model.onnx", jittered)
+            conformance.run(original, jittered)
         except Exception:  # the original refuses the jittered values (a shape, a scale)
             jittered = dict(feeds)
         out.append(jittered)
@@ -105,50 +105,41 @@ def _wrong(original: onnx.ModelProto, made: onnx.ModelProto, feeds: dict) -> str
 
 
 def classify(case: Path) -> tuple[str, str, str, float]:
-    """(test name, class, detail, seconds) for one test folder."""
+    """(test name, class, detail, seconds) for one test folder: opfuse quantize."""
+    return conformance.guarded(case, _quantized)
+
+
+def _quantized(case: Path) -> tuple[str, str]:
     import opfuse
     from opfuse.errors import OpfuseError, VerificationError
     from opfuse.quantization.workspace import QuantizeInternalError
 
-    name = f"{case.parent.name}/{case.name}"
-    start = time.perf_counter()
-    signal.signal(signal.SIGALRM, conformance.alarm)
-    signal.alarm(conformance.TIMEOUT)
+    feeds, expected = conformance.load_data(case)
+    tensors = all(isinstance(v, np.ndarray) and v.dtype != object for v in feeds.values())
+    why = "an input is not a tensor" if not tensors or not feeds else None
+    why = why or conformance.original_ok(case, feeds, expected)
+    if why is not None:
+        return "skipped", why
+    original = onnx.load_model(str(case / "model.onnx"))
+    samples = _samples(case, feeds)
     try:
-        feeds, expected = conformance.load_data(case)
-        tensors = all(isinstance(v, np.ndarray) and v.dtype != object for v in feeds.values())
-        why = "an input is not a tensor" if not tensors or not feeds else None
-        why = why or conformance.original_ok(case, feeds, expected)
-        if why is not None:
-            return name, "skipped", why, time.perf_counter() - start
-        original = onnx.load_model(str(case / "model.onnx"))
-        samples = _samples(case, feeds)
-        try:
-            made = opfuse.quantize(
-                original,
-                calibration=samples[:12],
-                eval=samples[12:],
-                benchmark=False,
-                max_drop="off",
-                fallback_seconds=5,
-            ).model
-            wrong = _wrong(original, made, feeds)
-            kind, detail = ("wrong", wrong) if wrong else ("ok", "")
-        except QuantizeInternalError as exc:
-            kind, detail = "internal", str(exc)
-        except VerificationError as exc:
-            kind, detail = "unverified", str(exc)
-        except OpfuseError as exc:
-            refusal = next((k for k, r in REFUSALS.items() if re.search(r, str(exc))), None)
-            kind = "refused" if refusal else "unexpected"
-            detail = f"{refusal}: {exc}" if refusal else str(exc)
-    except conformance.Timeout:
-        kind, detail = "timeout", f"over {conformance.TIMEOUT} s"
-    except Exception as exc:  # a crash of opfuse's (or of this harness)
-        kind, detail = "crash", f"{type(exc).__name__}: {conformance.first_line_of(exc)}"
-    finally:
-        signal.alarm(0)
-    return name, kind, detail, time.perf_counter() - start
+        made = opfuse.quantize(
+            original,
+            calibration=samples[:12],
+            eval=samples[12:],
+            benchmark=False,
+            max_drop="off",
+            fallback_seconds=5,
+        ).model
+    except QuantizeInternalError as exc:
+        return "internal", str(exc)
+    except VerificationError as exc:
+        return "unverified", str(exc)
+    except OpfuseError as exc:
+        refusal = next((k for k, r in REFUSALS.items() if re.search(r, str(exc))), None)
+        return ("refused", f"{refusal}: {exc}") if refusal else ("unexpected", str(exc))
+    wrong = _wrong(original, made, feeds)
+    return ("wrong", wrong) if wrong else ("ok", "")
 
 
 def unexpected(results: list[tuple[str, str, str, float]]) -> list[str]:

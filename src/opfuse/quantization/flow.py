@@ -26,6 +26,7 @@ from opfuse.errors import OpfuseError, first_line
 from opfuse.pipeline.conductor import OptimizeResult, optimize_file
 from opfuse.pipeline.switch import SwitchTable
 from opfuse.quantization import ort_speedups, quantizer_input
+from opfuse.quantization._stats import main_opset
 from opfuse.rewrite.context import Options
 
 if TYPE_CHECKING:
@@ -156,7 +157,7 @@ def quantize_proto(
     other = [n for n in quantizer_input.other_float_nodes(model) if n not in exclude]
     if other:
         _note(notes, f"{len(other)} nodes read or write float16, bfloat16 or double: kept in float")
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    opset = main_opset(model)
     if not quantizer_input.qdq_kernels_at(opset) and not extra.get(CONTRIB_QDQ):
         extra[CONTRIB_QDQ] = True
         _note(

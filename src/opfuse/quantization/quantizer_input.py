@@ -165,7 +165,7 @@ def qdq_kernels_at(opset: int) -> bool:
         [scale, zero],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = helper.find_min_ir_version_for(list(model.opset_import), True)
+    raise_ir_version(model)
     try:
         open_session(model, graph_opt="off")
     except OpfuseError:  # no kernel at that opset

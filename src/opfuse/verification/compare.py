@@ -70,15 +70,17 @@ def declared_shape(
     the model in memory) tells."""
     if spec.shape or model is None:
         return list(spec.shape) if spec.shape else None
-    proto = (
-        model
-        if isinstance(model, onnx.ModelProto)
-        else onnx.load_model(str(model), load_external_data=False)
-    )
-    for value in proto.graph.input:
+    for value in _proto(model).graph.input:
         if value.name == spec.name and value.type.tensor_type.HasField("shape"):
             return []
     return None
+
+
+def _proto(model: str | os.PathLike[str] | onnx.ModelProto) -> onnx.ModelProto:
+    """The model in memory: itself, or its file without the external data."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    return onnx.load_model(str(model), load_external_data=False)
 
 
 def check_input_shape(
@@ -136,9 +138,7 @@ def make_inputs_and_plan(
             check_input_shape(spec, input_shapes[spec.name], model)
     if inputs_npz is not None:
         return _load_npz(inputs_npz, specs), None
-    proto = model if isinstance(model, onnx.ModelProto) else None
-    if model is not None and proto is None:
-        proto = onnx.load_model(str(model), load_external_data=False)
+    proto = None if model is None else _proto(model)
     feeds, plan = verify_inputs.generate(specs, input_shapes, proto, seed)
     return cast(dict[str, np.ndarray], feeds), plan  # a sequence input is a list of arrays
 
