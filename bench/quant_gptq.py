@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
     fused = fused_float(args.model, args.calibration)
     result = quantize_file(
-        args.model, None, str(args.calibration), eval_data=str(args.eval),
+        args.model, None, str(args.calibration), eval=str(args.eval),
         max_drop="off", benchmark=False, recipe=args.recipe,
     )  # fmt: skip
     assert result.model is not None

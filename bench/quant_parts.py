@@ -10,7 +10,7 @@ samples: "calib."):
 branch reads and at the last Conv before the first ConvTranspose), the first Conv, the SE
 blocks, the ConvTransposes, the HardSigmoids, the Sigmoid in float; ``stem``: the nodes
 before the k-th Conv in float (k = 3, 5, 6, 7, 11). The quantization is opfuse's
-(``flow.quantize_proto``: onnxruntime's static QDQ quantizer, int8 per-channel weights,
+(``ort_backend.quantize_proto``: onnxruntime's static QDQ quantizer, int8 per-channel weights,
 uint8 activations) with the ranges of ``--method`` as overrides, on every calibration
 sample, as ``opfuse quantize --recipe METHOD --exclude ...`` writes it; the figures are
 ``bench.quant.accuracy``'s (map IoU at 0.3, SQNR of the map).
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--parts", default="all,stem")
     ap.add_argument("--work", default="/tmp/quant_parts")
     args = ap.parse_args(argv)
-    from opfuse.quantization import flow
+    from opfuse.quantization import flow, ort_backend
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides = _overrides(fused, calib, args.method)
     for label, exclude in rows:
         notes: list[str] = []
-        model = flow.quantize_proto(
+        model = ort_backend.quantize_proto(
             fused,
             calib,
             flow.QuantOptions(),

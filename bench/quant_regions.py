@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             args.model,
             None,
             str(args.calibration),
-            eval_data=str(args.eval),
+            eval=str(args.eval),
             exclude=nodes,
             max_drop="off",
             benchmark=False,

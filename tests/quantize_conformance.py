@@ -129,7 +129,7 @@ def _quantized(case: Path) -> tuple[str, str]:
             eval=samples[12:],
             benchmark=False,
             max_drop="off",
-            fallback_seconds=5,
+            fallback_tries=4,
         ).model
     except QuantizeInternalError as exc:
         return "internal", str(exc)

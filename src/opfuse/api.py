@@ -48,7 +48,9 @@ from opfuse.pipeline import conductor as pipeline
 from opfuse.pipeline.conductor import OptimizeResult, save_inputs
 from opfuse.pipeline.phases import Phases
 from opfuse.pipeline.settings import OptimizeSettings
+from opfuse.quantization.names import FALLBACK_TRIES
 from opfuse.quantization.result import QuantizeResult
+from opfuse.quantization.settings import QuantizeSettings
 from opfuse.rewrite.context import DEFAULT_FOLD_SIZE_LIMIT, Options
 from opfuse.rewrite.registry import PassInfo
 from opfuse.rules import all_passes
@@ -93,6 +95,7 @@ __all__ = [
     "ProfileReport",
     "ProfileSettings",
     "QuantizeResult",
+    "QuantizeSettings",
     "RuntimeSettings",
     "SessionSettings",
     "SettingsError",
@@ -328,7 +331,9 @@ def _verify_settings(
     )
 
 
-_Settings = TypeVar("_Settings", OptimizeSettings, VerifySettings, TuneSettings, RuntimeSettings)
+_Settings = TypeVar(
+    "_Settings", OptimizeSettings, VerifySettings, TuneSettings, RuntimeSettings, QuantizeSettings
+)
 
 
 def _given(given: _Settings | None, kind: type[_Settings], **keywords: Any) -> _Settings:
@@ -477,12 +482,18 @@ def quantize(
     output: str | os.PathLike[str] | None = None,
     *,
     calibration: str | os.PathLike[str] | Mapping[str, Any] | Iterable[Mapping[str, Any]],
+    settings: QuantizeSettings | None = None,
+    runtime_settings: RuntimeSettings | None = None,
+    report: str | os.PathLike[str] | None = None,
+    progress: Callable[[str], None] | None = None,
     eval: str | os.PathLike[str] | Mapping[str, Any] | Iterable[Mapping[str, Any]] | None = None,  # noqa: A002 - the CLI's --eval
     samples: int | None = None,
     preprocess: str | None = None,
     exclude: Sequence[str] = (),
     max_drop: str = "auto",
     recipe: str = "auto",
+    fallback_tries: int = FALLBACK_TRIES,
+    target_opset: int | None = None,
     min_speedup: float | None = None,
     benchmark: bool = True,
     calibrate_method: str = "minmax",
@@ -491,12 +502,7 @@ def quantize(
     fusion_switch_file: str | os.PathLike[str] | None = None,
     enable: Sequence[str] = (),
     disable: Sequence[str] = (),
-    target_opset: int | None = None,
     fallback_seconds: float | None = None,
-    report: str | os.PathLike[str] | None = None,
-    runtime_settings: RuntimeSettings | None = None,
-    progress: Callable[[str], None] | None = None,
-    _command: Sequence[str] | None = None,
 ) -> QuantizeResult:
     """``opfuse quantize``: fuse ``model`` (a path or an ``onnx.ModelProto``), quantize it
     to int8 (QDQ) with the ``calibration`` samples, choose the accuracy recovery
@@ -504,7 +510,15 @@ def quantize(
     validation part of the calibration data), measure its accuracy against the float model
     on held-back samples (``eval``, or every 4th calibration sample; ``samples``: use the
     first N of ``calibration``), keep the most sensitive parts in float until ``max_drop``
-    holds (floors: ``top1=99%``, ``sqnr=25``), measure the speed.
+    holds (floors: ``top1=99%``, ``sqnr=25``; at most ``fallback_tries`` tries), measure
+    the speed.
+
+    ``settings`` (a ``QuantizeSettings``) or its keywords (``eval`` to ``disable``) say what
+    is done; ``runtime_settings`` (a ``RuntimeSettings``) what the speed is measured on
+    (``runtime="openvino"`` also writes OpenVINO's QDQ form); an object and its keywords
+    together are refused. A bad value is a ``SettingsError`` naming the keyword.
+    ``fallback_seconds`` is deprecated (the fallback counts tries: the same model on a
+    busy machine); 0 still turns the fallback off.
 
     ``calibration``/``eval``: a path (``.npz``, a folder of ``.npz`` or images with
     ``preprocess``), ``"random"`` (calibration only), a mapping of input name -> array with
@@ -514,37 +528,48 @@ def quantize(
     (``output``, when given, is also written), ``result.summary()`` the text ``opfuse
     quantize`` prints, ``result.to_json()`` the report. Raises ``GateError`` (nothing
     written; ``exc.report`` holds the figures and the command that writes the best model
-    anyway) when the gate or ``min_speedup`` fails, and ``OpfuseError`` for bad input."""
-    from opfuse.pipeline.switch import parse_switch_file
-    from opfuse.quantization import flow
+    anyway) when the gate or ``min_speedup`` fails, and ``OpfuseError`` for bad input.
+    ``progress`` is told each step as it starts (steps: ``opfuse.quantization.conductor``)."""
     from opfuse.quantization.conductor import quantize_file
-    from opfuse.quantization.names import FALLBACK_SECONDS
-    from opfuse.quantization.preprocess import Preprocess
 
     _check_types(model, output, {"samples": samples, "target_opset": target_opset})
     _check_texts({"max_drop": max_drop, "recipe": recipe, "preprocess": preprocess}, exclude)
+    if fallback_seconds is not None:
+        warnings.warn(
+            "fallback_seconds is deprecated: the fallback is bounded by fallback_tries (a "
+            "count: the same model on an idle or a busy machine)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        fallback_tries = fallback_tries if fallback_seconds > 0 else 0
+    chosen = _given(
+        settings,
+        QuantizeSettings,
+        eval=eval,
+        samples=samples,
+        preprocess=preprocess,
+        exclude=tuple(exclude),
+        max_drop=max_drop,
+        recipe=recipe,
+        fallback_tries=fallback_tries,
+        target_opset=target_opset,
+        min_speedup=min_speedup,
+        benchmark=benchmark,
+        calibrate_method=calibrate_method,
+        per_channel=per_channel,
+        activation_type=activation_type,
+        fusion_switch_file=fusion_switch_file,
+        enable=tuple(enable),
+        disable=tuple(disable),
+    )
     return quantize_file(
         model,
         output,
         calibration,
-        eval_data=eval,
-        samples_count=samples,
-        preprocess=Preprocess.parse(preprocess) if preprocess else None,
-        exclude=list(exclude),
-        max_drop=max_drop,
-        min_speedup=min_speedup,
-        benchmark=benchmark,
+        chosen,
         runtime=runtime_settings,
-        options=flow.QuantOptions(per_channel, activation_type, calibrate_method),
-        switch_table=parse_switch_file(fusion_switch_file) if fusion_switch_file else None,
-        enable=enable,
-        disable=disable,
         report=report,
-        recipe=recipe,
-        target_opset=target_opset,
-        fallback_seconds=FALLBACK_SECONDS if fallback_seconds is None else fallback_seconds,
         progress=progress,
-        command=_command,
     )
 
 

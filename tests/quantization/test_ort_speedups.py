@@ -12,7 +12,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
-from opfuse.quantization import flow, ort_speedups
+from opfuse.quantization import flow, ort_backend, ort_speedups
 
 
 def branching_mlp() -> onnx.ModelProto:
@@ -57,9 +57,9 @@ def quantized_bytes(tmp_path: Path, name: str, faster: bool) -> bytes:
     if faster:
         with ort_speedups.faster_quantizer() as replaced:
             assert replaced == ["find_by_name", "replace_input_of_all_nodes"]
-            flow._quantize_static(*args)
+            ort_backend._quantize_static(*args)
     else:
-        flow._quantize_static(*args)
+        ort_backend._quantize_static(*args)
     return onnx.load_model(str(out)).SerializeToString()
 
 

@@ -18,7 +18,7 @@ from onnx import numpy_helper
 
 import opfuse
 from opfuse.errors import OpfuseError
-from opfuse.quantization import calibration, flow
+from opfuse.quantization import calibration, flow, ort_backend
 from opfuse.quantization.conductor import quantize_file
 
 RNG = np.random.default_rng(0)
@@ -76,7 +76,7 @@ def test_the_quantizer_failure_is_worked_around_and_said():
 
     notes: list[str] = []
     float_model = gemm_bias_1xn()
-    model = flow.quantize_proto(
+    model = ort_backend.quantize_proto(
         float_model, feeds(64), flow.QuantOptions(), [], name="m.onnx", notes=notes
     )
     [note] = notes
@@ -98,7 +98,7 @@ def test_the_option_or_node_that_makes_the_quantizer_raise_is_found(monkeypatch)
 
     def fake(model, samples, options, exclude, extra, cache=None):
         calls.append((list(exclude), dict(extra)))
-        if not extra.get(flow.INT32_BIAS_OPTION):
+        if not extra.get(ort_backend.INT32_BIAS_OPTION):
             _adjust_weight_scale_for_int32_bias()
         node = model.graph.node[0]  # noqa: F841 - read from the traceback
         if "dense" not in exclude:
@@ -109,9 +109,11 @@ def test_the_option_or_node_that_makes_the_quantizer_raise_is_found(monkeypatch)
     notes: list[str] = []
     extra: dict[str, object] = {}
     exclude: list[str] = []
-    flow.quantize_proto(gemm_bias_1xn(), feeds(2), flow.QuantOptions(), exclude, name="m.onnx",
+    ort_backend.quantize_proto(gemm_bias_1xn(), feeds(2), flow.QuantOptions(), exclude, name="m.onnx",
                         notes=notes, extra_options=extra)  # fmt: skip
-    assert extra == {flow.INT32_BIAS_OPTION: True} and exclude == ["dense"] and len(calls) == 3
+    assert (
+        extra == {ort_backend.INT32_BIAS_OPTION: True} and exclude == ["dense"] and len(calls) == 3
+    )
     assert "in its int32-bias weight-scale adjustment" in notes[1]
     assert "while quantizing node dense (Gemm): that node is kept in float" in notes[2]
 
@@ -139,7 +141,7 @@ def test_an_internal_failure_is_exit_3_naming_the_users_model(monkeypatch):
     monkeypatch.setattr(flow, "_quantize_once", broken)
     with pytest.raises(QuantizeInternalError, match=r"^m\.onnx: onnxruntime's quantizer failed: "
                        r"something inside onnxruntime; try --exclude") as info:  # fmt: skip
-        flow.quantize_proto(gemm_bias_1xn(), feeds(2), flow.QuantOptions(), [], name="m.onnx",
+        ort_backend.quantize_proto(gemm_bias_1xn(), feeds(2), flow.QuantOptions(), [], name="m.onnx",
                             notes=[])  # fmt: skip
     assert info.value.exit_code == 3
 
@@ -360,7 +362,7 @@ def class_samples(path: Path, n: int, classes: int = 200, seed: int = 3) -> Path
 def test_a_softmax_head_whose_requantization_changes_the_top_class_stays_float(tmp_path):
     model = many_classes(tmp_path / "m.onnx")
     result = quantize_file(model, tmp_path / "o.onnx", class_samples(tmp_path / "c.npz", 16),
-                           eval_data=class_samples(tmp_path / "e.npz", 12, seed=4),
+                           eval=class_samples(tmp_path / "e.npz", 12, seed=4),
                            benchmark=False, max_drop="off", recipe="minmax")  # fmt: skip
     [head] = result.heads
     assert head.op_type == "Softmax" and head.in_float
@@ -511,7 +513,9 @@ def test_auto_tries_each_change_in_cost_order_and_keeps_the_best(tmp_path, monke
     # 24 samples: 6 held back for evaluation, 18 calibration samples, of which 4 validation
     # samples choose (enough: no cross-validation)
     assert all(r["cross_validated"] is None for r in result.recipes)
-    monkeypatch.setattr(recipes, "RECIPE_SECONDS", 0.0)
+    # a graph larger than LARGE_GRAPH_NODES: a budget smaller in proportion (a count, no
+    # clock), here 1 unit: minmax alone, and what did not fit said
+    monkeypatch.setattr(recipes, "LARGE_GRAPH_NODES", 0.1)
 
     def never(ws):  # type: ignore[no-untyped-def]
         raise AssertionError("applies() ran although the budget was spent")
@@ -519,9 +523,12 @@ def test_auto_tries_each_change_in_cost_order_and_keeps_the_best(tmp_path, monke
     monkeypatch.setattr(steps.STEPS["cle"], "applies", never)
     result = quantize_file(path, None, tmp_path / "c.npz", benchmark=False, max_drop="off")
     assert [r["recipe"] for r in result.recipes] == ["minmax"]
-    assert any(s.startswith("cle,minmax (would not end within the 0 s") for s in result.skipped)
+    assert any(
+        s.startswith("cle,minmax (would exceed the recipe budget: 1 of 1 units")
+        for s in result.skipped
+    )
+    monkeypatch.setattr(recipes, "LARGE_GRAPH_NODES", 2000)
     # the budget in cost units (reproducible, no clock): 2 units try minmax and one change
-    monkeypatch.setattr(recipes, "RECIPE_SECONDS", 1e9)
     monkeypatch.setattr(recipes, "RECIPE_UNITS", 2.0)
     result = quantize_file(path, None, tmp_path / "c.npz", benchmark=False, max_drop="off")
     assert [r["recipe"] for r in result.recipes] == ["minmax", names[1]]

@@ -164,7 +164,7 @@ def test_the_fallback_keeps_only_layers_that_help(tmp_path, monkeypatch):
     assert [k.node for k in nothing.kept] == ["b"] and nothing.tries == 3
     assert nothing.stopped == "no candidate left"
     # the time budget stops it: no try after it is spent
-    late = fb.fallback(ws, Gate.parse("sqnr=40"), lambda names: names, [], first, seconds=0)
+    late = fb.fallback(ws, Gate.parse("sqnr=40"), lambda names: names, [], first, tries=0)
     assert late.tries == 0 and "budget" in late.stopped
 
 
@@ -273,9 +273,9 @@ def test_the_leading_layers_within_the_seconds_left(monkeypatch):
     sqnr = {**SPREAD, ("b", "c", "d"): 26.0, ("c", "d"): 25.5, ("d",): 21.0}
     fb, ws, first = _fake_fallback(monkeypatch, sqnr, leading=LEADING)
     found = fb._leading(ws, Gate.parse("sqnr=25"), lambda n: n, fb.FallbackResult([], first),
-                        ["a", "b", "c", "d"], seconds=0)  # fmt: skip
+                        ["a", "b", "c", "d"], tries=0)  # fmt: skip
     assert found.kept == [] and found.tries == 0 and ws.lines == []
-    found = fb.fallback(ws, Gate.parse("sqnr=25"), lambda n: n, [], first, seconds=-1)
+    found = fb.fallback(ws, Gate.parse("sqnr=25"), lambda n: n, [], first, tries=0)
     assert found.kept == [] and not any("leading" in line for line in ws.lines)
 
 
@@ -463,7 +463,7 @@ def test_a_folder_of_images_calibrates(tmp_path):
         model,
         tmp_path / "out4.onnx",
         images,
-        samples_count=4,
+        samples=4,
         preprocess=Preprocess.parse("size=8"),
         benchmark=False,
         max_drop="off",
@@ -694,15 +694,15 @@ def test_scalar_inputs_and_a_model_the_quantizer_cannot_enter(tmp_path):
 
 def test_the_exit_1_command_keeps_the_options_that_change_the_model():
     """--runtime openvino writes OpenVINO's form: the command that rebuilds the best model
-    keeps it; the defaults are left out."""
-    from opfuse.cli.quantize import _command_line
+    keeps it; the defaults are left out (``QuantizeSettings.command_line``)."""
+    from opfuse.quantization.settings import QuantizeSettings
 
-    values = {"--eval": None, "--calibrate-method": "minmax", "--runtime": "openvino"}
-    line = _command_line(Path("m.onnx"), Path("o.onnx"), "c.npz", values, True, ("X",), ())
-    assert line == [
+    settings = QuantizeSettings(calibrate_method="minmax", per_channel=False, enable=("X",))
+    line = settings.command_line(Path("m.onnx"), Path("o.onnx"), "c.npz", "openvino")
+    assert line.split() == [
         "opfuse", "quantize", "m.onnx", "-o", "o.onnx", "--calibration", "c.npz",
         "--runtime", "openvino", "--per-tensor", "--enable", "X",
     ]  # fmt: skip
-    assert "--runtime" not in _command_line(
-        Path("m.onnx"), Path("o.onnx"), "c.npz", {"--runtime": "onnxruntime"}, False, (), ()
+    assert "--runtime" not in QuantizeSettings().command_line(
+        Path("m.onnx"), Path("o.onnx"), "c.npz", "onnxruntime"
     )

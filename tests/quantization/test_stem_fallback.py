@@ -133,11 +133,11 @@ def test_a_gate_the_recipe_meets_keeps_every_layer_in_int8():
     assert not any("stem" in n for n in result.notes)
 
 
-def test_stem_first_tries_one_recipe_when_the_fallback_seconds_are_spent(monkeypatch):
+def test_stem_first_tries_one_recipe_when_the_fallback_tries_are_spent(monkeypatch):
     sqnr = {("float-stem", "mean-minmax"): 14.0, ("float-stem", "minmax"): 18.0}
     scored = _scores(monkeypatch, sqnr)
     chosen = recipes.Built(("mean-minmax",), _workspace(), accuracy=_figures(8.0))
-    got = fallback.stem_first(chosen.ws, Gate.parse("sqnr=20"), chosen, [], False, seconds=-1)
+    got = fallback.stem_first(chosen.ws, Gate.parse("sqnr=20"), chosen, [], False, tries=1)
     assert scored == [("float-stem", "mean-minmax")]
     assert got is not None and got.steps == ("float-stem", "mean-minmax")
 

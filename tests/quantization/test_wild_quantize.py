@@ -18,7 +18,7 @@ from onnx import numpy_helper
 import opfuse
 from opfuse.model.sessions import open_session
 from opfuse.pipeline.opset import convert_opset, raise_ir_version
-from opfuse.quantization import flow, quantizer_input
+from opfuse.quantization import flow, ort_backend, quantizer_input
 from opfuse.quantization.accuracy import compare_outputs
 from test_wild_models import ml_only_model
 
@@ -394,7 +394,7 @@ def test_a_workaround_on_an_unnamed_node_stays_out_of_the_users_exclude(monkeypa
     line prints (the invented name is no node of the user's model)."""
     model = matmul()
     model.graph.node[0].name = ""
-    real = flow._quantize_once
+    real = ort_backend._quantize_once
 
     def raising(model, samples, options, exclude, extra, cache=None):
         node = model.graph.node[0]  # a frame local the workaround reads
@@ -405,7 +405,7 @@ def test_a_workaround_on_an_unnamed_node_stays_out_of_the_users_exclude(monkeypa
     monkeypatch.setattr(flow, "_quantize_once", raising)
     exclude: list[str] = []
     notes: list[str] = []
-    made = flow.quantize_proto(
+    made = ort_backend.quantize_proto(
         model, feeds("x", (4, 8)), flow.QuantOptions(), exclude, name="m", notes=notes
     )
     assert exclude == [] and made.graph.node[0].name == ""

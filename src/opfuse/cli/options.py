@@ -18,6 +18,7 @@ import click
 from opfuse.advisor.profile_readers import GRAPH_OPT_LEVELS as PROFILE_GRAPH_OPT_LEVELS
 from opfuse.advisor.settings import ProfileSettings
 from opfuse.errors import OpfuseError, SettingsError
+from opfuse.quantization.names import FALLBACK_TRIES, KEYS_HELP, RECIPE_HELP
 from opfuse.rewrite.context import DEFAULT_FOLD_SIZE_LIMIT
 from opfuse.runtime import GRAPH_OPT_LEVELS, RUNTIMES
 from opfuse.runtime.settings import RuntimeSettings
@@ -82,7 +83,8 @@ class Group:
         def add(f: F) -> F:
             for name in reversed(names):
                 attrs = {**self.options[name], **({"help": helps[name]} if name in helps else {})}
-                f = click.option("--" + name.replace("_", "-"), **attrs)(f)
+                decls = attrs.pop("param_decls", ["--" + name.replace("_", "-")])
+                f = click.option(*decls, **attrs)(f)
             return f
 
         return add
@@ -163,6 +165,73 @@ runtime_options = Group(
         "default": 5.0,
         "show_default": True,
         "help": "Measuring time per comparison, after the warm-up.",
+    },
+)
+
+# the settings of opfuse quantize (``QuantizeSettings``), in the order --help lists them;
+# the switch options (--fusion-switch-file, --enable, --disable) are switch_options'
+quantize_options = Group(
+    eval={
+        "type": PathArg,
+        "help": "Samples to measure accuracy on [default: every 4th calibration sample, "
+        "held back].",
+    },
+    samples={
+        "type": int,
+        "help": "Use the first N calibration samples (exit 2 when the data holds fewer).",
+    },
+    preprocess={
+        "help": "Images: size=224,layout=NCHW,order=RGB,scale=1/255,mean=0.485:0.456:0.406,std=...",
+    },
+    exclude={
+        "multiple": True,
+        "help": "An op type or node name kept in float, or leading=SHARE: the leading layers up "
+        "to that share of the multiply-adds (e.g. leading=25%) (repeatable).",
+    },
+    max_drop={
+        "default": "auto",
+        "show_default": True,
+        "help": f"Accuracy gate on the held-back samples, {KEYS_HELP}.",
+    },
+    recipe={"default": "auto", "show_default": True, "help": f"Accuracy recovery: {RECIPE_HELP}."},
+    fallback_tries={
+        "type": int,
+        "default": FALLBACK_TRIES,
+        "show_default": True,
+        "help": "Tries the fallback may make keeping sensitive parts in float (0: none); a "
+        "count, so the same model on a busy machine.",
+    },
+    target_opset={
+        "type": int,
+        "help": "Convert to this opset before fusing (e.g. 14: a decomposed HardSwish becomes "
+        "one op).",
+    },
+    min_speedup={"type": float, "help": "Exit 1, nothing written, below this speed-up."},
+    benchmark={
+        "param_decls": ["--no-benchmark", "benchmark"],
+        "is_flag": True,
+        "flag_value": False,
+        "default": True,
+        "help": "Do not measure the speed.",
+    },
+    calibrate_method={
+        "type": click.Choice(("minmax", "entropy", "percentile")),
+        "default": "minmax",
+        "show_default": True,
+        "help": "How the calibration picks each activation's range.",
+    },
+    per_channel={
+        "param_decls": ["--per-tensor", "per_channel"],
+        "is_flag": True,
+        "flag_value": False,
+        "default": True,
+        "help": "Per-tensor weights [default: per channel].",
+    },
+    activation_type={
+        "type": click.Choice(("uint8", "int8")),
+        "default": "uint8",
+        "show_default": True,
+        "help": "The activations' integer type (the weights are int8).",
     },
 )
 

@@ -11,6 +11,7 @@ import onnx_ir as ir
 
 from opfuse.errors import OpfuseError, first_line
 from opfuse.model import io
+from opfuse.model.graphs import DEFAULT_DOMAINS
 
 
 def default_opset(model: ir.Model) -> int | None:
@@ -66,7 +67,7 @@ def converted_if_old(path: str | os.PathLike[str]) -> onnx.ModelProto | None:
         header = onnx.load_model(str(path), load_external_data=False)
     except Exception:  # not a model protobuf reads: the load failure stands (exit 2)
         return None
-    old = next((o.version for o in header.opset_import if o.domain in ("", "ai.onnx")), None)
+    old = next((o.version for o in header.opset_import if o.domain in DEFAULT_DOMAINS), None)
     if old is None or old >= io.MIN_OPSET:
         return None
     return io.to_proto(convert_opset(io.load_model(path), io.MIN_OPSET))

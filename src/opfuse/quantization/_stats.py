@@ -29,7 +29,9 @@ PREFIX = "opfuse_stats__"  # the names of what this module adds to a copy of the
 
 
 def main_opset(model: onnx.ModelProto) -> int:
-    return next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    from opfuse.model.io import default_opset
+
+    return default_opset(model) or 1
 
 
 def session(model: onnx.ModelProto, outputs: Sequence[str]) -> ort.InferenceSession:

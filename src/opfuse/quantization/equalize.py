@@ -41,6 +41,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
+from opfuse.model.graphs import DEFAULT_DOMAINS
 from opfuse.quantization._stats import Feed, tensor_values
 
 CONV_FAMILY = ("Conv", "ConvTranspose")
@@ -319,7 +320,7 @@ class Layer:
 
 def as_layer(g: Graph, node: onnx.NodeProto) -> Layer | None:
     """``node`` as a Layer whose weights may be rescaled, or None."""
-    if node.domain not in ("", "ai.onnx") or not node.input:
+    if node.domain not in DEFAULT_DOMAINS or not node.input:
         return None
     op = node.op_type
     if op in CONV_FAMILY:
@@ -374,7 +375,7 @@ def _gemm_n(node: onnx.NodeProto, w: np.ndarray) -> int:
 
 def homogeneous(g: Graph, node: onnx.NodeProto) -> bool:
     """f(x / s) = f(x) / s for every s > 0, per channel."""
-    if node.domain not in ("", "ai.onnx"):
+    if node.domain not in DEFAULT_DOMAINS:
         return False
     op = node.op_type
     if op in ("Relu", "MaxPool", "Identity"):

@@ -14,7 +14,7 @@ rounding at one tensor, against that tensor's float values):
 The error a layer adds alone does not always add up: on PP-OCR's recognizer, keeping its
 8 worst layers in float one after the other took top-1 agreement from 98.1% *down* to
 95.8% (the errors of other layers had partly cancelled theirs), which is why each is
-measured before it is kept. The search is bounded in tries, layers kept and seconds; a
+measured before it is kept. The search is bounded in tries and layers kept (never in seconds); a
 progress line per try.
 
 From MIN_GROUP candidates on, the worst MAX_FLOAT_LAYERS are first tried all at once: when
@@ -41,7 +41,6 @@ before the fallback passes.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -51,7 +50,7 @@ from opfuse.quantization import flow, recipes
 from opfuse.quantization.accuracy import OutputAccuracy, brief
 from opfuse.quantization.float_stem import leading_nodes
 from opfuse.quantization.gate import Gate
-from opfuse.quantization.names import FALLBACK_SECONDS
+from opfuse.quantization.names import FALLBACK_TRIES
 from opfuse.quantization.sensitivity import activation_candidates, weight_candidates
 from opfuse.quantization.steps import STEPS, recipe_steps
 from opfuse.quantization.workspace import Workspace
@@ -95,6 +94,27 @@ class KeptFloat:
         return f"{self.node} ({self.sqnr_db:.1f} dB {self.how})"
 
 
+@dataclass(frozen=True)
+class Trial:
+    """One try of the accuracy restorer: what was kept in float, its figures, where they
+    were measured, whether it was kept, and the int8 models it built (its cost)."""
+
+    what: str
+    figures: tuple[OutputAccuracy, ...]
+    where: str  # "validation", "cross-validated", "evaluation"
+    kept: bool
+    builds: int
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "what": self.what,
+            "where": self.where,
+            "kept": self.kept,
+            "builds": self.builds,
+            "figures": [a.to_json() for a in self.figures],
+        }
+
+
 @dataclass
 class FallbackResult:
     model: onnx.ModelProto
@@ -102,10 +122,19 @@ class FallbackResult:
     kept: list[KeptFloat] = field(default_factory=list)
     tries: int = 0
     stopped: str = ""  # why it stopped
+    trials: list[Trial] = field(default_factory=list)
 
     @property
     def exclude(self) -> list[str]:
         return list(dict.fromkeys(n for k in self.kept for n in k.in_float))
+
+    def tried(
+        self, what: str, figures: list[OutputAccuracy] | None, where: str, kept: bool
+    ) -> None:
+        """One more try, recorded (its cost: one build, two cross-validated)."""
+        self.tries += 1
+        builds = 2 if where.startswith("cross") else 1
+        self.trials.append(Trial(what, tuple(figures or ()), where, kept, builds))
 
 
 def fallback(
@@ -114,40 +143,28 @@ def fallback(
     build: Callable[[list[str]], onnx.ModelProto],
     first: onnx.ModelProto,
     accuracy: list[OutputAccuracy],
-    seconds: float = FALLBACK_SECONDS,
+    tries: int = FALLBACK_TRIES,
     cross: Scorer | None = None,
 ) -> FallbackResult:
     """Keep candidates in float (``build(exclude)`` makes the int8 model with those node
     names in float, on top of ``ws.exclude``) while each improves the figures (``Gate.better``) on
     the validation part; stop when the gate holds there, or at MAX_FLOAT_LAYERS kept,
-    MAX_FALLBACK_TRIES tried or ``seconds`` spent. When the most sensitive parts together do
-    not help, or none of them helps alone, the leading layers instead, in the seconds left
-    (``_leading``, scored by ``cross`` where given)."""
-    start = time.perf_counter()
+    MAX_FALLBACK_TRIES tried or ``tries`` (the budget) spent. When the most sensitive parts
+    together do not help, or none of them helps alone, the leading layers instead, in the
+    tries left (``_leading``, scored by ``cross`` where given)."""
     layers = [n for n in flow.weighted_nodes(ws.float_model) if n not in ws.exclude]
-    tensors = [
-        KeptFloat(c.label, c.sqnr_db, c.how, c.nodes)
-        for c in activation_candidates(ws.float_model, first, ws.calib[:RANK_SAMPLES])
-        if not set(c.nodes) & set(ws.exclude)
-    ]
-    weights = [
-        KeptFloat(c.label, c.sqnr_db, c.how, c.nodes)
-        for c in weight_candidates(ws.float_model, layers, ws.calib[:RANK_SAMPLES], ws.per_channel)
-    ]
-    # both figures are the SQNR of one rounding at one tensor: one ranking, worst first
-    ranked = sorted([*tensors, *weights], key=lambda k: k.sqnr_db)
+    ranked = _ranked(ws, first, layers)
     found = FallbackResult(first, accuracy)
-    best = accuracy
     group = _group(ranked, layers, ws.exclude)
     together: tuple[onnx.ModelProto, list[OutputAccuracy], list[KeptFloat]] | None = None
-    if len(group) >= MIN_GROUP and time.perf_counter() - start <= seconds:
+    if len(group) >= MIN_GROUP and found.tries < tries:
         # all at once first: when the worst candidates together do not score better beyond
         # the noise, the error is spread over the model, not in a few parts (PP-OCR's
         # recognizer: each of its 5 tries within the noise, 20 s of its 2 minutes)
-        found.tries += 1
         model = build(list(dict.fromkeys(n for k in group for n in k.in_float)))
         figures = ws.score(model)
-        helped = gate.better(figures, best)
+        helped = gate.better(figures, accuracy)
+        found.tried(f"the {len(group)} most sensitive parts", figures, "validation", helped)
         ws.say(
             f"fallback try {found.tries}: the {len(group)} most sensitive parts in float at "
             f"once: {brief(figures)} on validation, "
@@ -158,9 +175,48 @@ def fallback(
                 f"its {len(group)} most sensitive parts in float at once scoring no better "
                 "beyond the noise (the error is spread over the model)"
             )
-            left = seconds - (time.perf_counter() - start)
-            return _leading(ws, gate, build, found, layers, left, cross)
+            return _leading(ws, gate, build, found, layers, tries - found.tries, cross)
         together = (model, figures, group)
+    _one_at_a_time(ws, gate, build, found, ranked, layers, tries)
+    if (
+        together is not None
+        and gate.misses(found.accuracy)
+        and gate.better(together[1], found.accuracy)
+    ):
+        # one at a time did not reach what the group did: the group, measured better
+        found.model, found.accuracy, found.kept = together[0], together[1], together[2]
+        found.stopped += f"; the {len(together[2])} parts tried at once scored best: kept"
+    if not found.kept:  # no part singled out helps: the error is spread
+        return _leading(ws, gate, build, found, layers, tries - found.tries, cross)
+    return found
+
+
+def _ranked(ws: Workspace, first: onnx.ModelProto, layers: list[str]) -> list[KeptFloat]:
+    """The candidates, worst first: activation tensors and weighted layers ranked
+    together (both figures are the SQNR of one rounding at one tensor)."""
+    tensors = [
+        KeptFloat(c.label, c.sqnr_db, c.how, c.nodes)
+        for c in activation_candidates(ws.float_model, first, ws.calib[:RANK_SAMPLES])
+        if not set(c.nodes) & set(ws.exclude)
+    ]
+    weights = [
+        KeptFloat(c.label, c.sqnr_db, c.how, c.nodes)
+        for c in weight_candidates(ws.float_model, layers, ws.calib[:RANK_SAMPLES], ws.per_channel)
+    ]
+    return sorted([*tensors, *weights], key=lambda k: k.sqnr_db)
+
+
+def _one_at_a_time(
+    ws: Workspace,
+    gate: Gate,
+    build: Callable[[list[str]], onnx.ModelProto],
+    found: FallbackResult,
+    ranked: list[KeptFloat],
+    layers: list[str],
+    tries: int,
+) -> None:
+    """Each candidate in float on top of those kept, kept when it scores better."""
+    best = found.accuracy
     for k in ranked:
         if len(found.kept) >= MAX_FLOAT_LAYERS:
             found.stopped = f"{MAX_FLOAT_LAYERS} parts kept in float"
@@ -168,16 +224,16 @@ def fallback(
         if found.tries >= MAX_FALLBACK_TRIES:
             found.stopped = f"{MAX_FALLBACK_TRIES} tries"
             break
-        if time.perf_counter() - start > seconds:
-            found.stopped = f"its {seconds:.0f} s budget"
+        if found.tries >= tries:
+            found.stopped = f"its budget of {tries} tries"
             break
         in_float = list(dict.fromkeys([*found.exclude, *k.in_float]))
         if layers and set(layers) <= set(in_float) | set(ws.exclude):
             continue  # never every layer: a model with no int8 layer left is not quantized
-        found.tries += 1
         model = build(in_float)
         figures = ws.score(model)
         helped = gate.better(figures, best)
+        found.tried(f"{k.node} in float", figures, "validation", helped)
         ws.say(
             f"fallback try {found.tries}: {k.node} in float ({k.sqnr_db:.1f} dB {k.how}): "
             f"{brief(figures)} on validation, {'kept' if helped else 'no help'}"
@@ -191,40 +247,10 @@ def fallback(
             break
     else:
         found.stopped = found.stopped or "no candidate left"
-    if together is not None and gate.misses(found.accuracy) and gate.better(together[1], best):
-        # one at a time did not reach what the group did: the group, measured better
-        found.model, found.accuracy, found.kept = together[0], together[1], together[2]
-        found.stopped += f"; the {len(together[2])} parts tried at once scored best: kept"
-    if not found.kept:  # no part singled out helps: the error is spread
-        left = seconds - (time.perf_counter() - start)
-        return _leading(ws, gate, build, found, layers, left, cross)
-    return found
 
 
-def _leading(
-    ws: Workspace,
-    gate: Gate,
-    build: Callable[[list[str]], onnx.ModelProto],
-    found: FallbackResult,
-    layers: list[str],
-    seconds: float,
-    cross: Scorer | None = None,
-) -> FallbackResult:
-    """The leading layers in float, a share of the multiply-adds (LEAD_SHARES), the largest
-    first: while a share holds the gate the next smaller one is tried, and the smallest that
-    held is kept; when the largest misses, it is kept only if it scores better than none
-    (``Gate.better``); else ``found`` as it was. Scored by ``cross`` (cross-validated over
-    every calibration sample, in two halves) when it gives figures, else on the validation
-    part: four validation windows of PP-OCRv4's recognizer scored the shares 97.5%, 96.2%,
-    95.0%, 97.5% (25% to 90%), within their noise; its 17 windows cross-validated (one split
-    into halves) 94.6%, 95.3%, 96.5%, 99.0%, the last +12.3 dB a window (SE 1.9) over the int8
-    model, ahead on all 17 (the run's own split: 97.5% against 92.5% with none). A share is
-    scored only while ``seconds`` remain (the first too: none left, nothing tried)."""
-    start = time.perf_counter()
-
-    def spent() -> bool:
-        return time.perf_counter() - start > seconds
-
+def _rungs(ws: Workspace, layers: list[str]) -> list[KeptFloat]:
+    """The leading shares of LEAD_SHARES that differ and leave a layer in int8."""
     rungs: list[KeptFloat] = []
     ladder = leading_nodes(ws.float_model, ws.calib[0], LEAD_SHARES)
     for share, leading in zip(LEAD_SHARES, ladder, strict=True):
@@ -236,66 +262,137 @@ def _leading(
             continue
         label = f"the leading {share:.0%} of the multiply-adds ({count} layers)"
         rungs.append(KeptFloat(label, math.nan, LEADING, tuple(names), share))
-    if not rungs or seconds <= 0:
+    return rungs
+
+
+def _leading(
+    ws: Workspace,
+    gate: Gate,
+    build: Callable[[list[str]], onnx.ModelProto],
+    found: FallbackResult,
+    layers: list[str],
+    tries: int,
+    cross: Scorer | None = None,
+) -> FallbackResult:
+    """The leading layers in float, a share of the multiply-adds (LEAD_SHARES), the largest
+    first: while a share holds the gate the next smaller one is tried, and the smallest that
+    held is kept; when the largest misses, it is kept only if it scores better than none
+    (``Gate.better``); else ``found`` as it was. Scored by ``cross`` (cross-validated over
+    every calibration sample, in two halves) when it gives figures, else on the validation
+    part: four validation windows of PP-OCRv4's recognizer scored the shares 97.5%, 96.2%,
+    95.0%, 97.5% (25% to 90%), within their noise; its 17 windows cross-validated (one split
+    into halves) 94.6%, 95.3%, 96.5%, 99.0%, the last +12.3 dB a window (SE 1.9) over the int8
+    model, ahead on all 17 (the run's own split: 97.5% against 92.5% with none). A share is
+    scored only while ``tries`` remain (the first too: none left, nothing tried)."""
+    rungs = _rungs(ws, layers)
+    if not rungs or tries <= 0:
         return found
-    built: dict[tuple[str, ...], onnx.ModelProto] = {}
-
-    def model_of(names: list[str]) -> onnx.ModelProto:
-        if tuple(names) not in built:
-            built[tuple(names)] = build(names)
-        return built[tuple(names)]
-
-    def on_validation(names: list[str]) -> list[OutputAccuracy] | None:
-        return ws.score(model_of(names))
-
+    ladder = _Ladder(ws, build, cross, tries)
     largest = list(rungs[-1].in_float)
-    score: Scorer = on_validation
-    where = "on validation"
-    if cross is not None and (first := cross(largest)) is not None:
-        score, where = cross, "cross-validated over the calibration samples"
-    else:
-        first = on_validation(largest)
+    first = ladder.first(largest)
+    kept, why = _descend(ws, gate, found, ladder, rungs, first)
+    if kept is None and first is not None and ladder.left():
+        # the largest share misses the gate: kept only if it scores better than none
+        none = ladder.score([]) if ladder.crossed else found.accuracy
+        if none is not None and gate.better(first, none):
+            kept = (rungs[-1], first)
+            ws.say(
+                f"{rungs[-1].node} in float scores better than none ({brief(none)} {ladder.where})"
+            )
+    if kept is None:
+        return found
+    part, figures = kept
+    found.kept = [part]
+    found.model = ladder.model_of(list(part.in_float))
+    found.accuracy = ws.score(found.model) if ladder.crossed else figures
+    found.stopped += f"; then {part.node} in float: " + (
+        f"it misses the gate ({ladder.where}) but scores better than none"
+        if gate.misses(figures)
+        else f"the smallest share tried that holds the gate ({ladder.where}; {why})"
+    )
+    return found
+
+
+class _Ladder:
+    """How ``_leading`` scores a share: cross-validated where ``cross`` gives figures for
+    the largest share, else on the validation part; each model built once; at most
+    ``tries`` scorings."""
+
+    def __init__(
+        self,
+        ws: Workspace,
+        build: Callable[[list[str]], onnx.ModelProto],
+        cross: Scorer | None,
+        tries: int,
+    ) -> None:
+        self.ws, self.build, self.cross, self.tries = ws, build, cross, tries
+        self.built: dict[tuple[str, ...], onnx.ModelProto] = {}
+        self.crossed = False
+        self.used = 0
+
+    @property
+    def where(self) -> str:
+        return "cross-validated over the calibration samples" if self.crossed else "on validation"
+
+    def left(self) -> bool:
+        return self.used < self.tries
+
+    def model_of(self, names: list[str]) -> onnx.ModelProto:
+        if tuple(names) not in self.built:
+            self.built[tuple(names)] = self.build(names)
+        return self.built[tuple(names)]
+
+    def first(self, largest: list[str]) -> list[OutputAccuracy] | None:
+        self.used += 1
+        if self.cross is not None and (figures := self.cross(largest)) is not None:
+            self.crossed = True
+            return figures
+        return self.ws.score(self.model_of(largest))
+
+    def score(self, names: list[str]) -> list[OutputAccuracy] | None:
+        self.used += 1
+        if self.crossed:
+            assert self.cross is not None
+            return self.cross(names)
+        return self.ws.score(self.model_of(names))
+
+
+def _descend(
+    ws: Workspace,
+    gate: Gate,
+    found: FallbackResult,
+    ladder: _Ladder,
+    rungs: list[KeptFloat],
+    first: list[OutputAccuracy] | None,
+) -> tuple[tuple[KeptFloat, list[OutputAccuracy]] | None, str]:
+    """The shares from the largest down while each holds the gate: the smallest that held
+    (None: the largest misses) and why the descent stopped."""
     kept: tuple[KeptFloat, list[OutputAccuracy]] | None = None
     why = "no smaller share to try"
-    figures: list[OutputAccuracy] | None = first
+    figures = first
+    where = "cross-validated" if ladder.crossed else "validation"
     for k, part in enumerate(reversed(rungs)):
         if k:
-            if spent():
-                why = f"the {seconds:.0f} s left spent"
+            if not ladder.left():
+                why = f"the {ladder.tries} tries left spent"
                 break
-            figures = score(list(part.in_float))
-        found.tries += 1
+            figures = ladder.score(list(part.in_float))
         if figures is None:
+            found.tried(part.node, None, where, False)
             why = f"{part.node} could not be scored"
             ws.say(f"fallback try {found.tries}: {why}")
             break
         passes = not gate.misses(figures)
+        found.tried(part.node, figures, where, passes)
         ws.say(
-            f"fallback try {found.tries}: {part.node} in float: {brief(figures)} {where}"
+            f"fallback try {found.tries}: {part.node} in float: {brief(figures)} {ladder.where}"
             + (", the gate holds" if passes else "")
         )
         if not passes:
             why = "the next smaller share misses it"
             break
         kept = (part, figures)
-    if kept is None and first is not None and not spent():
-        # the largest share misses the gate: kept only if it scores better than none
-        none = score([]) if score is cross else found.accuracy
-        if none is not None and gate.better(first, none):
-            kept = (rungs[-1], first)
-            ws.say(f"{rungs[-1].node} in float scores better than none ({brief(none)} {where})")
-    if kept is None:
-        return found
-    part, figures = kept
-    found.kept = [part]
-    found.model = model_of(list(part.in_float))
-    found.accuracy = figures if score is on_validation else ws.score(found.model)
-    found.stopped += f"; then {part.node} in float: " + (
-        f"it misses the gate ({where}) but scores better than none"
-        if gate.misses(figures)
-        else f"the smallest share tried that holds the gate ({where}; {why})"
-    )
-    return found
+    return kept, why
 
 
 def _group(ranked: list[KeptFloat], layers: list[str], exclude: list[str]) -> list[KeptFloat]:
@@ -337,7 +434,7 @@ def stem_first(
     chosen: recipes.Built,
     tried: list[recipes.Built],
     forced: bool,
-    seconds: float = FALLBACK_SECONDS,
+    tries: int = FALLBACK_TRIES,
     scored: list[recipes.Built] | None = None,
 ) -> recipes.Built | None:
     """The best recipe with the stem in float (``stem_recipes``) when it scores better than
@@ -345,8 +442,8 @@ def stem_first(
     search was (``tried`` holds those figures), else on the validation part. None: no gain.
     Mixed precision: the stem's layers lose their int8 kernels, so it is tried only when
     the recipe misses the gate, and kept only on a gain (the caller confirms it on the
-    evaluation samples, as the rest of the fallback's choice). Its time counts in the
-    fallback's ``seconds``: the first recipe always runs, the next only within them."""
+    evaluation samples, as the rest of the fallback's choice). Each recipe is one of the
+    fallback's ``tries``: the first always runs, the next only within them."""
     candidates = [s for s in stem_recipes(chosen.steps, forced) if STEPS[STEM].applies(ws)]
     if not candidates:
         return None
@@ -362,11 +459,11 @@ def stem_first(
         same = [t for t in tried if t.steps == chosen.steps and t.cross_validated]
         base = same[0] if same else score(chosen.steps)
     best: recipes.Built | None = None
-    start = time.perf_counter()
     for k, steps in enumerate(candidates):
-        if k and time.perf_counter() - start > seconds:
+        if k and k >= tries:
             ws.say(
-                f"the stem in float: {recipes.recipe_name(steps)} not tried (the fallback's {seconds:g} s spent)"
+                f"the stem in float: {recipes.recipe_name(steps)} not tried (the fallback's "
+                f"{tries} tries spent)"
             )
             break
         made = score(steps)

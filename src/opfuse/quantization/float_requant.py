@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import onnx
 
-from opfuse.model.graphs import proto_wiring
+from opfuse.model.graphs import DEFAULT_DOMAINS, proto_wiring
 
 COMPUTE = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
 QUANTIZE, DEQUANTIZE = "QuantizeLinear", "DequantizeLinear"
@@ -45,7 +45,7 @@ def requantized_passthroughs(
     outputs = {o.name for o in graph.output}
     found: dict[str, tuple[onnx.NodeProto, list[onnx.NodeProto]]] = {}
     for q in graph.node:
-        if q.op_type != QUANTIZE or not q.input or q.domain not in ("", "ai.onnx"):
+        if q.op_type != QUANTIZE or not q.input or q.domain not in DEFAULT_DOMAINS:
             continue
         tensor = q.input[0]
         made_by = producer.get(tensor)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-FALLBACK_SECONDS = 30.0  # the time the mixed-precision fallback may take
+# the tries the mixed-precision fallback may make (the stem's recipes, the parts, the
+# leading shares): a count, not seconds, so that the model written does not depend on the
+# machine's load; 24 is above what its own limits allow (2 stem recipes, 16 parts, 4 shares
+# and the comparison with none), so by default those limits stop it
+FALLBACK_TRIES = 24
 KEYS_HELP = (
     "floors: top1=99% (top-1 agreement with the float model >= 99% where an output "
     "scores classes), sqnr=25 (SQNR >= 25 dB on every output), iou=90% (the IoU of the "

@@ -40,6 +40,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from opfuse.model.graphs import DEFAULT_DOMAINS
+
 QUANTIZE, DEQUANTIZE = "QuantizeLinear", "DequantizeLinear"
 # op type -> the input positions whose Q/DQ pair is kept (data inputs; a bias is float)
 COMPUTE_INPUTS: Mapping[str, tuple[int, ...]] = {
@@ -178,7 +180,7 @@ class _Form:
         """Whether input ``index`` of ``node`` stays quantized."""
         if node.op_type not in self.ops:
             return False
-        if node.domain not in ("", "ai.onnx"):
+        if node.domain not in DEFAULT_DOMAINS:
             return False
         if node.op_type in COMPUTE_INPUTS:
             return index in COMPUTE_INPUTS[node.op_type]
@@ -190,7 +192,7 @@ class _Form:
 
     def run(self, symmetric_activations: bool) -> None:
         for node in list(self.graph.node):
-            if node.op_type != DEQUANTIZE or node.domain not in ("", "ai.onnx"):
+            if node.op_type != DEQUANTIZE or node.domain not in DEFAULT_DOMAINS:
                 continue
             if node.input[0] in self.inits:
                 self._constant_dq(node)

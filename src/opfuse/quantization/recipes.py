@@ -12,8 +12,9 @@ equalization (``cle``) and ``smoothquant`` (each verified against the float mode
 and said when it fails), the full bias correction. A change is kept only when it scores
 better beyond the noise of the figures (``Gate.better``), so equal figures keep the
 cheaper recipe. The recipes tried are bounded by their cost in units of the first one's
-(``RECIPE_UNITS``, reproducible), and a cap in CPU seconds (``RECIPE_SECONDS``); what was
-not tried is said."""
+(``RECIPE_UNITS``, smaller in proportion for a graph of more than LARGE_GRAPH_NODES nodes:
+a count, never seconds, so that the same model, data and options keep the same recipe on
+an idle or a loaded machine); what was not tried is said."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import numpy as np
 import onnx
 
 from opfuse.errors import OpfuseError, first_line
-from opfuse.quantization import flow, heads
+from opfuse.quantization import flow, heads, ort_backend
 from opfuse.quantization.accuracy import OutputAccuracy, brief, compare_outputs
 from opfuse.quantization.gate import CLASS_MIN_SAMPLES, Gate
 from opfuse.quantization.steps import STEPS, StepReport, recipe_name, recipe_steps
@@ -51,11 +52,11 @@ CHANGES = (
 # recipes on the recognizer on a loaded machine, 6 on an idle one). 10 units: every change
 # but the full bias correction (8).
 RECIPE_UNITS = 10.0
-# a cap on top, in CPU seconds of this process (all its threads; the machine's load does
-# not move it as it moves the wall time: the layout detector on a loaded 2-core machine
-# tried 2 recipes within a 120 s wall-time cap, more on a quieter one), for a model many
-# times larger than the recognizer (said)
-RECIPE_SECONDS = 300.0
+# a graph of more nodes than this gets a budget smaller in proportion (``recipe_budget``):
+# the zoo's tx100 (9,199 nodes, 128 s a quantization) tries 2 recipes (minmax and one
+# change), as a 300 s cap in processor seconds let it before; a cap in seconds of any kind
+# moves with the machine's load (a busy core's onnxruntime threads spin), a count does not
+LARGE_GRAPH_NODES = 2000
 # a recipe's cost in units of the first one's (minmax) time (measured on PP-OCRv4's
 # recognizer: mean-minmax 0.5, the fast bias correction 0.75, mse with it 3, the full bias
 # correction 7.4)
@@ -139,7 +140,7 @@ def build(
         if step.phase == "int8":
             continue
         made.reports.append(step.run(ws))
-    ws.int8_model = flow.quantize_proto(
+    ws.int8_model = ort_backend.quantize_proto(
         ws.float_model,
         ws.calib,
         flow.QuantOptions(ws.per_channel, ws.activation_type, ws.calibrate_method),
@@ -316,19 +317,24 @@ def paired_look(
     return made, won
 
 
+def recipe_budget(nodes: int) -> float:
+    """The search's budget in units (``RECIPE_UNITS``), smaller for a graph of more than
+    LARGE_GRAPH_NODES nodes in proportion (a recipe costs about its node count): a count,
+    so that the recipes tried, and the one kept, are the same at any load."""
+    if nodes <= LARGE_GRAPH_NODES:
+        return RECIPE_UNITS
+    return max(1.0, RECIPE_UNITS * LARGE_GRAPH_NODES / nodes)
+
+
 def search(
     base: Workspace,
     gate: Gate,
     forced: tuple[str, ...] | None,
-    seconds: float | None = None,
     budget: float | None = None,
 ) -> tuple[Built, list[Built], list[str]]:
     """The kept recipe, every recipe tried (in order) and what was skipped (said);
-    ``budget``: the recipes' cost in units of the first one's (RECIPE_UNITS: the same
-    recipes are tried on any machine, at any load); ``seconds``: a cap on top in CPU
-    seconds of this process (RECIPE_SECONDS, for a model many times larger)."""
-    seconds = RECIPE_SECONDS if seconds is None else seconds
-    budget = RECIPE_UNITS if budget is None else budget
+    ``budget``: the recipes' cost in units of the first one's (default ``recipe_budget``
+    of the fused model's nodes: the same recipes are tried on any machine, at any load)."""
     if forced is not None:
         made = scored(base, forced)
         if made.error:
@@ -337,110 +343,123 @@ def search(
             )
         made.kept = True
         return made, [made], []
-    start = time.process_time()  # this process's CPU time (every thread's): not the load
-    tried: list[Built] = []
-    skipped: list[str] = []
-    best: Built | None = None
-    first_cpu = 0.0  # the first recipe's CPU seconds
-
-    halves = folds(base)
-    everything = [*base.calib, *base.valid] if base.valid is not base.calib else base.calib
-
-    def strict(steps: tuple[str, ...]) -> bool:
-        """Is ``steps`` the best recipe so far with a change in PAIRED (judged strictly)."""
-        if best is None or not set(best.steps) <= set(steps):
-            return False
-        added = set(steps) - set(best.steps)
-        return bool(added) and added <= PAIRED.keys()
-
-    def paired(steps: tuple[str, ...]) -> float:
-        """The cost of the paired look ``steps`` would get (0: none): a change in PAIRED
-        where the search is not cross-validated and there are PAIRED_MIN_SAMPLES."""
-        if not strict(steps) or halves is not None or len(everything) < PAIRED_MIN_SAMPLES:
-            return 0.0
-        return max(PAIRED[n] for n in set(steps) - set(best.steps if best else ()))
-
-    def fits(steps: tuple[str, ...]) -> bool:
-        if not tried or any(t.steps == steps for t in tried):
-            return True
-        cost = paired(steps) or units(steps)
-        spent = sum(t.units for t in tried)
-        if spent + cost > budget:
-            skipped.append(
-                f"{recipe_name(steps)} (would exceed the recipe budget: {spent:g} of "
-                f"{budget:g} units spent, it costs {cost:g})"
-            )
-            return False
-        if time.process_time() - start + first_cpu * cost <= seconds:
-            return True
-        skipped.append(
-            f"{recipe_name(steps)} (would not end within the {seconds:.0f} s of processor "
-            "time the recipe search may use)"
-        )
-        return False
-
-    def attempt(steps: tuple[str, ...]) -> None:
-        nonlocal best, first_cpu
-        if any(t.steps == steps for t in tried) or not fits(steps):
-            return
-        cost = paired(steps)
-        if best is not None and cost:
-            made, won = paired_look(base, gate, best, steps)
-            made.units = cost
-            tried.append(made)
-            if won:
-                best = made
-            return
-        made = scored(base, steps) if halves is None else cross_validated(base, halves, steps)
-        made.units = units(steps)
-        if not tried:
-            first_cpu = time.process_time() - start
-        tried.append(made)
-        if not made.error and (
-            best is None or gate.better(made.accuracy, best.accuracy, strict=strict(steps))
-        ):
-            best = made
-
-    def applies(name: str) -> bool:
-        step = STEPS[name]
-        ok = step.applies(base)
-        if not ok:
-            reason = getattr(step, "reason", None)
-            skipped.append(f"{name} ({reason(base)})" if reason else name)
-        return ok
-
-    attempt(recipe_steps(["minmax"]))
-    if best is None:
-        raise QuantizeInternalError(
-            f"{base.name}: no recipe quantized the model ({'; '.join(t.line() for t in tried)})"
-        )
-    # the samples a change judged strictly is paired on: every calibration sample where it
-    # gets a paired look or the search is cross-validated, else the validation part
-    if halves is not None or len(everything) >= PAIRED_MIN_SAMPLES:
-        pairable = len(everything)
-    else:
-        pairable = len(base.valid)
-    for name in CHANGES:  # each applied to the best recipe so far
-        if name in PAIRED and pairable < CLASS_MIN_SAMPLES:  # it could not be kept
-            skipped.append(
-                f"{name} (kept only on a consistent gain over {CLASS_MIN_SAMPLES} samples "
-                f"or more; {pairable} to compare on)"
-            )
-            continue
-        steps = with_step(best.steps, name)
-        if fits(steps) and applies(name):  # the budget first: applies() runs the step
-            attempt(steps)
-    assert best is not None
-    best.kept = True
-    if halves is None:
-        return best, tried, skipped
+    if budget is None:
+        budget = recipe_budget(len(base.fused_model.graph.node))
+    run = _Search(base, gate, budget)
+    best = run.run()
+    if run.halves is None:
+        return best, run.tried, run.skipped
     # the kept recipe on the calibration part, scored on the validation part (what the
     # heads and the fallback compare with)
     chosen = scored(base, best.steps)
     if chosen.error:
         raise QuantizeInternalError(f"{base.name}: recipe {chosen.name} failed: {chosen.error}")
     chosen.kept = True
-    return chosen, tried, skipped
+    return chosen, run.tried, run.skipped
+
+
+class _Search:
+    """One recipe search: from minmax, one change at a time to the best so far, within
+    ``budget`` units (the module's docstring)."""
+
+    def __init__(self, base: Workspace, gate: Gate, budget: float) -> None:
+        self.base, self.gate, self.budget = base, gate, budget
+        self.tried: list[Built] = []
+        self.skipped: list[str] = []
+        self.best: Built | None = None
+        self.halves = folds(base)
+        apart = base.valid is not base.calib
+        self.everything = [*base.calib, *base.valid] if apart else base.calib
+
+    def run(self) -> Built:
+        base = self.base
+        self.attempt(recipe_steps(["minmax"]))
+        if self.best is None:
+            lines = "; ".join(t.line() for t in self.tried)
+            raise QuantizeInternalError(f"{base.name}: no recipe quantized the model ({lines})")
+        # the samples a change judged strictly is paired on: every calibration sample where
+        # it gets a paired look or the search is cross-validated, else the validation part
+        if self.halves is not None or len(self.everything) >= PAIRED_MIN_SAMPLES:
+            pairable = len(self.everything)
+        else:
+            pairable = len(base.valid)
+        for name in CHANGES:  # each applied to the best recipe so far
+            if name in PAIRED and pairable < CLASS_MIN_SAMPLES:  # it could not be kept
+                self.skipped.append(
+                    f"{name} (kept only on a consistent gain over {CLASS_MIN_SAMPLES} samples "
+                    f"or more; {pairable} to compare on)"
+                )
+                continue
+            steps = with_step(self.best.steps, name)
+            if self.fits(steps) and self.applies(name):  # the budget first: applies() runs it
+                self.attempt(steps)
+        assert self.best is not None
+        self.best.kept = True
+        return self.best
+
+    def strict(self, steps: tuple[str, ...]) -> bool:
+        """Is ``steps`` the best recipe so far with a change in PAIRED (judged strictly)."""
+        best = self.best
+        if best is None or not set(best.steps) <= set(steps):
+            return False
+        added = set(steps) - set(best.steps)
+        return bool(added) and added <= PAIRED.keys()
+
+    def paired(self, steps: tuple[str, ...]) -> float:
+        """The cost of the paired look ``steps`` would get (0: none): a change in PAIRED
+        where the search is not cross-validated and there are PAIRED_MIN_SAMPLES."""
+        if (
+            not self.strict(steps)
+            or self.halves is not None
+            or len(self.everything) < PAIRED_MIN_SAMPLES
+        ):
+            return 0.0
+        return max(PAIRED[n] for n in set(steps) - set(self.best.steps if self.best else ()))
+
+    def fits(self, steps: tuple[str, ...]) -> bool:
+        if not self.tried or any(t.steps == steps for t in self.tried):
+            return True
+        cost = self.paired(steps) or units(steps)
+        spent = sum(t.units for t in self.tried)
+        if spent + cost <= self.budget:
+            return True
+        self.skipped.append(
+            f"{recipe_name(steps)} (would exceed the recipe budget: {spent:g} of "
+            f"{self.budget:g} units spent, it costs {cost:g})"
+        )
+        return False
+
+    def attempt(self, steps: tuple[str, ...]) -> None:
+        base, best = self.base, self.best
+        if any(t.steps == steps for t in self.tried) or not self.fits(steps):
+            return
+        cost = self.paired(steps)
+        if best is not None and cost:
+            made, won = paired_look(base, self.gate, best, steps)
+            made.units = cost
+            self.tried.append(made)
+            if won:
+                self.best = made
+            return
+        if self.halves is None:
+            made = scored(base, steps)
+        else:
+            made = cross_validated(base, self.halves, steps)
+        made.units = units(steps)
+        self.tried.append(made)
+        if not made.error and (
+            best is None
+            or self.gate.better(made.accuracy, best.accuracy, strict=self.strict(steps))
+        ):
+            self.best = made
+
+    def applies(self, name: str) -> bool:
+        step = STEPS[name]
+        ok = step.applies(self.base)
+        if not ok:
+            reason = getattr(step, "reason", None)
+            self.skipped.append(f"{name} ({reason(self.base)})" if reason else name)
+        return ok
 
 
 Builder = Callable[[list[str]], onnx.ModelProto]

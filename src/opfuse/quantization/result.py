@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opfuse.quantization.accuracy import OutputAccuracy, brief
-from opfuse.quantization.fallback import KeptFloat
+from opfuse.quantization.fallback import KeptFloat, Trial
 from opfuse.quantization.gate import Gate
 from opfuse.quantization.heads import HeadChoice
 from opfuse.quantization.kernels import KernelCoverage
@@ -86,6 +86,7 @@ class QuantizeResult:
     first_passes: str = ""
     fallback_tries: int = 0
     fallback_stopped: str = ""
+    trials: list[Trial] = field(default_factory=list)  # the restorer's, scored and costed
     passed: bool = True
     command: str = ""  # on a failed gate: the command that writes the best model anyway
     sizes: dict[str, int] = field(default_factory=dict)  # bytes: original, int8
@@ -161,7 +162,11 @@ class QuantizeResult:
                 }
                 for k in self.kept_float
             ],
-            "fallback": {"tries": self.fallback_tries, "stopped": self.fallback_stopped},
+            "fallback": {
+                "tries": self.fallback_tries,
+                "stopped": self.fallback_stopped,
+                "trials": [t.to_json() for t in self.trials],
+            },
             "command": self.command or None,
             "speed": speed,
             "cpu": None if self.cpu is None else self.cpu.describe(),

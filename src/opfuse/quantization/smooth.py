@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from opfuse.model.graphs import DEFAULT_DOMAINS
 from opfuse.quantization._stats import Feed
 from opfuse.quantization.equalize import (
     Graph,
@@ -61,7 +62,7 @@ def fold_plan(g: Graph, tensor: str, s: np.ndarray, depth: int = 0) -> list[Edit
     """The constant edits that make ``tensor`` come out divided by ``s`` (per last-axis
     channel) exactly, or None where its producer cannot take it."""
     node = g.producer.get(tensor)
-    if node is None or depth > 8 or node.domain not in ("", "ai.onnx"):
+    if node is None or depth > 8 or node.domain not in DEFAULT_DOMAINS:
         return None
     op = node.op_type
     k = len(s)
