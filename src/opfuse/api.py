@@ -510,38 +510,24 @@ def quantize(
     validation part of the calibration data), measure its accuracy against the float model
     on held-back samples (``eval``, or every 4th calibration sample; ``samples``: use the
     first N of ``calibration``), keep the most sensitive parts in float until ``max_drop``
-    holds (floors: ``top1=99%``, ``sqnr=25``; at most ``fallback_tries`` tries), measure
-    the speed.
+    holds (at most ``fallback_tries`` tries), measure the speed.
 
     ``settings`` (a ``QuantizeSettings``) or its keywords (``eval`` to ``disable``) say what
-    is done; ``runtime_settings`` (a ``RuntimeSettings``) what the speed is measured on
-    (``runtime="openvino"`` also writes OpenVINO's QDQ form); an object and its keywords
-    together are refused. A bad value is a ``SettingsError`` naming the keyword.
-    ``fallback_seconds`` is deprecated (the fallback counts tries: the same model on a
-    busy machine); 0 still turns the fallback off.
+    is done, ``runtime_settings`` what the speed is measured on (``runtime="openvino"``
+    writes OpenVINO's QDQ form); both an object and its keywords are refused; a bad value
+    is a ``SettingsError`` naming the keyword. ``fallback_seconds``: deprecated (0 still
+    turns the fallback off). ``calibration``/``eval``: a path (``.npz``, a folder of
+    ``.npz`` or images with ``preprocess``), ``"random"`` (calibration only), a mapping of
+    input name -> N samples on axis 0, or an iterable of feeds (one per sample).
 
-    ``calibration``/``eval``: a path (``.npz``, a folder of ``.npz`` or images with
-    ``preprocess``), ``"random"`` (calibration only), a mapping of input name -> array with
-    N samples on axis 0, or an iterable of feeds (input name -> array, one per sample).
-
-    Returns a ``QuantizeResult``: ``result.model`` is the int8 ``onnx.ModelProto``
-    (``output``, when given, is also written), ``result.summary()`` the text ``opfuse
-    quantize`` prints, ``result.to_json()`` the report. Raises ``GateError`` (nothing
-    written; ``exc.report`` holds the figures and the command that writes the best model
-    anyway) when the gate or ``min_speedup`` fails, and ``OpfuseError`` for bad input.
-    ``progress`` is told each step as it starts (steps: ``opfuse.quantization.conductor``)."""
+    Returns a ``QuantizeResult`` (``.model``: the int8 ModelProto). ``GateError`` (nothing
+    written; ``exc.report``: the figures and the command that writes the best model anyway)
+    when the gate or ``min_speedup`` fails. Steps: ``opfuse.quantization.conductor``."""
     from opfuse.quantization.conductor import quantize_file
 
     _check_types(model, output, {"samples": samples, "target_opset": target_opset})
     _check_texts({"max_drop": max_drop, "recipe": recipe, "preprocess": preprocess}, exclude)
-    if fallback_seconds is not None:
-        warnings.warn(
-            "fallback_seconds is deprecated: the fallback is bounded by fallback_tries (a "
-            "count: the same model on an idle or a busy machine)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        fallback_tries = fallback_tries if fallback_seconds > 0 else 0
+    fallback_tries = _fallback_tries(fallback_tries, fallback_seconds)
     chosen = _given(
         settings,
         QuantizeSettings,
@@ -571,6 +557,20 @@ def quantize(
         report=report,
         progress=progress,
     )
+
+
+def _fallback_tries(tries: int, seconds: float | None) -> int:
+    """``fallback_seconds`` (deprecated: the fallback counts tries, so that a busy machine
+    writes the same model): 0 turns the fallback off, another value is ignored."""
+    if seconds is None:
+        return tries
+    warnings.warn(
+        "fallback_seconds is deprecated: the fallback is bounded by fallback_tries (a "
+        "count: the same model on an idle or a busy machine)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return tries if seconds > 0 else 0
 
 
 def _check_types(model: object, output: object, counts: Mapping[str, object]) -> None:

@@ -105,7 +105,7 @@ def test_the_option_or_node_that_makes_the_quantizer_raise_is_found(monkeypatch)
             raise KeyError("zero_point")
         return model
 
-    monkeypatch.setattr(flow, "_quantize_once", fake)
+    monkeypatch.setattr(ort_backend, "_quantize_once", fake)
     notes: list[str] = []
     extra: dict[str, object] = {}
     exclude: list[str] = []
@@ -138,7 +138,7 @@ def test_an_internal_failure_is_exit_3_naming_the_users_model(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("something inside onnxruntime")
 
-    monkeypatch.setattr(flow, "_quantize_once", broken)
+    monkeypatch.setattr(ort_backend, "_quantize_once", broken)
     with pytest.raises(QuantizeInternalError, match=r"^m\.onnx: onnxruntime's quantizer failed: "
                        r"something inside onnxruntime; try --exclude") as info:  # fmt: skip
         ort_backend.quantize_proto(gemm_bias_1xn(), feeds(2), flow.QuantOptions(), [], name="m.onnx",
@@ -670,7 +670,7 @@ def test_recipes_are_cross_validated_on_two_disjoint_halves():
     assert a.calib is b.valid and b.calib is a.valid
     assert len(a.calib) + len(b.calib) == 10
     assert not {id(s) for s in a.calib} & {id(s) for s in b.calib}
-    assert len(a.valid_reference) == len(a.valid) and a.cache is not b.cache
+    assert len(a.valid_reference) == len(a.valid) and a.stats is not b.stats
     # 3 validation samples or more: they choose
     assert folds(Workspace("m", model, model, samples[:7], samples[7:])) is None
     same = feeds(3)
@@ -737,22 +737,27 @@ def test_a_float_step_that_changes_the_outputs_is_dropped_and_said(factor, kept)
         assert "beyond the verifier's bound" in step.reason(ws)
 
 
-def test_cache_keys_keep_their_objects_alive_in_their_scope():
-    """The statistics caches (and the calibration files) are keyed by the identity of a
-    float model and a sample list: each keyed object is kept in the cache it keys, so no
-    later object can take its id while that cache is read; a fold's half gets a scope of
-    its own (its cache, freed with it, and calibration files no other scope reads)."""
-    from opfuse.quantization.workspace import PINS, Workspace
+def test_statistics_are_keyed_by_what_they_depend_on_not_by_identity():
+    """The statistics (and the calibration files) are keyed by names (issue 40): the
+    scope, the float model's lineage (the float steps that made it), the samples' key;
+    never by ``id()`` (a freed object could leave its id to a new one). A fork shares the
+    statistics; a fold's half gets a scope of its own (statistics of its own, calibration
+    files no other scope reads); a float step's model grows the lineage."""
+    from opfuse.quantization.workspace import Statistics, Workspace
 
     model = _gemm_model()
     ws = Workspace("m", model, model, [], [], cache_dir=Path("/nowhere"))
-    half = [{"x": np.zeros((2, 6), np.float32)}]
-    key = ws.key_of(model, half)
+    assert isinstance(ws.stats, Statistics) and not hasattr(ws, "key_of")
     fork = ws.fork()
-    assert fork.key_of(model, half) == key and fork.cache[PINS][key][1] is half
-    assert ws.key_of(model, [*half]) != key  # another list: another key
-    fork.calib = half
-    shared = fork.calibration_cache()
-    fork.new_scope()
-    assert PINS not in fork.cache and PINS in ws.cache  # the half's pins are its own
-    assert fork.calibration_cache() != shared  # the same objects, another scope's file
+    assert fork.stats is ws.stats and fork.model_key == ws.model_key == ("main", ())
+    first = fork.calibration_cache()
+    fork.use_samples([{"x": np.zeros((2, 6), np.float32)}], "all")
+    assert fork.calibration_cache() != first  # other samples: another file
+    assert ws.calibration_cache() == first  # the same names: the same file
+    half = ws.fork()
+    half.new_scope("fold0-")
+    assert half.stats is not ws.stats and half.calibration_cache() != first
+    changed = ws.fork()
+    changed.replace_float_model(model, "cle")
+    assert changed.lineage == ("cle",) and changed.model_key != ws.model_key
+    assert changed.calibration_cache() != first and ws.lineage == ()

@@ -402,7 +402,7 @@ def test_a_workaround_on_an_unnamed_node_stays_out_of_the_users_exclude(monkeypa
             raise ValueError("cannot quantize this")
         return real(model, samples, options, exclude, extra, cache)
 
-    monkeypatch.setattr(flow, "_quantize_once", raising)
+    monkeypatch.setattr(ort_backend, "_quantize_once", raising)
     exclude: list[str] = []
     notes: list[str] = []
     made = ort_backend.quantize_proto(

@@ -382,7 +382,7 @@ def _restore(
     """Step 5: the accuracy restorer on the recipe kept, through one evaluator."""
     assert best.model is not None
     everything = fused.ws.fork()  # the model written calibrates on every sample
-    everything.calib = samples.calib_all
+    everything.use_samples(samples.calib_all, "all")
     evaluator = Evaluator(
         fused.ws,
         everything,

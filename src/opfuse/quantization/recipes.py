@@ -224,9 +224,10 @@ def folds(base: Workspace, always: bool = False) -> list[Workspace] | None:
     made = []
     for k in (0, 1):
         ws = base.fork()
-        ws.calib, ws.valid = halves[k], halves[1 - k]
+        ws.use_samples(halves[k], f"half{k}")
+        ws.valid = halves[1 - k]
         ws.valid_reference = reference[1 - k]
-        ws.new_scope()  # a step's statistics are its own half's
+        ws.new_scope(f"fold{k}-")  # a step's statistics are its own half's
         made.append(ws)
     return made
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import onnx
@@ -98,14 +98,14 @@ class Ranges:
         if self.name == "minmax":
             ws.calibrate_method = "minmax"
             return StepReport(self.name, 0, "onnxruntime's MinMax calibration")
-        key = f"ranges:{self.name}:{ws.key_of(ws.float_model, ws.calib)}:{ws.activation_type}"
-        found = cast("dict[str, tuple[float, float]] | None", ws.cache.get(key))
+        key = (ws.model_key, ws.samples_key, self.name, ws.activation_type)
+        found = ws.stats.ranges.get(key)
         if found is None:
             tensors = ranges.quantized_activations(ws.float_model)
             found = ranges.activation_ranges(
                 ws.float_model, ws.calib, tensors, self.name, activation_type=ws.activation_type
             )
-            ws.cache[key] = found
+            ws.stats.ranges[key] = found
         ws.overrides.update(ranges.to_overrides(found))
         return StepReport(self.name, len(found), f"{len(found)} activation ranges")
 
@@ -135,19 +135,20 @@ class FloatChange:
         return self.candidates is not None and not self.candidates(ws.float_model)
 
     def _result(self, ws: Workspace) -> tuple[onnx.ModelProto, int] | StepReport:
-        key = f"{self.name}:{ws.key_of(ws.float_model)}"
-        if key not in ws.cache:
+        key = (ws.model_key, self.name)  # computed once per scope (on its first samples)
+        known = ws.stats.float_changes
+        if key not in known:
             try:
                 made, count = self.change(ws.float_model, ws.calib)
             except OpfuseError as exc:
-                ws.cache[key] = StepReport(self.name, 0, first_line(exc), dropped=True)
+                known[key] = StepReport(self.name, 0, first_line(exc), dropped=True)
             else:
-                ws.cache[key] = (made, count)
+                known[key] = (made, count)
                 if count:
                     bad = float_check(ws, made)
                     if bad:
-                        ws.cache[key] = StepReport(self.name, count, bad, dropped=True)
-        return cast("tuple[onnx.ModelProto, int] | StepReport", ws.cache[key])
+                        known[key] = StepReport(self.name, count, bad, dropped=True)
+        return known[key]
 
     def applies(self, ws: Workspace) -> bool:
         if self._none_to_consider(ws):  # cheap: nothing of the kind in the graph
@@ -168,7 +169,7 @@ class FloatChange:
             return found
         made, count = found
         if count:
-            ws.float_model = made
+            ws.replace_float_model(made, self.name)
         return StepReport(self.name, count, f"{count} {self.what}")
 
 
@@ -202,11 +203,11 @@ class FloatStem:
     name = "float-stem"
 
     def _nodes(self, ws: Workspace) -> list[str]:
-        key = f"float-stem:{ws.key_of(ws.float_model)}"
-        if key not in ws.cache:
+        key = ws.model_key
+        if key not in ws.stats.stems:
             feed = ws.calib[0] if ws.calib else None
-            ws.cache[key] = stem_nodes(ws.float_model, feed)
-        return cast("list[str]", ws.cache[key])
+            ws.stats.stems[key] = stem_nodes(ws.float_model, feed)
+        return ws.stats.stems[key]
 
     def applies(self, ws: Workspace) -> bool:
         return bool(self._nodes(ws))

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -24,6 +24,9 @@ from opfuse.quantization.accuracy import (
     probability_maps,
     scoring_outputs,
 )
+
+if TYPE_CHECKING:
+    from opfuse.quantization.steps import StepReport
 
 Sample = dict[str, np.ndarray]
 Overrides = dict[str, list[dict[str, object]]]
@@ -61,10 +64,13 @@ class Workspace:
     started: float = field(default_factory=time.perf_counter)
     # the float original's outputs on ``valid`` (shared by every fork)
     valid_reference: list[list[np.ndarray]] = field(default_factory=list)
-    cache: dict[str, object] = field(default_factory=dict)  # shared by every fork
-    # which statistics a cache and the calibration files belong to: the folds' halves
-    # each get a scope of their own (``new_scope``), with a cache of their own
-    scope: int = 0
+    # what the statistics depend on, by name (never by ``id()``): the float steps that
+    # made ``float_model`` from the fused model, the calibration samples, the scope (the
+    # folds' halves each get one of their own, with statistics of their own: ``new_scope``)
+    lineage: tuple[str, ...] = ()
+    samples_key: str = "calibration"
+    scope: str = "main"
+    stats: Statistics = field(default_factory=lambda: Statistics())  # shared by every fork
     # where onnxruntime's calibration ranges are kept between quantizations of one float
     # model on one sample set (its calibration_cache_path): a fallback try does not
     # calibrate again
@@ -73,24 +79,29 @@ class Workspace:
     def calibration_cache(self) -> Path | None:
         if self.cache_dir is None:
             return None
-        key = f"{self.scope}-{self.key_of(self.float_model, self.calib)}-{self.calibrate_method}"
+        model = "+".join(self.lineage) or "fused"
+        key = f"{self.scope}-{model}-{self.samples_key}-{self.calibrate_method}"
         return self.cache_dir / f"calibration-{key}.json"
 
-    def key_of(self, *objects: object) -> str:
-        """A cache key for these objects (a float model, a sample list) by their identity,
-        each kept alive in the cache it keys (and so as long as the calibration files of
-        its scope can be read): an object freed could leave its id to a new one, which
-        would then read its statistics."""
-        key = "-".join(str(id(o)) for o in objects)
-        pins = cast("dict[str, tuple[object, ...]]", self.cache.setdefault(PINS, {}))
-        pins.setdefault(key, objects)
-        return key
+    @property
+    def model_key(self) -> tuple[str, tuple[str, ...]]:
+        """What a statistic of the float model depends on: the scope and the lineage."""
+        return self.scope, self.lineage
 
-    def new_scope(self) -> None:
-        """A cache of its own, and calibration files no other scope reads (a fold's half:
-        its statistics are its own half's, and freed with it)."""
-        self.cache = {}
-        self.scope = next(_SCOPES)
+    def replace_float_model(self, model: onnx.ModelProto, step: str) -> None:
+        """The float model ``step`` made (its lineage grows by the step's name)."""
+        self.float_model = model
+        self.lineage = (*self.lineage, step)
+
+    def use_samples(self, calib: list[Sample], key: str) -> None:
+        """Calibrate on ``calib``, named ``key`` in the statistics' keys."""
+        self.calib, self.samples_key = calib, key
+
+    def new_scope(self, name: str) -> None:
+        """Statistics of its own, and calibration files no other scope reads (a fold's
+        half: its statistics are its own half's)."""
+        self.stats = Statistics()
+        self.scope = f"{name}{next(_SCOPES)}"
 
     def fork(self) -> Workspace:
         """A copy for one recipe: models and lists copied, samples and caches shared."""
@@ -122,12 +133,10 @@ class Workspace:
         return self._outputs_of("maps", probability_maps)
 
     def _outputs_of(self, key: str, find: Callable[[onnx.ModelProto], set[str]]) -> set[str]:
-        """The fused model's outputs ``find`` picks, found once per workspace."""
-        found = self.cache.get(key)
-        if not isinstance(found, set):
-            found = find(self.fused_model)
-            self.cache[key] = found
-        return found
+        """The fused model's outputs ``find`` picks, found once per scope."""
+        if key not in self.stats.outputs:
+            self.stats.outputs[key] = find(self.fused_model)
+        return self.stats.outputs[key]
 
     def score(
         self,
@@ -143,8 +152,26 @@ class Workspace:
         return compare_outputs(self.output_names, reference or [], got, self.scoring, self.maps)
 
 
-PINS = "pinned"  # ws.cache's entry of the objects its keys name (``key_of``)
 _SCOPES = itertools.count(1)
+ModelKey = tuple[str, tuple[str, ...]]  # a scope and a float model's lineage
+
+
+@dataclass
+class Statistics:
+    """What the steps compute once and read back, each keyed by what it depends on (the
+    scope and the float model's lineage, ``Workspace.model_key``; the samples' key; the
+    estimator), never by an object's identity: ``ranges`` (a ranges step's activation
+    ranges), ``float_changes`` (a float step's model and count, or why it was dropped),
+    ``stems`` (the stem's node names), ``outputs`` (the outputs a measure picks)."""
+
+    ranges: dict[tuple[ModelKey, str, str, str], dict[str, tuple[float, float]]] = field(
+        default_factory=dict
+    )
+    float_changes: dict[tuple[ModelKey, str], tuple[onnx.ModelProto, int] | StepReport] = field(
+        default_factory=dict
+    )
+    stems: dict[ModelKey, list[str]] = field(default_factory=dict)
+    outputs: dict[str, set[str]] = field(default_factory=dict)
 
 
 def run_model(
