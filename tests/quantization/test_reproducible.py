@@ -11,10 +11,10 @@ import itertools
 import time
 
 import pytest
+from test_quantize import mlp_samples, samples_npz, sensitive_mlp, small_cnn
 
 from opfuse.errors import GateError
 from opfuse.quantization.conductor import quantize_file
-from test_quantize import mlp_samples, samples_npz, sensitive_mlp, small_cnn
 
 CLOCKS = ("perf_counter", "monotonic", "process_time", "time")
 
