@@ -300,6 +300,7 @@ def test_every_type_the_api_takes_or_returns_is_exported():
         "OptimizeSettings",
         "VerifySettings",
         "RuntimeSettings",
+        "QuantizeSettings",
         "Phases",
         "BatchRecords",
         "BatchRun",
@@ -312,3 +313,45 @@ def test_every_type_the_api_takes_or_returns_is_exported():
     assert issubclass(opfuse.SettingsError, opfuse.OpfuseError)
     assert issubclass(opfuse.BatchInterrupted, KeyboardInterrupt)
     assert opfuse.RuntimeSettings is RuntimeSettings and opfuse.VerifySettings is VerifySettings
+
+
+def test_quantize_goes_through_the_door_with_its_settings(tmp_path, monkeypatch):
+    """opfuse quantize parses its options into a QuantizeSettings and a RuntimeSettings,
+    calls opfuse.api.quantize, which calls the conductor with that object; a refused value
+    is said in the API's keyword by the API and with its flag by the command line; the
+    settings write themselves back as the command line."""
+    from opfuse.quantization import conductor
+    from opfuse.quantization.settings import QuantizeSettings
+
+    calls: list[QuantizeSettings] = []
+    real = conductor.quantize_file
+
+    def engine(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[3])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(conductor, "quantize_file", engine)
+    out = tmp_path / "q.onnx"
+    args = ["--calibration", "random", "--max-drop", "off", "--no-benchmark", "--per-tensor"]
+    result = cli("quantize", EXAMPLE, "-o", out, *args, "--recipe", "minmax", "--samples", "8")
+    assert result.exit_code == 0, result.output
+    (settings,) = calls
+    assert settings == QuantizeSettings(
+        max_drop="off", benchmark=False, per_channel=False, recipe="minmax", samples=8
+    )
+    assert settings.command_line(EXAMPLE, out, "random").split()[7:] == [
+        "--samples", "8", "--per-tensor", "--recipe", "minmax", "--max-drop", "off"
+    ]  # fmt: skip
+    for kwargs, message in [
+        ({"samples": 0}, "samples=0: a count of at least 1"),
+        ({"fallback_tries": -1}, "fallback_tries=-1: a count of at least 0"),
+        ({"activation_type": "int4"}, "activation_type='int4': expected uint8 or int8"),
+        ({"min_speedup": 1.5, "benchmark": False}, "min_speedup needs the speed measured"),
+    ]:
+        with pytest.raises(SettingsError, match=message):
+            QuantizeSettings(**kwargs)
+    flags = cli("quantize", EXAMPLE, "-o", out, "--calibration", "random", "--samples", "0")
+    assert str(flags.exception) == "--samples 0: a count of at least 1"
+    both = cli("quantize", EXAMPLE, "-o", out, "--calibration", "random", "--min-speedup", "2",
+               "--no-benchmark")  # fmt: skip
+    assert str(both.exception).startswith("--min-speedup needs the speed measured, which --no-b")
