@@ -23,7 +23,6 @@ A recipe is a set of step names; ``recipe_steps`` orders them float -> ranges ->
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -38,7 +37,7 @@ from opfuse.quantization.float_requant import COMPUTE, drop_requant
 from opfuse.quantization.float_stem import STEM_SHARE, stem_nodes
 from opfuse.quantization.names import RECIPE_HELP
 from opfuse.quantization.smooth import smooth, smoothable
-from opfuse.quantization.workspace import Workspace
+from opfuse.quantization.workspace import StepReport, Workspace
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -46,27 +45,6 @@ if TYPE_CHECKING:
 VERIFY_RTOL, VERIFY_ATOL = 1e-4, 1e-5  # the verifier's default bound (opfuse verify)
 VERIFY_SAMPLES = 4  # samples a float step is verified on
 PHASES = ("float", "ranges", "int8")
-
-
-@dataclass
-class StepReport:
-    step: str
-    changed: int  # layers (pairs, tensors) the step changed
-    detail: str = ""
-    dropped: bool = False  # it failed its check (or raised) and was left out
-
-    def describe(self) -> str:
-        if self.dropped:
-            return f"{self.step}: dropped ({self.detail})"
-        return f"{self.step}: {self.detail}" if self.detail else self.step
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "step": self.step,
-            "changed": self.changed,
-            "detail": self.detail,
-            "dropped": self.dropped,
-        }
 
 
 class Step(Protocol):

@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -24,9 +23,6 @@ from opfuse.quantization.accuracy import (
     probability_maps,
     scoring_outputs,
 )
-
-if TYPE_CHECKING:
-    from opfuse.quantization.steps import StepReport
 
 Sample = dict[str, np.ndarray]
 Overrides = dict[str, list[dict[str, object]]]
@@ -150,6 +146,30 @@ class Workspace:
             samples, reference = self.valid, self.valid_reference
         got = run_model(model, samples, self.name, internal=True)
         return compare_outputs(self.output_names, reference or [], got, self.scoring, self.maps)
+
+
+@dataclass
+class StepReport:
+    """What one step of a recipe did (``steps``): the layers (pairs, tensors) it changed,
+    in words, or why it was dropped."""
+
+    step: str
+    changed: int  # layers (pairs, tensors) the step changed
+    detail: str = ""
+    dropped: bool = False  # it failed its check (or raised) and was left out
+
+    def describe(self) -> str:
+        if self.dropped:
+            return f"{self.step}: dropped ({self.detail})"
+        return f"{self.step}: {self.detail}" if self.detail else self.step
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "step": self.step,
+            "changed": self.changed,
+            "detail": self.detail,
+            "dropped": self.dropped,
+        }
 
 
 _SCOPES = itertools.count(1)
