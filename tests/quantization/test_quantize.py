@@ -478,19 +478,25 @@ def test_the_speed_logic_on_a_fake_runtime(tmp_path):
     model = small_cnn(tmp_path / "cnn.onnx")
     data = samples_npz(tmp_path / "calib.npz", "x", (1, 3, 8, 8))
     slow_q = FakeRuntime({"QuantizeLinear": 0.01, "DequantizeLinear": 0.01}, default=0.001)
-    result = quantize_file(model, tmp_path / "out.onnx", data, runtime=slow_q)
+    result = quantize_file(model, tmp_path / "out.onnx", data, runtime=slow_q, write_slower=True)
     assert result.pays() is False and result.speedup is not None and result.speedup < 1
     assert any("int8 does not pay on this machine" in line for line in result.lines())
     report = tmp_path / "r.json"
     said = r"below --min-speedup 1.5: no model written; the report is \(the same command without"
     with pytest.raises(GateError, match=said):
         quantize_file(
-            model, tmp_path / "o2.onnx", data, runtime=slow_q, min_speedup=1.5, report=report
+            model,
+            tmp_path / "o2.onnx",
+            data,
+            runtime=slow_q,
+            min_speedup=1.5,
+            report=report,
+            write_slower=True,
         )
     assert not (tmp_path / "o2.onnx").exists()
     assert json.loads(report.read_text())["speed"]["runtime"]
     fast_q = FakeRuntime({"Conv": 0.01, "BatchNormalization": 0.01}, default=0.0)
-    result = quantize_file(model, tmp_path / "o3.onnx", data, runtime=fast_q)
+    result = quantize_file(model, tmp_path / "o3.onnx", data, runtime=fast_q, write_slower=True)
     assert result.speed is not None and result.to_json()["speed"] is not None
 
 
@@ -706,3 +712,29 @@ def test_the_exit_1_command_keeps_the_options_that_change_the_model():
     assert "--runtime" not in QuantizeSettings().command_line(
         Path("m.onnx"), Path("o.onnx"), "c.npz", "onnxruntime"
     )
+
+
+def test_int8_slower_than_the_float_optimized_model_is_not_written(tmp_path):
+    """The fastest model that keeps the answers (issue 41): int8 that passes the gate but
+    is not faster than the float optimized model beyond the noise is exit 1, nothing
+    written, the report written, the faster model named with the command that writes it;
+    --write-slower writes the int8 model anyway."""
+    model = small_cnn(tmp_path / "cnn.onnx")
+    data = samples_npz(tmp_path / "calib.npz", "x", (1, 3, 8, 8))
+    slow_q = FakeRuntime({"QuantizeLinear": 0.01, "DequantizeLinear": 0.01}, default=0.001)
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    with pytest.raises(GateError) as caught:
+        quantize_file(model, out, data, runtime=slow_q, max_drop="off", report=report)
+    message = str(caught.value)
+    assert message.startswith("int8 is not faster than the float models on fake")
+    assert f"as fast or faster, and exact: opfuse optimize {model} -o {out} writes it" in message
+    assert "--write-slower writes the int8 model anyway" in message
+    assert not out.exists() and json.loads(report.read_text())["speed"]["int8_pays"] is False
+    assert caught.value.report is not None and caught.value.report.passed
+    assert any(line.startswith("the float optimized model, as fast or faster: opfuse optimize")
+               for line in caught.value.report.lines())  # fmt: skip
+    written = quantize_file(model, out, data, runtime=slow_q, max_drop="off", write_slower=True)
+    assert written.output == out and out.exists() and written.pays() is False
+    fast_q = FakeRuntime({"Relu": 0.01}, default=0.0)  # the clean-up removes it in int8
+    fast = quantize_file(model, tmp_path / "o2.onnx", data, runtime=fast_q, max_drop="off")
+    assert fast.pays() and fast.output is not None

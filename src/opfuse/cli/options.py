@@ -214,6 +214,11 @@ quantize_options = Group(
         "default": True,
         "help": "Do not measure the speed.",
     },
+    write_slower={
+        "is_flag": True,
+        "help": "Write the int8 model even where it is not faster than the float optimized "
+        "model beyond the noise [default: exit 1, naming the faster model].",
+    },
     calibrate_method={
         "type": click.Choice(("minmax", "entropy", "percentile")),
         "default": "minmax",

@@ -254,3 +254,16 @@ def random_samples(inputs: Sequence[ModelInput], n: int, seed: int = 0) -> list[
             sample[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
         out.append(sample)
     return out
+
+
+def check_finite(samples: Sequence[Sample], where: str) -> None:
+    """A NaN or an infinity in a float array: one line naming the array and the sample
+    (calibration ranges and accuracy figures on them mean nothing: exit 2)."""
+    for i, sample in enumerate(samples):
+        for name, array in sample.items():
+            if array.dtype.kind in "fc" and not np.isfinite(array).all():
+                what = "NaN" if np.isnan(array).any() else "an infinity"
+                raise OpfuseError(
+                    f"{where}: sample {i}, array {name!r} holds {what}: give finite values "
+                    "(a NaN makes every range and figure meaningless)"
+                )

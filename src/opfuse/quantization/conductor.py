@@ -221,7 +221,9 @@ def _run(job: QuantizeJob) -> QuantizeResult:
         raise GateError(_gate_message(job, result), report=result)
     speed = _speed(job, fused, judged, samples.held[0]) if job.settings.benchmark else None  # 8
     if speed is not None:
-        _check_speedup(job, _result(job, record, speed=speed))
+        measured = _result(job, record, speed=speed)
+        _check_speedup(job, measured)
+        _check_faster(job, measured)
     if job.output is not None:  # 9
         io.save_model(io.load_model(judged.path), job.output, input_path=job.source)
     result = _result(job, record, speed=speed, output=job.output)
@@ -291,9 +293,13 @@ def _read(
         return calibration.random_samples(inputs, count or RANDOM_SAMPLES)
     if isinstance(data, str | os.PathLike):
         samples = calibration.read_samples(data, inputs, settings.preprocessing)
-        return calibration.first(samples, count, str(data))
-    samples = calibration.from_arrays(data, inputs, option.removeprefix("--"))
-    return calibration.first(samples, count, option.removeprefix("--"))
+        where = str(data)
+    else:
+        where = option.removeprefix("--")
+        samples = calibration.from_arrays(data, inputs, where)
+    chosen = calibration.first(samples, count, where)
+    calibration.check_finite(chosen, f"{option} {data}" if where == str(data) else where)
+    return chosen
 
 
 def _fuse(job: QuantizeJob, samples: Samples) -> Fused:
@@ -558,6 +564,32 @@ def _check_speedup(job: QuantizeJob, result: QuantizeResult) -> None:
         f"{result.speed.runtime} ({result.cpu.describe()}), below --min-speedup "
         f"{floor:g}: no model written{written} (the same command without "
         "--min-speedup writes the model)",
+        report=result,
+    )
+
+
+def _check_faster(job: QuantizeJob, result: QuantizeResult) -> None:
+    """The fastest model that keeps the answers: int8 is written only where it is faster
+    than the float original and the float optimized model beyond the noise (or
+    ``write_slower``); else exit 1, the report written, the faster model named with the
+    command that writes it."""
+    if job.settings.write_slower or result.pays() is not False:
+        return
+    assert result.speed is not None and result.cpu is not None
+    speed = result.speed
+    in_memory = job.source.parent == job.work
+    command = job.settings.optimize_command(None if in_memory else job.source, job.output)
+    result.command = command
+    _write_report(job.report, result)
+    ms = {label: 1000 * t for label, t in speed.medians.items()}
+    raise GateError(
+        f"int8 is not faster than the float models on {speed.runtime} "
+        f"({result.cpu.describe()}): {ms[INT8]:.3g} ms against {ms[FLOAT_OPT]:.3g} ms for the "
+        f"float optimized model and {speed.original_s * 1000:.3g} ms for the float original "
+        f"(noise +-{speed.noise:.0%}): nothing written"
+        + ("; the report is" if job.report is not None else "")
+        + f". The float optimized model is as fast or faster, and exact: {command} writes "
+        "it (--write-slower writes the int8 model anyway)",
         report=result,
     )
 

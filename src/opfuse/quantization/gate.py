@@ -116,6 +116,9 @@ class Gate:
             return []
         out = []
         for o in outputs:
+            if math.isnan(o.sqnr_db):  # a NaN in either model's output: nothing holds
+                out.append(f"{o.name}: NaN in the output")
+                continue
             if o.top1 is not None and self.top1 is not None and o.top1 < self.top1 - 1e-12:
                 out.append(f"{o.name}: top-1 agreement {o.top1:.1%} < {self.top1:.1%}")
             iou_floor = self.map_floor() if o.map_iou is not None else None

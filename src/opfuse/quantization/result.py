@@ -238,8 +238,13 @@ class QuantizeResult:
         verdict = self.speed_verdict()
         if verdict:
             out.append(verdict)
-        if self.command:
+        if self.command and not self.passed:
             out.append(f"to write the best model reached anyway: {self.command}")
+        elif self.command:  # the gate held, but the float optimized model is faster
+            out.append(
+                f"the float optimized model, as fast or faster: {self.command} "
+                "(--write-slower writes the int8 model anyway)"
+            )
         return out + [f"warning: {w}" for w in self.warnings]
 
     def speed_verdict(self) -> str:

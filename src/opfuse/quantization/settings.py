@@ -51,7 +51,9 @@ class QuantizeSettings:
     names or ``leading=SHARE`` kept in float; ``max_drop``: the gate (``Gate.parse``);
     ``recipe``: ``auto`` or steps (``steps.parse_recipe``); ``fallback_tries``: how many
     mixed-precision tries the fallback may make (0: none; a count, not seconds, so that
-    the model written does not depend on the machine's load)."""
+    the model written does not depend on the machine's load); ``write_slower``: write the
+    int8 model even where it is not faster than the float optimized model beyond the
+    noise (by default that is exit 1, naming the faster model and its command)."""
 
     eval: Data | None = None
     samples: int | None = None
@@ -63,6 +65,7 @@ class QuantizeSettings:
     target_opset: int | None = None
     min_speedup: float | None = None
     benchmark: bool = True
+    write_slower: bool = False  # write int8 even where the float optimized model is faster
     calibrate_method: str = "minmax"
     per_channel: bool = True
     activation_type: str = "uint8"
@@ -160,6 +163,22 @@ class QuantizeSettings:
         words += ["--recipe", self.recipe] if self.recipe != default.recipe else []
         words += ["--max-drop", self.max_drop] if self.max_drop != default.max_drop else []
         words += [w for item in self.exclude for w in ("--exclude", item)]
+        return shlex.join(words)
+
+    def optimize_command(
+        self, model: str | os.PathLike[str] | None, output: str | os.PathLike[str] | None
+    ) -> str:
+        """The ``opfuse optimize`` command that writes the float optimized model these
+        settings fuse (the switch file, the passes turned on or off, the opset)."""
+        if model is None:
+            return "opfuse.optimize(...) (the same enable, disable and target_opset)"
+        words = ["opfuse", "optimize", str(model), "-o", str(output)]
+        if self.fusion_switch_file is not None:
+            words += ["--fusion-switch-file", str(self.fusion_switch_file)]
+        words += [w for name in self.enable for w in ("--enable", name)]
+        words += [w for name in self.disable for w in ("--disable", name)]
+        if self.target_opset is not None:
+            words += ["--target-opset", str(self.target_opset)]
         return shlex.join(words)
 
     def _python_call(self) -> str:
