@@ -72,3 +72,100 @@ def test_a_map_a_hair_above_one_is_still_a_map():
     assert probs.max() > 1.0 and is_map(probs)
     assert not is_map(probs * 1.5)
     assert not is_map(probs - 0.01)  # below 0 by more than rounding
+
+
+def _ctc_scores(labels: list[list[int]], classes: int = 6) -> np.ndarray:
+    """One-hot-ish [N, T, C] scores whose argmax per step is ``labels`` (0: the blank)."""
+    out = np.full((len(labels), len(labels[0]), classes), 0.01, np.float32)
+    for n, row in enumerate(labels):
+        for t, c in enumerate(row):
+            out[n, t, c] = 0.9
+    return out
+
+
+def test_a_ctc_output_is_judged_by_the_cer_of_its_decoded_text():
+    """[N, T, C] scores where the blank is the argmax on most steps: greedy-decoded, the
+    CER of the int8 text against the float text; a blank against a character at a label
+    boundary changes no text (per-step top-1 drops, the CER does not)."""
+    from opfuse.quantization.accuracy import ctc_decode, edit_distance
+
+    assert ctc_decode(np.array([0, 3, 3, 0, 3, 0, 2, 2]), blank=0) == [3, 3, 2]
+    assert edit_distance([1, 2, 3], [1, 3]) == 1 and edit_distance([], [4, 4]) == 2
+    ref = _ctc_scores([[0, 3, 3, 0, 0, 2, 0, 0], [0, 0, 4, 0, 5, 0, 0, 0]])
+    shifted = _ctc_scores([[0, 0, 3, 0, 0, 2, 2, 0], [0, 0, 4, 0, 5, 0, 0, 0]])
+    figures = compare_output("text", ref, shifted)
+    assert figures.top1 == 14 / 16 and figures.cer == 0.0 and figures.lines == 1.0
+    misread = _ctc_scores([[0, 3, 3, 0, 0, 4, 0, 0], [0, 0, 4, 0, 0, 0, 0, 0]])
+    worse = compare_output("text", ref, misread)
+    assert worse.chars == 4 and worse.cer == 2 / 4 and worse.lines == 0.0
+    gate = Gate.parse("auto")
+    assert gate.misses([figures]) == []  # 87.5% per step, but the same text
+    assert gate.misses([worse]) == ["text: CER 50.00% of the decoded text > 1.00%"]
+    assert gate.better([figures], [worse]) and not gate.better([worse], [figures])
+    assert "CER 0.00%" in figures.line() and "100.0% of the lines the same" in figures.line()
+    # sqnr= alone judges it as before (per step and by SQNR); cer= sets the ceiling
+    assert Gate.parse("sqnr=1").cer_ceiling() is None
+    assert Gate.parse("cer=2%").misses([worse])
+    assert Gate.parse("cer=2%").option() == "top1=99%,cer=2%"
+    with pytest.raises(OpfuseError, match="turns the gate off in effect"):
+        Gate.parse("cer=60%")
+
+
+def test_a_classifier_per_step_is_not_ctc():
+    """No class holds most steps: per-step top-1 stays the measure."""
+    rng = np.random.default_rng(0)
+    scores = rng.uniform(0, 1, (4, 10, 5)).astype(np.float32)
+    figures = compare_output("steps", scores, scores + 0.01)
+    assert figures.cer is None and figures.top1 is not None
+
+
+def test_a_missed_cer_is_loosened_to_the_figure_reached():
+    ref = _ctc_scores([[0, 3, 3, 0, 0, 2, 0, 0], [0, 0, 4, 0, 5, 0, 0, 0]])
+    misread = _ctc_scores([[0, 3, 3, 0, 0, 4, 0, 0], [0, 0, 4, 0, 5, 0, 0, 0]])
+    figures = compare_output("text", ref, misread)
+    assert figures.cer == 1 / 4
+    assert Gate.parse("auto").loosened([figures]) == "top1=99%,cer=25%"
+
+
+def _ctc_model(path):  # type: ignore[no-untyped-def]
+    """x [N, 12, 8] -> MatMul [8, 6] + bias (the blank, class 0, ahead unless a feature
+    fires) -> Softmax: a recognizer's head, built."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(3)
+    w = rng.normal(0, 1, (8, 6)).astype(np.float32)
+    w[:, 0] = 0.0
+    bias = np.array([2.5, 0, 0, 0, 0, 0], np.float32)
+    graph = h.make_graph(
+        [
+            h.make_node("MatMul", ["x", "w"], ["m"], name="head"),
+            h.make_node("Add", ["m", "b"], ["logits"], name="bias"),
+            h.make_node("Softmax", ["logits"], ["probs"], name="softmax", axis=-1),
+        ],
+        "ctc",
+        [h.make_tensor_value_info("x", T.FLOAT, ["N", 12, 8])],
+        [h.make_tensor_value_info("probs", T.FLOAT, ["N", 12, 6])],
+        initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")],
+    )
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_quantize_judges_a_built_recognizer_by_its_decoded_text(tmp_path):
+    model = _ctc_model(tmp_path / "ctc.onnx")
+    rng = np.random.default_rng(4)
+    x = (rng.uniform(0, 1, (24, 12, 8)) * (rng.uniform(0, 1, (24, 12, 1)) > 0.7)).astype(np.float32)
+    np.savez(tmp_path / "c.npz", x=x[:16])
+    np.savez(tmp_path / "e.npz", x=x[16:])
+    result = quantize_file(
+        model, None, tmp_path / "c.npz", eval=tmp_path / "e.npz", benchmark=False, recipe="minmax"
+    )
+    [figures] = result.accuracy
+    assert figures.cer is not None and figures.lines is not None and figures.chars > 0
+    assert result.passed == (figures.cer <= 0.01)
+    assert "CER <= 1% of the decoded text where an output is CTC-like" in result.gate.describe()
+    assert result.to_json()["accuracy"][0]["cer"] == figures.cer
+    assert any("decoded as CTC: CER" in line for line in result.lines())

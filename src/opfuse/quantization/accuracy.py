@@ -29,6 +29,13 @@ class OutputAccuracy:
     samples_sqnr_db: tuple[float, ...] = ()
     map_iou: float | None = None  # a Sigmoid-made map's IoU at map_threshold; None: no map
     map_threshold: float = 0.5
+    # a CTC-like output ([N, T, C] scores, one class the argmax on most steps: the blank),
+    # greedy-decoded in both models: the character error rate of the int8 text against the
+    # float text, the share of samples (lines) whose text is the same, the float text's
+    # characters; None: not CTC-like (per-step top-1 is then the measure)
+    cer: float | None = None
+    lines: float | None = None
+    chars: int = 0
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -40,7 +47,21 @@ class OutputAccuracy:
             "top5_agreement": self.top5,
             "map_iou": self.map_iou,
             "map_threshold": self.map_threshold if self.map_iou is not None else None,
+            "cer": self.cer,
+            "line_agreement": self.lines,
+            "measure": self.measure,
         }
+
+    @property
+    def measure(self) -> str:
+        """The figure the gate reads for this output by default, by the output's kind:
+        ``cer`` (a CTC-like text), ``map_iou`` (a Sigmoid's map), ``top1`` (class scores,
+        labels), ``sqnr`` (anything else)."""
+        if self.cer is not None:
+            return "cer"
+        if self.map_iou is not None:
+            return "map_iou"
+        return "top1" if self.top1 is not None else "sqnr"
 
     def line(self) -> str:
         sqnr = "inf" if math.isinf(self.sqnr_db) else f"{self.sqnr_db:.1f}"
@@ -51,6 +72,12 @@ class OutputAccuracy:
             text += f", top-1 {self.top1:.1%} agreement"
         if self.map_iou is not None:
             text += f", map IoU {self.map_iou:.1%} (above {self.map_threshold:g})"
+        if self.cer is not None and self.lines is not None:
+            text += (
+                f"; decoded as CTC: CER {self.cer:.2%} of the int8 text against the float "
+                f"text ({self.chars} characters), {self.lines:.1%} of the lines the same "
+                "(per-step top-1: a diagnostic)"
+            )
         return text
 
 
@@ -217,8 +244,58 @@ def compare_output(
         k = min(5, rows_got.shape[1])
         best = np.argpartition(-rows_got, k - 1, axis=1)[:, :k]
         top5 = float(np.mean([w in b for w, b in zip(want, best, strict=True)]))
-        return OutputAccuracy(name, sqnr, cosine, max_abs, top1, top5, len(want), samples_sqnr_db)
+        figures = OutputAccuracy(
+            name, sqnr, cosine, max_abs, top1, top5, len(want), samples_sqnr_db
+        )
+        return _with_ctc(figures, ref, got)
     return OutputAccuracy(name, sqnr, cosine, max_abs, top1, top5, 0, samples_sqnr_db)
+
+
+# a [N, T, C] output is CTC-like where one class (the blank) is the float model's argmax
+# on more than this share of the steps: a recognizer's blank fills the gaps between
+# characters (PP-OCRv4's: 80-95% of the steps of a text line); a per-step classifier's
+# most frequent class rarely holds a majority
+CTC_BLANK_SHARE = 0.5
+
+
+def _with_ctc(figures: OutputAccuracy, ref: np.ndarray, got: np.ndarray) -> OutputAccuracy:
+    """``figures`` with the decoded text's measures where ``ref`` is CTC-like."""
+    if ref.ndim != 3 or ref.shape[0] == 0 or ref.shape[1] < 2 or ref.shape != got.shape:
+        return figures
+    steps_ref, steps_got = ref.argmax(axis=2), got.argmax(axis=2)
+    counts = np.bincount(steps_ref.ravel(), minlength=ref.shape[2])
+    blank = int(counts.argmax())
+    if counts[blank] <= CTC_BLANK_SHARE * steps_ref.size:
+        return figures
+    edits = chars = same = 0
+    for want_steps, got_steps in zip(steps_ref, steps_got, strict=True):
+        want, have = ctc_decode(want_steps, blank), ctc_decode(got_steps, blank)
+        edits += edit_distance(want, have)
+        chars += len(want)
+        same += want == have
+    cer = edits / chars if chars else float(edits > 0)
+    return replace(figures, cer=cer, lines=same / len(steps_ref), chars=chars)
+
+
+def ctc_decode(steps: np.ndarray, blank: int) -> list[int]:
+    """Greedy CTC decoding: the argmax per step, repeats collapsed, blanks dropped."""
+    out: list[int] = []
+    previous = -1
+    for label in steps.tolist():
+        if label != previous and label != blank:
+            out.append(label)
+        previous = label
+    return out
+
+
+def edit_distance(a: Sequence[int], b: Sequence[int]) -> int:
+    """Levenshtein distance: insertions, deletions and substitutions."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        diagonal, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (x != y))
+    return row[-1]
 
 
 def compare_outputs(
@@ -318,9 +395,11 @@ def brief(figures: Sequence[OutputAccuracy]) -> str:
     classes, map IoU where they are maps, and SQNR."""
     top1 = [a.top1 for a in figures if a.top1 is not None]
     maps = [a.map_iou for a in figures if a.map_iou is not None]
+    cer = [a.cer for a in figures if a.cer is not None]
     sqnr = min((a.sqnr_db for a in figures), default=float("nan"))
     return (
-        (f"top-1 {min(top1):.1%}, " if top1 else "")
+        (f"CER {max(cer):.2%}, " if cer else "")
+        + (f"top-1 {min(top1):.1%}, " if top1 else "")
         + (f"map IoU {min(maps):.1%}, " if maps else "")
         + (f"SQNR {sqnr:.1f} dB" if not math.isinf(sqnr) else "SQNR inf")
     )

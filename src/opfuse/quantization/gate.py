@@ -33,6 +33,13 @@ from opfuse.quantization.names import KEYS_HELP
 DEFAULT_TOP1 = 0.99
 DEFAULT_SQNR_DB = 20.0
 DEFAULT_MAP_IOU = 0.9  # issue 31's goal for PP-OCRv4's detector
+# the ceiling of a CTC-like output's character error rate (the int8 text against the float
+# text, greedy-decoded): what a reader of the text sees, where per-step top-1 counts the
+# blank-against-character flips at label boundaries that change no text (issue 41: on the
+# recognizer 97-99% of the differing steps, half of them no change of the decoded text);
+# 1%: one character in a hundred read differently from the float model
+DEFAULT_CER = 0.01
+HIGHEST_CER = 0.5  # above: the gate is off in effect
 LOWEST_TOP1 = 0.5  # below: the gate is off in effect
 # On an output that scores classes, a paired SQNR gain decides (top-1 within its noise)
 # only when it is large and consistent (``consistent_gain``): per sample, the candidate's
@@ -65,6 +72,8 @@ class Gate:
     off: bool = False
     # the floor of a Sigmoid-made map's IoU; None: DEFAULT_MAP_IOU unless sqnr= is given
     map_iou: float | None = None
+    # the ceiling of a CTC-like output's CER; None: DEFAULT_CER unless sqnr= is given
+    cer: float | None = None
 
     @classmethod
     def parse(cls, text: str | None) -> Gate:
@@ -72,7 +81,7 @@ class Gate:
             return cls()
         if text == "off":
             return cls(None, None, off=True)
-        top1, sqnr, iou = None, None, None
+        top1, sqnr, iou, cer = None, None, None, None
         parts = [p.strip() for p in text.split(",") if p.strip()]
         if not parts:
             raise OpfuseError(f"--max-drop {text!r}: {KEYS_HELP}")
@@ -91,6 +100,8 @@ class Gate:
                             "turns the gate off in effect; give a positive floor, or "
                             "--max-drop off"
                         )
+                elif key == "cer":
+                    cer = _ceiling_share(value)
                 elif key == "iou":
                     iou = _floor_share(
                         value, LOWEST_MAP_IOU, "map IoU", "iou=90% keeps the map IoU >= 90%"
@@ -99,9 +110,9 @@ class Gate:
                     raise ValueError(KEYS_HELP)
             except ValueError as exc:
                 raise OpfuseError(f"--max-drop {text!r}: {exc}") from None
-        if top1 is None and sqnr is None:  # iou= alone: class outputs keep their floor
+        if top1 is None and sqnr is None:  # iou= or cer= alone: classes keep their floor
             top1 = DEFAULT_TOP1
-        return cls(top1, sqnr, map_iou=iou)
+        return cls(top1, sqnr, map_iou=iou, cer=cer)
 
     def map_floor(self) -> float | None:
         """The map IoU floor of a Sigmoid-made map (None: judged by its SQNR: ``sqnr=``
@@ -109,6 +120,17 @@ class Gate:
         if self.map_iou is not None:
             return self.map_iou
         return DEFAULT_MAP_IOU if self.sqnr_db is None else None
+
+    def cer_ceiling(self) -> float | None:
+        """The CER ceiling of a CTC-like output (None: judged as any output that scores
+        classes, by top-1 and SQNR: ``sqnr=`` given without ``cer=``)."""
+        if self.cer is not None:
+            return self.cer
+        return DEFAULT_CER if self.sqnr_db is None else None
+
+    def by_cer(self, o: OutputAccuracy) -> bool:
+        """Is ``o`` judged by its decoded text's CER (its per-step top-1 a diagnostic)."""
+        return o.cer is not None and self.cer_ceiling() is not None
 
     def misses(self, outputs: Sequence[OutputAccuracy]) -> list[str]:
         """Why the figures miss the gate (empty: they pass)."""
@@ -119,6 +141,11 @@ class Gate:
             if math.isnan(o.sqnr_db):  # a NaN in either model's output: nothing holds
                 out.append(f"{o.name}: NaN in the output")
                 continue
+            ceiling = self.cer_ceiling()
+            if o.cer is not None and ceiling is not None:
+                if o.cer > ceiling + 1e-12:
+                    out.append(f"{o.name}: CER {o.cer:.2%} of the decoded text > {ceiling:.2%}")
+                continue  # a text is judged by its CER, not per step nor by SQNR
             if o.top1 is not None and self.top1 is not None and o.top1 < self.top1 - 1e-12:
                 out.append(f"{o.name}: top-1 agreement {o.top1:.1%} < {self.top1:.1%}")
             iou_floor = self.map_floor() if o.map_iou is not None else None
@@ -157,11 +184,15 @@ class Gate:
             return (
                 misses_a <= misses_b
                 and self._top1_verdict(a, b) >= 0
+                and self._cer_verdict(a, b) >= 0
                 and self._map_verdict(a, b) >= 0
                 and sqnr_verdict(a, b, strict=True) > 0
             )
         if misses_a != misses_b:
             return misses_a < misses_b
+        text = self._cer_verdict(a, b) if judge.cer_ceiling() is not None else 0
+        if text:
+            return text > 0
         top1 = self._top1_verdict(a, b)
         if top1:
             return top1 > 0
@@ -201,12 +232,29 @@ class Gate:
         return (min(iou_a) > min(iou_b) + MAP_IOU_TIE) - (min(iou_b) > min(iou_a) + MAP_IOU_TIE)
 
     @staticmethod
+    def _cer_verdict(a: Sequence[OutputAccuracy], b: Sequence[OutputAccuracy]) -> int:
+        """1: ``a``'s highest CER is lower than ``b``'s beyond twice the standard error on
+        the characters counted (a binomial share, as top-1's); -1: higher; 0: within it,
+        or no output is CTC-like."""
+        cer_a = [o for o in a if o.cer is not None]
+        cer_b = [o for o in b if o.cer is not None]
+        if not cer_a or not cer_b:
+            return 0
+        worst_a = max(cer_a, key=lambda o: o.cer or 0.0)
+        worst_b = max(cer_b, key=lambda o: o.cer or 0.0)
+        pa, pb = min(worst_a.cer or 0.0, 1.0), min(worst_b.cer or 0.0, 1.0)
+        chars = min(worst_a.chars, worst_b.chars)
+        p = (pa + pb) / 2
+        noise = 2 * math.sqrt(max(p * (1 - p), 0.25 / max(chars, 1)) / chars) if chars else 0.0
+        return (pb > pa) - (pa > pb) if abs(pa - pb) > noise else 0
+
+    @staticmethod
     def _top1_verdict(a: Sequence[OutputAccuracy], b: Sequence[OutputAccuracy]) -> int:
         """1: ``a``'s lowest top-1 agreement is higher than ``b``'s beyond twice the
         standard error on the rows counted (on 160 rows near 95%, 3.4 points); -1: lower;
         0: within it, or no output scores classes."""
-        top_a = [o for o in a if o.top1 is not None]
-        top_b = [o for o in b if o.top1 is not None]
+        top_a = [o for o in a if o.top1 is not None and o.cer is None]
+        top_b = [o for o in b if o.top1 is not None and o.cer is None]
         if not top_a or not top_b:
             return 0
         worst_a = min(top_a, key=lambda o: o.top1 or 0.0)
@@ -228,6 +276,9 @@ class Gate:
         iou = self.map_floor()
         if iou is not None:
             parts.append(f"map IoU >= {iou:.0%} where a Sigmoid makes a map")
+        cer = self.cer_ceiling()
+        if cer is not None:
+            parts.append(f"CER <= {cer:.0%} of the decoded text where an output is CTC-like")
         parts.append(
             f"SQNR >= {self.sqnr_db if self.sqnr_db is not None else DEFAULT_SQNR_DB:g} dB"
             + ("" if self.sqnr_db is not None else " elsewhere")
@@ -241,19 +292,23 @@ class Gate:
         if self.off or not self.misses(outputs):
             return None
         top1, sqnr, iou, floor = self.top1, self.sqnr_db, self.map_iou, self.map_floor()
+        cer, ceiling = self.cer, self.cer_ceiling()
         for o in outputs:
-            if o.top1 is not None and top1 is not None and o.top1 < top1:
+            if o.cer is not None and ceiling is not None and o.cer > (cer or ceiling):
+                cer = math.ceil(o.cer * 100 - 1e-9) / 100
+            judged = o.top1 is not None and top1 is not None and not self.by_cer(o)
+            if judged and o.top1 is not None and top1 is not None and o.top1 < top1:
                 top1 = math.floor(o.top1 * 100 + 1e-9) / 100
             if o.map_iou is not None and floor is not None and o.map_iou < (iou or floor):
                 iou = math.floor(o.map_iou * 100 + 1e-9) / 100
-        loose = Gate(top1, sqnr, map_iou=iou)
+        loose = Gate(top1, sqnr, map_iou=iou, cer=cer)
         if any("SQNR" in m for m in loose.misses(outputs)):
             # an explicit SQNR floor judges every output, the maps too (kept to their IoU
             # floor by giving it)
             maps = floor is not None and any(o.map_iou is not None for o in outputs)
             iou = (iou or floor) if maps else iou
             lowest = min(o.sqnr_db for o in outputs)
-            loose = Gate(top1, float(math.floor(lowest)), map_iou=iou)
+            loose = Gate(top1, float(math.floor(lowest)), map_iou=iou, cer=cer)
         option = loose.option()
         try:
             again = Gate.parse(option)
@@ -272,6 +327,8 @@ class Gate:
             parts.append(f"sqnr={self.sqnr_db:g}")
         if self.map_iou is not None:
             parts.append(f"iou={self.map_iou * 100:g}%")
+        if self.cer is not None:
+            parts.append(f"cer={self.cer * 100:g}%")
         return ",".join(parts) or "auto"
 
 
@@ -337,5 +394,20 @@ def _floor_share(value: str, lowest: float, what: str, example: str) -> float:
         raise ValueError(
             f"a floor of {share:.0%} {what} turns the gate off in effect ({key} is a floor: "
             f"{example}); give at least {lowest:.0%}, or --max-drop off"
+        )
+    return share
+
+
+def _ceiling_share(value: str) -> float:
+    """A CER ceiling given as a share (``1%`` or ``0.01``); above HIGHEST_CER (a text
+    mostly misread passes) it turns the gate off in effect and is refused."""
+    share = float(value.rstrip("%")) / (100 if value.endswith("%") else 1)
+    if not 0 <= share <= 1:
+        raise ValueError("a share between 0 and 100%")
+    if share > HIGHEST_CER:
+        raise ValueError(
+            f"a ceiling of {share:.0%} CER turns the gate off in effect (cer is a ceiling: "
+            f"cer=1% keeps the decoded text within 1% of the float model's); give at most "
+            f"{HIGHEST_CER:.0%}, or --max-drop off"
         )
     return share
