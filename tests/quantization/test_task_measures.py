@@ -169,3 +169,85 @@ def test_quantize_judges_a_built_recognizer_by_its_decoded_text(tmp_path):
     assert "CER <= 1% of the decoded text where an output is CTC-like" in result.gate.describe()
     assert result.to_json()["accuracy"][0]["cer"] == figures.cer
     assert any("decoded as CTC: CER" in line for line in result.lines())
+
+
+def test_embeddings_are_pooled_over_the_mask_and_compared_by_cosine_and_neighbours():
+    from opfuse.quantization.accuracy import compare_outputs, pooled
+
+    hidden = np.zeros((1, 3, 2), np.float32)
+    hidden[0, :2] = [[1, 0], [1, 0]]
+    hidden[0, 2] = [0, 100]  # a padded step: the mask drops it
+    assert np.allclose(pooled(hidden, np.array([[1, 1, 0]])), [[1, 0]])
+    assert not np.allclose(pooled(hidden, None), [[1, 0]])
+    rng = np.random.default_rng(5)
+    ref = [[rng.normal(0, 1, (1, 4, 8)).astype(np.float32)] for _ in range(6)]
+    noisy = [[r[0] + rng.normal(0, 0.005, r[0].shape).astype(np.float32)] for r in ref]
+    masks = [np.ones((1, 4), np.int64) for _ in ref]
+    [figures] = compare_outputs(["last_hidden_state"], ref, noisy, set(), (),
+                                embeddings={"last_hidden_state"}, masks=masks)  # fmt: skip
+    assert figures.embedding_cosine is not None and figures.embedding_cosine > 0.99
+    assert figures.neighbours == 1.0 and figures.measure == "embedding_cosine"
+    gate = Gate.parse("auto")
+    assert gate.misses([figures]) == []  # its SQNR is not the measure
+    far = [[r[0] + rng.normal(0, 1.0, r[0].shape).astype(np.float32)] for r in ref]
+    [worse] = compare_outputs(["last_hidden_state"], ref, far, set(), (),
+                              embeddings={"last_hidden_state"}, masks=masks)  # fmt: skip
+    assert worse.embedding_cosine is not None and worse.embedding_cosine < 0.99
+    assert gate.misses([worse])[0].startswith("last_hidden_state: embedding cosine 0.")
+    assert gate.better([figures], [worse])
+    assert Gate.parse("cos=0.5").misses([worse]) == []
+    assert "cosine" in figures.line() and "nearest neighbour" in figures.line()
+
+
+def _encoder(path):  # type: ignore[no-untyped-def]
+    """input_ids, attention_mask [N, T] -> an embedding table -> MatMul -> Tanh: a
+    sentence encoder's last_hidden_state [N, T, 16], built."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(6)
+    table = rng.normal(0, 1, (50, 16)).astype(np.float32)
+    w = rng.normal(0, 0.3, (16, 16)).astype(np.float32)
+    graph = h.make_graph(
+        [
+            h.make_node("Gather", ["table", "input_ids"], ["e"], name="embed"),
+            h.make_node("Cast", ["attention_mask"], ["mf"], name="cast", to=T.FLOAT),
+            h.make_node("Unsqueeze", ["mf", "axis"], ["m3"], name="unsq"),
+            h.make_node("Mul", ["e", "m3"], ["em"], name="masked"),
+            h.make_node("MatMul", ["em", "w"], ["mm"], name="dense"),
+            h.make_node("Tanh", ["mm"], ["last_hidden_state"], name="act"),
+        ],
+        "encoder",
+        [
+            h.make_tensor_value_info("input_ids", T.INT64, ["N", "T"]),
+            h.make_tensor_value_info("attention_mask", T.INT64, ["N", "T"]),
+        ],
+        [h.make_tensor_value_info("last_hidden_state", T.FLOAT, ["N", "T", 16])],
+        initializer=[
+            numpy_helper.from_array(table, "table"),
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(np.array([2], np.int64), "axis"),
+        ],
+    )
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_quantize_judges_a_built_encoder_by_its_embeddings(tmp_path):
+    model = _encoder(tmp_path / "enc.onnx")
+    rng = np.random.default_rng(7)
+    ids = rng.integers(1, 50, (32, 10)).astype(np.int64)
+    mask = np.ones((32, 10), np.int64)
+    mask[:, 7:] = 0  # padding
+    np.savez(tmp_path / "c.npz", input_ids=ids[:20], attention_mask=mask[:20])
+    np.savez(tmp_path / "e.npz", input_ids=ids[20:], attention_mask=mask[20:])
+    result = quantize_file(
+        model, None, tmp_path / "c.npz", eval=tmp_path / "e.npz", benchmark=False, recipe="minmax"
+    )
+    [figures] = result.accuracy
+    assert figures.embedding_cosine is not None and figures.neighbours is not None
+    assert result.passed == (figures.embedding_cosine >= 0.99)
+    assert result.to_json()["accuracy"][0]["measure"] == "embedding_cosine"
+    assert "embedding cosine >= 0.99 (mean)" in result.gate.describe()

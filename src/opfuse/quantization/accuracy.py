@@ -36,6 +36,13 @@ class OutputAccuracy:
     cer: float | None = None
     lines: float | None = None
     chars: int = 0
+    # an embedding (a hidden state mean-pooled over its attention mask, or a pooled
+    # vector), normalised: the cosine of the int8 model's to the float model's, mean and
+    # lowest over the samples, and the share of samples whose nearest neighbour among the
+    # others is the same in both (None: not an embedding, or fewer than 3 samples)
+    embedding_cosine: float | None = None
+    embedding_cosine_min: float | None = None
+    neighbours: float | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -49,6 +56,9 @@ class OutputAccuracy:
             "map_threshold": self.map_threshold if self.map_iou is not None else None,
             "cer": self.cer,
             "line_agreement": self.lines,
+            "embedding_cosine": self.embedding_cosine,
+            "embedding_cosine_min": self.embedding_cosine_min,
+            "neighbour_agreement": self.neighbours,
             "measure": self.measure,
         }
 
@@ -59,6 +69,8 @@ class OutputAccuracy:
         labels), ``sqnr`` (anything else)."""
         if self.cer is not None:
             return "cer"
+        if self.embedding_cosine is not None:
+            return "embedding_cosine"
         if self.map_iou is not None:
             return "map_iou"
         return "top1" if self.top1 is not None else "sqnr"
@@ -72,6 +84,16 @@ class OutputAccuracy:
             text += f", top-1 {self.top1:.1%} agreement"
         if self.map_iou is not None:
             text += f", map IoU {self.map_iou:.1%} (above {self.map_threshold:g})"
+        if self.embedding_cosine is not None and self.embedding_cosine_min is not None:
+            text += (
+                f"; as an embedding (pooled, normalised): cosine {self.embedding_cosine:.4f} "
+                f"mean, {self.embedding_cosine_min:.4f} lowest"
+                + (
+                    f", {self.neighbours:.1%} of the samples keep their nearest neighbour"
+                    if self.neighbours is not None
+                    else ""
+                )
+            )
         if self.cer is not None and self.lines is not None:
             text += (
                 f"; decoded as CTC: CER {self.cer:.2%} of the int8 text against the float "
@@ -305,6 +327,8 @@ def compare_outputs(
     scoring: Collection[str] | None = None,
     maps: Collection[str] = (),
     threshold: float = MAP_THRESHOLD,
+    embeddings: Collection[str] = (),
+    masks: Sequence[np.ndarray | None] = (),
 ) -> list[OutputAccuracy]:
     """``ref``/``got``: per sample, the outputs in ``names`` order; joined along axis 0
     (each sample's own SQNR kept beside). ``scoring``: the outputs that may score classes
@@ -322,8 +346,80 @@ def compare_outputs(
         if figures.top1 is not None and any(r.shape != g.shape for r, g in raw):
             top1, rows = _agreement(pairs, [r.shape != g.shape for r, g in raw], labels)
             figures = replace(figures, top1=top1, top5=None, rows=rows)
+        if name in embeddings and not labels and all(r.shape == g.shape for r, g in raw):
+            figures = _with_embedding(figures, raw, masks)
         out.append(figures)
     return out
+
+
+# the names of outputs that hold embeddings (a model's hidden state or pooled vector)
+EMBEDDING_NAMES = ("hidden_state", "embedding", "pooler", "pooled", "sentence")
+
+
+def embedding_outputs(model: onnx.ModelProto) -> set[str]:
+    """The main graph's float outputs that hold embeddings: named so (EMBEDDING_NAMES), or
+    a rank-3 hidden state of a model with an attention mask input (``mask_input``)."""
+    masked = mask_input(model) is not None
+    found = set()
+    for out in model.graph.output:
+        tensor = out.type.tensor_type
+        if tensor.elem_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
+            continue
+        rank = len(tensor.shape.dim) if tensor.HasField("shape") else 0
+        named = any(key in out.name.lower() for key in EMBEDDING_NAMES)
+        if (named and rank in (2, 3)) or (masked and rank == 3):
+            found.add(out.name)
+    return found
+
+
+def mask_input(model: onnx.ModelProto) -> str | None:
+    """The model's attention mask input (rank 2, its name holds "mask"), if any."""
+    for inp in model.graph.input:
+        tensor = inp.type.tensor_type
+        rank = len(tensor.shape.dim) if tensor.HasField("shape") else 0
+        if "mask" in inp.name.lower() and rank == 2:
+            return inp.name
+    return None
+
+
+def pooled(output: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """One sample's embeddings, [n, H]: a hidden state [n, T, H] averaged over the steps
+    its attention mask keeps (all of them without one), normalised to unit length."""
+    rows = np.asarray(output, np.float64)
+    if rows.ndim == 3:
+        if mask is not None and mask.shape == rows.shape[:2]:
+            weights = np.asarray(mask, np.float64)[:, :, None]
+            rows = (rows * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-12)
+        else:
+            rows = rows.mean(axis=1)
+    rows = rows.reshape(len(rows), -1)
+    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+
+
+def _with_embedding(
+    figures: OutputAccuracy,
+    raw: list[tuple[np.ndarray, np.ndarray]],
+    masks: Sequence[np.ndarray | None],
+) -> OutputAccuracy:
+    """``figures`` with the embeddings' cosine and nearest-neighbour agreement."""
+    each = list(masks) if len(masks) == len(raw) else [None] * len(raw)
+    ref = np.concatenate([pooled(r, m) for (r, _), m in zip(raw, each, strict=True)])
+    got = np.concatenate([pooled(g, m) for (_, g), m in zip(raw, each, strict=True)])
+    if not len(ref):
+        return figures
+    cosines = np.sum(ref * got, axis=1)
+    neighbours = None
+    if len(ref) >= 3:
+        near_ref, near_got = ref @ ref.T, got @ got.T
+        np.fill_diagonal(near_ref, -np.inf)
+        np.fill_diagonal(near_got, -np.inf)
+        neighbours = float(np.mean(near_ref.argmax(axis=1) == near_got.argmax(axis=1)))
+    return replace(
+        figures,
+        embedding_cosine=float(cosines.mean()),
+        embedding_cosine_min=float(cosines.min()),
+        neighbours=neighbours,
+    )
 
 
 def _agreement(
@@ -396,9 +492,11 @@ def brief(figures: Sequence[OutputAccuracy]) -> str:
     top1 = [a.top1 for a in figures if a.top1 is not None]
     maps = [a.map_iou for a in figures if a.map_iou is not None]
     cer = [a.cer for a in figures if a.cer is not None]
+    cos = [a.embedding_cosine for a in figures if a.embedding_cosine is not None]
     sqnr = min((a.sqnr_db for a in figures), default=float("nan"))
     return (
         (f"CER {max(cer):.2%}, " if cer else "")
+        + (f"embedding cosine {min(cos):.4f}, " if cos else "")
         + (f"top-1 {min(top1):.1%}, " if top1 else "")
         + (f"map IoU {min(maps):.1%}, " if maps else "")
         + (f"SQNR {sqnr:.1f} dB" if not math.isinf(sqnr) else "SQNR inf")

@@ -40,6 +40,11 @@ DEFAULT_MAP_IOU = 0.9  # issue 31's goal for PP-OCRv4's detector
 # 1%: one character in a hundred read differently from the float model
 DEFAULT_CER = 0.01
 HIGHEST_CER = 0.5  # above: the gate is off in effect
+# the floor of an embedding's cosine to the float model's (pooled, normalised; the mean
+# over the samples): what a search over the embeddings compares; issue 42's goal
+DEFAULT_COSINE = 0.99
+LOWEST_COSINE = 0.5
+COSINE_TIE = 0.001  # two means of cosines within this are a tie
 LOWEST_TOP1 = 0.5  # below: the gate is off in effect
 # On an output that scores classes, a paired SQNR gain decides (top-1 within its noise)
 # only when it is large and consistent (``consistent_gain``): per sample, the candidate's
@@ -74,6 +79,8 @@ class Gate:
     map_iou: float | None = None
     # the ceiling of a CTC-like output's CER; None: DEFAULT_CER unless sqnr= is given
     cer: float | None = None
+    # the floor of an embedding's mean cosine; None: DEFAULT_COSINE unless sqnr= is given
+    cosine: float | None = None
 
     @classmethod
     def parse(cls, text: str | None) -> Gate:
@@ -81,7 +88,7 @@ class Gate:
             return cls()
         if text == "off":
             return cls(None, None, off=True)
-        top1, sqnr, iou, cer = None, None, None, None
+        top1, sqnr, iou, cer, cos = None, None, None, None, None
         parts = [p.strip() for p in text.split(",") if p.strip()]
         if not parts:
             raise OpfuseError(f"--max-drop {text!r}: {KEYS_HELP}")
@@ -102,6 +109,8 @@ class Gate:
                         )
                 elif key == "cer":
                     cer = _ceiling_share(value)
+                elif key == "cos":
+                    cos = _floor_share(value, LOWEST_COSINE, "cosine", "cos=0.99 keeps it >= 0.99")
                 elif key == "iou":
                     iou = _floor_share(
                         value, LOWEST_MAP_IOU, "map IoU", "iou=90% keeps the map IoU >= 90%"
@@ -112,7 +121,7 @@ class Gate:
                 raise OpfuseError(f"--max-drop {text!r}: {exc}") from None
         if top1 is None and sqnr is None:  # iou= or cer= alone: classes keep their floor
             top1 = DEFAULT_TOP1
-        return cls(top1, sqnr, map_iou=iou, cer=cer)
+        return cls(top1, sqnr, map_iou=iou, cer=cer, cosine=cos)
 
     def map_floor(self) -> float | None:
         """The map IoU floor of a Sigmoid-made map (None: judged by its SQNR: ``sqnr=``
@@ -127,6 +136,13 @@ class Gate:
         if self.cer is not None:
             return self.cer
         return DEFAULT_CER if self.sqnr_db is None else None
+
+    def cosine_floor(self) -> float | None:
+        """The mean-cosine floor of an embedding (None: judged by its SQNR: ``sqnr=``
+        given without ``cos=``)."""
+        if self.cosine is not None:
+            return self.cosine
+        return DEFAULT_COSINE if self.sqnr_db is None else None
 
     def by_cer(self, o: OutputAccuracy) -> bool:
         """Is ``o`` judged by its decoded text's CER (its per-step top-1 a diagnostic)."""
@@ -146,6 +162,11 @@ class Gate:
                 if o.cer > ceiling + 1e-12:
                     out.append(f"{o.name}: CER {o.cer:.2%} of the decoded text > {ceiling:.2%}")
                 continue  # a text is judged by its CER, not per step nor by SQNR
+            floor = self.cosine_floor()
+            if o.embedding_cosine is not None and floor is not None:
+                if o.embedding_cosine < floor - 1e-12:
+                    out.append(f"{o.name}: embedding cosine {o.embedding_cosine:.4f} < {floor:g}")
+                continue  # an embedding is judged by its cosine, not by SQNR
             if o.top1 is not None and self.top1 is not None and o.top1 < self.top1 - 1e-12:
                 out.append(f"{o.name}: top-1 agreement {o.top1:.1%} < {self.top1:.1%}")
             iou_floor = self.map_floor() if o.map_iou is not None else None
@@ -193,6 +214,9 @@ class Gate:
         text = self._cer_verdict(a, b) if judge.cer_ceiling() is not None else 0
         if text:
             return text > 0
+        embedded = self._cosine_verdict(a, b) if judge.cosine_floor() is not None else 0
+        if embedded:
+            return embedded > 0
         top1 = self._top1_verdict(a, b)
         if top1:
             return top1 > 0
@@ -230,6 +254,16 @@ class Gate:
         if not iou_a or not iou_b:
             return 0
         return (min(iou_a) > min(iou_b) + MAP_IOU_TIE) - (min(iou_b) > min(iou_a) + MAP_IOU_TIE)
+
+    @staticmethod
+    def _cosine_verdict(a: Sequence[OutputAccuracy], b: Sequence[OutputAccuracy]) -> int:
+        """1: ``a``'s lowest mean embedding cosine is higher than ``b``'s by more than
+        COSINE_TIE; -1: lower; 0: within it, or no output is an embedding."""
+        cos_a = [o.embedding_cosine for o in a if o.embedding_cosine is not None]
+        cos_b = [o.embedding_cosine for o in b if o.embedding_cosine is not None]
+        if not cos_a or not cos_b:
+            return 0
+        return (min(cos_a) > min(cos_b) + COSINE_TIE) - (min(cos_b) > min(cos_a) + COSINE_TIE)
 
     @staticmethod
     def _cer_verdict(a: Sequence[OutputAccuracy], b: Sequence[OutputAccuracy]) -> int:
@@ -279,6 +313,9 @@ class Gate:
         cer = self.cer_ceiling()
         if cer is not None:
             parts.append(f"CER <= {cer:.0%} of the decoded text where an output is CTC-like")
+        cosine = self.cosine_floor()
+        if cosine is not None:
+            parts.append(f"embedding cosine >= {cosine:g} (mean) where an output is an embedding")
         parts.append(
             f"SQNR >= {self.sqnr_db if self.sqnr_db is not None else DEFAULT_SQNR_DB:g} dB"
             + ("" if self.sqnr_db is not None else " elsewhere")
@@ -293,7 +330,11 @@ class Gate:
             return None
         top1, sqnr, iou, floor = self.top1, self.sqnr_db, self.map_iou, self.map_floor()
         cer, ceiling = self.cer, self.cer_ceiling()
+        cos, cos_floor = self.cosine, self.cosine_floor()
         for o in outputs:
+            low = o.embedding_cosine
+            if low is not None and cos_floor is not None and low < (cos or cos_floor):
+                cos = math.floor(low * 1000 + 1e-9) / 1000
             if o.cer is not None and ceiling is not None and o.cer > (cer or ceiling):
                 cer = math.ceil(o.cer * 100 - 1e-9) / 100
             judged = o.top1 is not None and top1 is not None and not self.by_cer(o)
@@ -301,14 +342,14 @@ class Gate:
                 top1 = math.floor(o.top1 * 100 + 1e-9) / 100
             if o.map_iou is not None and floor is not None and o.map_iou < (iou or floor):
                 iou = math.floor(o.map_iou * 100 + 1e-9) / 100
-        loose = Gate(top1, sqnr, map_iou=iou, cer=cer)
+        loose = Gate(top1, sqnr, map_iou=iou, cer=cer, cosine=cos)
         if any("SQNR" in m for m in loose.misses(outputs)):
             # an explicit SQNR floor judges every output, the maps too (kept to their IoU
             # floor by giving it)
             maps = floor is not None and any(o.map_iou is not None for o in outputs)
             iou = (iou or floor) if maps else iou
             lowest = min(o.sqnr_db for o in outputs)
-            loose = Gate(top1, float(math.floor(lowest)), map_iou=iou, cer=cer)
+            loose = Gate(top1, float(math.floor(lowest)), map_iou=iou, cer=cer, cosine=cos)
         option = loose.option()
         try:
             again = Gate.parse(option)
@@ -329,6 +370,8 @@ class Gate:
             parts.append(f"iou={self.map_iou * 100:g}%")
         if self.cer is not None:
             parts.append(f"cer={self.cer * 100:g}%")
+        if self.cosine is not None:
+            parts.append(f"cos={self.cosine:g}")
         return ",".join(parts) or "auto"
 
 

@@ -27,7 +27,7 @@ import onnx
 
 from opfuse.errors import OpfuseError, first_line
 from opfuse.quantization import flow, heads, ort_backend
-from opfuse.quantization.accuracy import OutputAccuracy, brief, compare_outputs
+from opfuse.quantization.accuracy import OutputAccuracy, brief
 from opfuse.quantization.gate import CLASS_MIN_SAMPLES, Gate
 from opfuse.quantization.steps import STEPS, StepReport, recipe_name, recipe_steps
 from opfuse.quantization.workspace import QuantizeInternalError, Workspace, run_model
@@ -245,6 +245,7 @@ def cross_validated(
     start = time.perf_counter()
     got: list[list[np.ndarray]] = []
     reference: list[list[np.ndarray]] = []
+    samples: list[dict[str, np.ndarray]] = []
     reports: list[StepReport] = []
     for ws in halves:
         made = _built_or_failed(ws, base, steps, exclude, float_heads)
@@ -254,8 +255,9 @@ def cross_validated(
         reports = reports or made.reports
         got += run_model(made.model, ws.valid, base.name, internal=True)
         reference += ws.valid_reference
+        samples += ws.valid
     out = Built(steps, base.fork(), reports=reports)
-    out.accuracy = compare_outputs(base.output_names, reference, got, base.scoring, base.maps)
+    out.accuracy = base.compare(reference, got, samples)
     out.seconds = time.perf_counter() - start
     out.cross_validated = len(reference)
     if say:

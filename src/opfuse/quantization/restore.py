@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 
 from opfuse.quantization import heads, recipes
-from opfuse.quantization.accuracy import OutputAccuracy, brief, compare_outputs
+from opfuse.quantization.accuracy import OutputAccuracy, brief
 from opfuse.quantization.fallback import KeptFloat, Trial, fallback, stem_first
 from opfuse.quantization.gate import Gate
 from opfuse.quantization.workspace import Sample, Workspace, run_model
@@ -110,8 +110,7 @@ class Evaluator:
 
     def on_held(self, model: onnx.ModelProto) -> list[OutputAccuracy]:
         got = run_model(model, self.held, self.ws.name, internal=True)
-        ws = self.ws
-        return compare_outputs(ws.output_names, self.held_reference, got, ws.scoring, ws.maps)
+        return self.ws.compare(self.held_reference, got, self.held)
 
 
 @dataclass

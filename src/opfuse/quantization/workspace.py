@@ -20,6 +20,8 @@ from opfuse.model.sessions import open_session
 from opfuse.quantization.accuracy import (
     OutputAccuracy,
     compare_outputs,
+    embedding_outputs,
+    mask_input,
     probability_maps,
     scoring_outputs,
 )
@@ -145,7 +147,36 @@ class Workspace:
         if samples is None:
             samples, reference = self.valid, self.valid_reference
         got = run_model(model, samples, self.name, internal=True)
-        return compare_outputs(self.output_names, reference or [], got, self.scoring, self.maps)
+        return self.compare(reference or [], got, samples)
+
+    def compare(
+        self,
+        reference: list[list[np.ndarray]],
+        got: list[list[np.ndarray]],
+        samples: list[Sample],
+    ) -> list[OutputAccuracy]:
+        """The figures of ``got`` against ``reference`` on ``samples``, each output by its
+        kind's measure (classes, maps, texts, embeddings pooled over the samples' masks)."""
+        mask = self._mask()
+        masks = [s.get(mask) if mask is not None else None for s in samples]
+        return compare_outputs(
+            self.output_names,
+            reference,
+            got,
+            self.scoring,
+            self.maps,
+            embeddings=self.embeddings,
+            masks=masks,
+        )
+
+    @property
+    def embeddings(self) -> set[str]:
+        """The outputs that hold embeddings: judged by cosine and neighbours."""
+        return self._outputs_of("embeddings", embedding_outputs)
+
+    def _mask(self) -> str | None:
+        found = self._outputs_of("mask", lambda m: {n for n in [mask_input(m)] if n})
+        return next(iter(found), None)
 
 
 @dataclass
