@@ -223,9 +223,19 @@ def inputs_line(inputs: Sequence[InputShape], hint: str | None) -> str:
     return line
 
 
+def unchanged_text(c: StepCommand) -> str:
+    """A command whose output has the model's nodes, said without the command to run:
+    ``--target-opset 20 (at opset 20, ...): changes no node of this model, nothing to
+    recommend``."""
+    what = " ".join(c.flags) or "opfuse optimize"
+    return f"{what} ({c.why}): changes no node of this model, nothing to recommend"
+
+
 def step_text(c: StepCommand) -> str:
     if c.error:
         return f"{c.command}: fails ({c.error})"
+    if c.unchanged:
+        return unchanged_text(c)
     verdict = "faster" if c.helps else "no gain beyond the noise"
     return (
         f"{c.command}: {c.ratio:.2f}x time (noise +-{c.noise:.2f}, {c.runs} runs; "
