@@ -823,17 +823,16 @@ def openvino_latency(case: Case, models: dict[str, Path], seconds: float) -> dic
 
     f32 = OpenVinoRuntime(threads=1, precision="f32")
     default = OpenVinoRuntime(threads=1)
-    loaded = {
-        "float": f32.load(case.path),
-        "float-again": f32.load(case.path),
-        "float-default": default.load(case.path),
+    loaders = {
+        "float": functools.partial(f32.load, case.path),
+        "float-again": functools.partial(f32.load, case.path),
+        "float-default": functools.partial(default.load, case.path),
     }
     for label, path in models.items():
-        loaded[label] = default.load(path)
+        loaders[label] = functools.partial(default.load, path)
     feeds = case.evaluation[0]
-    rounds, times = _interleaved(
-        loaded, {k: feeds for k in loaded}, time.perf_counter, seconds, None
-    )
+    timed = _interleaved(loaders, {k: feeds for k in loaders}, time.perf_counter, seconds, None)
+    rounds, times = timed.rounds, timed.times
 
     def ratio(label: str, to: str) -> float:
         return float(statistics.median(a / b for a, b in zip(times[label], times[to], strict=True)))

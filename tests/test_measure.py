@@ -12,7 +12,16 @@ import pytest
 from opfuse.errors import OpfuseError
 from opfuse.runtime import get_runtime
 from opfuse.runtime.fake import FakeRuntime
-from opfuse.tuning.measure import AGAIN, MIN_ROUNDS, NOISE_FLOOR, ORIGINAL, Measurement, measure
+from opfuse.tuning.measure import (
+    AGAIN,
+    MIN_ROUNDS,
+    NOISE_FLOOR,
+    ORIGINAL,
+    SESSION_SETS,
+    Measurement,
+    measure,
+    schedule,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "src" / "opfuse" / "examples" / "convnet.onnx"
 
@@ -52,10 +61,13 @@ def test_fake_runtime_latency_is_the_sum_of_op_costs(optimized):
 def test_rounds_fill_the_budget_and_interleave(optimized):
     runtime = FakeRuntime(default=0.001)
     found = measure(EXAMPLE, {"opfuse": optimized}, runtime, seconds=1.0)
-    # one round costs 0.015 + 0.015 + 0.009 s: 1 s holds 25 of them
-    assert found.rounds == 25
+    # one round costs 0.015 + 0.015 + 0.009 s: 1 s holds 25 of them, rounded up to whole
+    # periods of the schedule (6 rounds for 3 models), in 3 sets of fresh sessions
+    assert found.rounds == 30 and found.sets == [10, 10, 10]
+    assert len(runtime.loaded) == 3 * SESSION_SETS
+    assert found.to_json()["session_sets"] == SESSION_SETS
     few = measure(EXAMPLE, {"opfuse": optimized}, FakeRuntime(default=1.0), seconds=0.001)
-    assert few.rounds == MIN_ROUNDS
+    assert few.rounds == len(schedule(3)) >= MIN_ROUNDS
 
 
 def test_noise_is_the_original_measured_twice():

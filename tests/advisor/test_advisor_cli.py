@@ -270,8 +270,18 @@ def test_advise_prints_the_input_shapes_it_profiled(tmp_path) -> None:  # type: 
     assert "inputs profiled: x [1, 3]" in text and "--input-shape" not in text
 
 
+# msadvisor's records: one line each whatever the width (everything else folds)
+RECORDS = ("Fusion Type: ", "Op Name: ")
+
+
 def widths(output: str) -> int:
-    return max((len(line) for line in output.splitlines()), default=0)
+    """The widest line that is not one of msadvisor's records."""
+    lines = [line for line in output.splitlines() if not line.startswith(RECORDS)]
+    return max((len(line) for line in lines), default=0)
+
+
+def records(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith(RECORDS)]
 
 
 @pytest.mark.parametrize("columns", ["100", "72", None])
@@ -302,3 +312,42 @@ def test_output_fits_the_columns(tmp_path, columns) -> None:  # type: ignore[no-
     out = tmp_path / "report.txt"
     result = CliRunner().invoke(app, [*args, "--warmup", "1", "-o", str(out)], env=env)
     assert result.exit_code == 0 and widths(out.read_text()) <= limit
+
+
+@pytest.mark.parametrize("columns", ["40", "72", None])
+def test_msadvisor_records_stay_one_line_at_any_width(tmp_path, columns) -> None:  # type: ignore[no-untyped-def]
+    """``opfuse advise model.onnx > report.txt`` (no terminal: 100 columns, or COLUMNS) and
+    ``-o report.txt``: each ``Fusion Type: ...; Fusion Operator Detail: ...; Fusion
+    Operator Duration: ...;`` record and each L2 ``Op Name: ...;`` record is one line, as
+    msadvisor prints them and users grep them; the prose around them still folds."""
+    from advisor_models import long_chain_net, long_chain_target, ort_profile, write_json
+
+    model = long_chain_net()
+    path = tmp_path / "long.onnx"
+    onnx.save(model, path)
+    times = {x.name: (x.op_type, 10.0 + i) for i, x in enumerate(model.graph.node)}
+    prof = write_json(tmp_path / "p.json", ort_profile(times, runs=2))
+    target = long_chain_target(tmp_path / "wide.json")
+    env = {"COLUMNS": columns}
+    base = ["advise", str(path), "--profile", str(prof), "--target", str(target), "--no-trial"]
+    out = tmp_path / "report.txt"
+    for args, text in (
+        (base, lambda r: r.output),
+        ([*base, "-o", str(out)], lambda r: out.read_text()),
+        (["advise", "--op-summary", str(FIXTURES / "op_summary_0_1.csv")], lambda r: r.output),
+    ):
+        result = CliRunner().invoke(app, args, env=env)
+        assert result.exit_code == 0, result.output
+        report = text(result)
+        found = records(report)
+        assert any(line.startswith("Fusion Type: ") for line in found), report
+        for line in found:
+            assert line.rstrip().endswith(";") or line.endswith("of the time)"), line
+            if line.startswith("Fusion Type: "):
+                assert "; Fusion Operator Detail: " in line, line
+                assert "; Fusion Operator Duration: " in line, line
+        assert max(map(len, found)) > int(columns or 100)  # wider than the page, unbroken
+        assert widths(report) <= int(columns or 100)
+        if "op_summary" in args[-1]:
+            assert any(line.startswith("Op Name: ") for line in found)
+            assert all("; mte3_ratio: " in line for line in found if "Op Name" in line)

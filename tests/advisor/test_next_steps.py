@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from onnx import helper
 
 from opfuse.advisor.conductor import AdviseOptions, advise
-from opfuse.advisor.nextsteps import dominant
+from opfuse.advisor.nextsteps import NO_CHANGE, dominant, same_nodes
 from opfuse.cli import app
 from opfuse.runtime.fake import FakeRuntime
 
@@ -54,11 +54,15 @@ def test_suggested_commands_reproduce_their_ratio(tmp_path, monkeypatch) -> None
     layout = commands[("--layout", "nchw")]
     assert layout["ratio"] == pytest.approx(55 / 85, abs=1e-4) and layout["helps"] is True
     assert "Transpose -1" in layout["effect"]
-    assert commands[()]["ratio"] == pytest.approx(1.0) and commands[()]["helps"] is False
+    # the default passes change no node of it: not measured, not recommended
+    assert commands[()]["effect"] == NO_CHANGE and commands[()]["helps"] is False
+    assert commands[()]["ratio"] is None and commands[()]["runs"] == 0
     assert steps["commands"][0] is layout  # the best first
     assert steps["helps"] is True
     monkeypatch.chdir(tmp_path)
     for c in steps["commands"]:  # run as printed
+        if c["effect"] == NO_CHANGE:
+            continue
         args = shlex.split(c["command"])
         assert args[:2] == ["opfuse", "optimize"]
         result = CliRunner().invoke(app, args[1:])
@@ -77,6 +81,50 @@ def test_nothing_helps_names_the_dominant_ops(tmp_path) -> None:  # type: ignore
     assert [c["flags"] for c in steps["commands"]] == [[]]
     assert steps["helps"] is False
     assert steps["dominant"] and steps["dominant"][0]["suggestion"]
+
+
+def test_a_command_that_changes_no_node_is_never_recommended(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 41: advise recommended (in green) an ``opfuse optimize`` that changed no node,
+    on a timing of two identical files. A runtime on which the model's second session runs
+    faster than its first would have called the copy faster: it is not measured at all, and
+    the report says why in text, HTML and JSON."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from opfuse.advisor.render import render_html, render_text
+    from opfuse.model import io
+    from opfuse.runtime.fake import OrderEffects
+
+    inits = {"W": np.ones((8, 8, 1, 1), np.float32)}
+    nodes = [N("Conv", ["x", "W"], ["c"], name="conv"), N("Relu", ["c"], ["y"], name="relu")]
+    model = tmp_path / "plain.onnx"
+    onnx.save(make_model(nodes, {"x": [1, 8, 6, 6]}, {"y": [1, 8, 6, 6]}, inits), model)
+    runtime = FakeRuntime(COST, default=2.0, effects=OrderEffects(slow_first=1, slow_by=1.3))
+    options = AdviseOptions(runs=1, warmup=0, runtime=runtime, compare_onnxruntime=False)
+    report = advise(model, options=options)
+    steps = report["next_steps"]
+    [default] = steps["commands"]
+    assert default["effect"] == NO_CHANGE and default["ratio"] is None
+    assert default["helps"] is False and default["runs"] == 0 and default["error"] is None
+    assert steps["helps"] is False and runtime.loaded == []  # nothing timed
+    buf = StringIO()
+    render_text(report, Console(file=buf, width=300, color_system=None))
+    text = buf.getvalue()
+    section = text[text.index("====Next steps====") : text.index("====UBModel====")]
+    assert "changes no node of this model, nothing to recommend" in section
+    assert "-o " not in section and "x time" not in section  # no command to run
+    assert "Nothing opfuse does makes this model faster here" in section
+    page = render_html(report)
+    assert "changes no node of this model, nothing to recommend" in page
+    assert 'class="good"' not in page[page.index("Next steps") : page.index("UBModel")]
+    # the comparison is of what the nodes compute, not of their names or order
+    a = io.read_model(model)
+    b = io.read_model(model)
+    b.graph.node(0).name = "renamed"
+    assert same_nodes(a, b)
+    b.graph.node(1).op_type = "Sigmoid"
+    assert not same_nodes(a, b)
 
 
 def test_dominant_ops_get_the_guides_suggestion() -> None:
@@ -159,7 +207,11 @@ def test_first_screen_has_next_steps_and_the_groups_the_runtime_does_not_fuse(tm
     steps = lines.index("====Next steps====")
     ub = lines.index("====UBModel====")
     assert steps < ub < 30  # both on the first screen
-    assert lines[steps + 1].startswith("  opfuse optimize ") and "x time" in lines[steps + 1]
+    # no pass changes swish_net: said, and no command to run
+    assert lines[steps + 1] == (
+        "  opfuse optimize (opfuse's default passes): changes no node of this model, "
+        "nothing to recommend"
+    )
     listed = [ln for ln in lines if ln.startswith("Fusion Type: ")]
     unfused = [g for g in report["ub_fusion"] if g["onnxruntime"]["fuses"] != "yes"]
     assert len(listed) == len(unfused) and "% of the time)" in listed[0]

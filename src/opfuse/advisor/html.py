@@ -26,6 +26,7 @@ from opfuse.advisor.report import (
     nodes_text,
     ort_text,
     ratio_text,
+    unchanged_text,
     verdict_text,
 )
 from opfuse.advisor.report_types import AdviceReport, L2Chain, NextSteps, UBGroup
@@ -568,6 +569,9 @@ def _steps(steps: NextSteps, top: int) -> str:
         for c in steps.commands[:top]:
             if c.error:
                 result = f'<span class="warn">fails: {escape(c.error)}</span>'
+            elif c.unchanged:
+                items.append(f"<li>{escape(unchanged_text(c))}</li>")
+                continue
             else:
                 mark = ' class="good"' if c.helps else ""
                 result = (

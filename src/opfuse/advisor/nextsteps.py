@@ -14,12 +14,14 @@ from __future__ import annotations
 import os
 import shlex
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx_ir as ir
 
+from opfuse.advisor.report_types import NO_CHANGE
 from opfuse.model import io
 from opfuse.runtime import Runtime
 from opfuse.tuning.variants import DEFAULT, Variant, build, probe
@@ -119,6 +121,48 @@ def effect(before: dict[str, int], after: dict[str, int]) -> str:
     return ", ".join(text for *_, text in changes[:5]) or "no change to the graph"
 
 
+def node_keys(graph: ir.Graph) -> Counter[tuple[object, ...]]:
+    """What each node of ``graph`` computes, names and order aside: its op, domain,
+    overload, input and output values, attributes (a subgraph's by its own nodes)."""
+    return Counter(
+        (
+            node.domain,
+            node.op_type,
+            node.overload,
+            tuple(v.name if v is not None else "" for v in node.inputs),
+            tuple(v.name for v in node.outputs),
+            tuple(sorted((name, _attribute_key(a)) for name, a in node.attributes.items())),
+        )
+        for node in graph
+    )
+
+
+def _attribute_key(attr: ir.Attr) -> object:
+    if attr.is_ref():
+        return ("ref", attr.ref_attr_name)
+    kind = attr.type
+    if kind == ir.AttributeType.GRAPH:
+        return tuple(sorted(node_keys(attr.as_graph()).items(), key=repr))
+    if kind == ir.AttributeType.GRAPHS:
+        return tuple(tuple(sorted(node_keys(g).items(), key=repr)) for g in attr.as_graphs())
+    if kind == ir.AttributeType.TENSOR:
+        return _tensor_key(attr.as_tensor())
+    if kind == ir.AttributeType.TENSORS:
+        return tuple(_tensor_key(t) for t in attr.as_tensors())
+    value = attr.value
+    return tuple(value) if isinstance(value, Sequence) and not isinstance(value, str) else value
+
+
+def _tensor_key(tensor: ir.TensorProtocol) -> object:
+    return (str(tensor.dtype), tuple(tensor.shape.numpy()), tensor.tobytes())
+
+
+def same_nodes(a: ir.Model, b: ir.Model) -> bool:
+    """Whether ``b`` has ``a``'s nodes (``node_keys``): a command whose output does has
+    changed no node of the model, whatever it wrote."""
+    return node_keys(a.graph) == node_keys(b.graph)
+
+
 def trial(
     model_path: str | os.PathLike[str],
     model: ir.Model,
@@ -132,7 +176,10 @@ def trial(
     """Each candidate built (optimized and verified, as its command does) and measured
     against the model in one paired, interleaved run, on inputs of ``input_shapes`` (the
     shapes the advisor profiled). ``changes`` gets, per command, the nodes of the default
-    passes' output it changes (so a report can say which groups a command fuses)."""
+    passes' output it changes (so a report can say which groups a command fuses). A
+    command whose output has the model's nodes (``same_nodes``) is not measured and never
+    helps: its ``effect`` is NO_CHANGE (``opfuse optimize`` would say "no pass changed the
+    model"; timing a file identical to the model only measures noise)."""
     from opfuse.pipeline.conductor import op_counts
     from opfuse.tuning.measure import ORIGINAL, measure
 
@@ -141,6 +188,7 @@ def trial(
     names: dict[str, set[str]] = {}
     before = dict(op_counts(model))
     stem = Path(model_path).stem
+    as_read = io.read_model(model_path)  # read as each output is, to compare their nodes
     rows: list[dict[str, object]] = []
     built: dict[str, Path] = {}
     with tempfile.TemporaryDirectory(prefix="opfuse-next-") as tmp:
@@ -165,9 +213,12 @@ def trial(
             if not result.ok:
                 row["error"] = result.failure.splitlines()[0]
                 continue
-            built[variant.label] = result.path
             out_model = io.read_model(result.path)
-            row["effect"] = effect(before, dict(op_counts(out_model)))
+            if same_nodes(as_read, out_model):
+                row["effect"] = NO_CHANGE
+            else:
+                built[variant.label] = result.path
+                row["effect"] = effect(before, dict(op_counts(out_model)))
             names[str(row["command"])] = {n.name for n in out_model.graph if n.name}
             if changes is not None:
                 changes.passes[str(row["command"])] = found_passes[i][2]

@@ -41,6 +41,13 @@ def plain_text(draw: Callable[[Console], None], width: int = PLAIN_WIDTH) -> str
     return "\n".join(line.rstrip() for line in console.export_text().splitlines())
 
 
+def record(console: Console, text: str) -> None:
+    """One record in msadvisor's form (``Fusion Type: ...; Fusion Operator Detail: ...;``,
+    ``Op Name: ...; OP Type: ...;``) on one line whatever the width, on a terminal or in a
+    file, as msadvisor prints them and as users grep them (prose and tables fold)."""
+    console.print(text, markup=False, soft_wrap=True)
+
+
 # what a section says when it has nothing (text and HTML)
 EMPTY = {
     "ub_fusion": "No UB fusion group found.",
@@ -223,9 +230,19 @@ def inputs_line(inputs: Sequence[InputShape], hint: str | None) -> str:
     return line
 
 
+def unchanged_text(c: StepCommand) -> str:
+    """A command whose output has the model's nodes, said without the command to run:
+    ``--target-opset 20 (at opset 20, ...): changes no node of this model, nothing to
+    recommend``."""
+    what = " ".join(c.flags) or "opfuse optimize"
+    return f"{what} ({c.why}): changes no node of this model, nothing to recommend"
+
+
 def step_text(c: StepCommand) -> str:
     if c.error:
         return f"{c.command}: fails ({c.error})"
+    if c.unchanged:
+        return unchanged_text(c)
     verdict = "faster" if c.helps else "no gain beyond the noise"
     return (
         f"{c.command}: {c.ratio:.2f}x time (noise +-{c.noise:.2f}, {c.runs} runs; "
@@ -335,11 +352,11 @@ def _ub_groups(report: AdviceReport, console: Console, top: int) -> None:
         p(f"For every group below, {common_ort}", markup=False)
     p("List of operators that can be fused in subgraph 0")
     for g in unfused[:top]:
-        p(
+        record(
+            console,
             f"Fusion Type: {g.fusion_type}; Fusion Operator Detail: {', '.join(g.nodes)}; "
             f"Fusion Operator Duration: {_us(g.duration_us)}; "
             f"({100 * g.share:.1f}% of the time)",
-            markup=False,
         )
         extra = _group_extra(g, common, common_ort)
         if extra:
@@ -562,12 +579,12 @@ def _l2_chain(report: AdviceReport, c: L2Chain, i: int, console: Console) -> Non
     p(f"Op Info {i}{label}", markup=False)
     for op in c.ops:
         r = op.ratios
-        p(
+        record(
+            console,
             f"Op Name: {op.name}; OP Type: {op.op_type}; Input Shapes: "
             f"{op.input_shapes}; mac_ratio: {ratio_text(r.get('mac_ratio'))}; vec_ratio: "
             f"{ratio_text(r.get('vec_ratio'))}; mte2_ratio: {ratio_text(r.get('mte2_ratio'))}; "
             f"mte3_ratio: {ratio_text(r.get('mte3_ratio'))};",
-            markup=False,
         )
     split = c.batch_split
     if split:

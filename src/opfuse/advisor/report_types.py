@@ -16,6 +16,10 @@ from opfuse.advisor.pass_verdict import Verdict
 from opfuse.advisor.profile_readers import InputShape
 from opfuse.runtime.targets import Target
 
+# a Next steps command whose output has the model's nodes (its ``effect``): not measured,
+# never recommended
+NO_CHANGE = "no node changed"
+
 Json = dict[str, object]
 
 
@@ -136,6 +140,11 @@ class StepCommand:
     effect: str | None = None
     helps: bool = False
     error: str | None = None
+
+    @property
+    def unchanged(self) -> bool:
+        """The command's output has the model's nodes: not measured, never recommended."""
+        return self.effect == NO_CHANGE and not self.error
 
     def to_json(self) -> Json:
         return {

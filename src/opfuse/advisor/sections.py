@@ -349,7 +349,9 @@ def label_next_steps(ub: list[UBGroup], commands: list[StepCommand], changes: Ch
         members = set(row.nodes)
         members.update(n for ns in row.model_nodes for n in ns)
         hits = [
-            c for c in commands if not c.error and changes.nodes.get(c.command, set()) & members
+            c
+            for c in commands
+            if not c.error and not c.unchanged and changes.nodes.get(c.command, set()) & members
         ]
         hits.sort(key=lambda c: (not c.helps, c.ratio if c.ratio is not None else 9e9))
         row.next_step = None

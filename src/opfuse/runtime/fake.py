@@ -1,35 +1,69 @@
 """A runtime with deterministic timings for unit tests: a model's latency is the sum of
 per-op-type costs over its nodes, read from the file, and its clock advances only by runs
-(by that latency, or by it times seeded random noise when asked)."""
+(by that latency, or by it times seeded random noise when asked). It can also have the
+order effects a real machine has: a slot of the round that is slower, a run right after
+the same session's that is faster (its weights still in the caches), the first sessions
+loaded slower for their whole life."""
 
 from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
 
 class FakeClock:
+    """Seconds, advanced only by runs; it counts the runs and remembers the last session."""
+
     def __init__(self) -> None:
         self.now = 0.0
+        self.runs = 0
+        self.last: object = None
 
     def __call__(self) -> float:
         return self.now
 
 
+@dataclass(frozen=True)
+class OrderEffects:
+    """``slots``: the k-th run on the clock takes its latency times ``slots[k % len]``
+    (with as many factors as models measured together, a slot of the round that is slower
+    or faster); ``after_itself``: a run right after the same session's run takes it times
+    this; ``slow_first``: the first that many sessions the runtime loads take it times
+    ``slow_by`` for their whole life."""
+
+    slots: Sequence[float] = ()
+    after_itself: float = 1.0
+    slow_first: int = 0
+    slow_by: float = 1.0
+
+
 class FakeSession:
     def __init__(
-        self, clock: FakeClock, seconds: float, jitter: Callable[[], float] = lambda: 1.0
+        self,
+        clock: FakeClock,
+        seconds: float,
+        jitter: Callable[[], float] = lambda: 1.0,
+        effects: OrderEffects = OrderEffects(),
     ) -> None:
         self.clock = clock
         self.seconds = seconds
         self.jitter = jitter
+        self.effects = effects
 
     def run(self, feeds: dict[str, np.ndarray]) -> object:
-        self.clock.now += self.seconds * self.jitter()
+        factor = self.jitter()
+        if self.effects.slots:
+            factor *= self.effects.slots[self.clock.runs % len(self.effects.slots)]
+        if self.clock.last is self:
+            factor *= self.effects.after_itself
+        self.clock.now += self.seconds * factor
+        self.clock.runs += 1
+        self.clock.last = self
         return []
 
 
@@ -49,11 +83,13 @@ class FakeRuntime:
         noise: float = 0.0,
         seed: int = 0,
         removes: Collection[str] = (),
+        effects: OrderEffects = OrderEffects(),
     ) -> None:
         """``clock``: share one between runtimes measured together (session settings);
         ``scale``: every latency times this (a faster or slower setting); ``noise``: each
         run takes its latency times a seeded uniform draw in [1 - noise, 1 + noise];
-        ``removes``: op types the runtime's own optimizations remove (``optimized_ops``)."""
+        ``removes``: op types the runtime's own optimizations remove (``optimized_ops``);
+        ``effects``: the order effects of a real machine (``OrderEffects``)."""
         self.costs = dict(costs or {})
         self.default = default
         self.clock = clock or FakeClock()
@@ -61,6 +97,7 @@ class FakeRuntime:
         self.noise = noise
         self.rng = np.random.default_rng(seed)
         self.removes = frozenset(removes)
+        self.effects = effects
         self.loaded: list[str] = []
 
     def jitter(self) -> float:
@@ -72,7 +109,10 @@ class FakeRuntime:
 
     def load(self, path: str | os.PathLike[str]) -> FakeSession:
         self.loaded.append(str(path))
-        return FakeSession(self.clock, self.latency(path), self.jitter)
+        seconds = self.latency(path)
+        if len(self.loaded) <= self.effects.slow_first:
+            seconds *= self.effects.slow_by
+        return FakeSession(self.clock, seconds, self.jitter, self.effects)
 
     def optimized_ops(self, path: str | os.PathLike[str]) -> Counter[str]:
         """The op types the "runtime" runs: the file's, less those in ``removes``."""

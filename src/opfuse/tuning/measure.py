@@ -1,18 +1,31 @@
 """Paired, interleaved latency measurement of model files on one runtime.
 
-Every model is loaded once, the original twice; after a warm-up, rounds run every model
-once each, the order reversed every other round, so that load changes on the machine hit
-all of them alike. A model's latency is the median of its runs; a ratio of two models is
-the median of their per-round ratios. The noise is measured on the same rounds: how far
-the ratio of the original's two copies is from 1 (the same model), or the half-width of
-that median's confidence interval (the notch of a box plot, 1.58 IQR / sqrt(rounds)),
-whichever is larger: a median of a few noisy rounds can land on 1 by chance."""
+Every model is loaded, the original twice (its second copy, AGAIN, measures the noise).
+Rounds run every model once each, in the slot order of a balanced Latin square
+(``schedule``): across rounds every model runs in every slot (first, second, ...) equally
+often and after every other model equally often, and never twice in a row, so that a
+position in the round, or the model that ran just before (whose weights evict the next
+one's from the caches), hits all of them alike. The rounds are split into sets of fresh
+sessions (up to SESSION_SETS, as far as loading fits the time), each set loaded in a
+rotated order and warmed up in the order its timed rounds run, so that an effect that
+sticks to one session for its whole life (the first sessions a process creates ran
+1.2-2x slower on one machine) lands on every model in turn.
+
+A model's latency is the median of its runs; a ratio of two models is the median of
+their per-round ratios (with several sets, the median over the sets of that median in
+each set: a set of slow sessions counts once). The noise is measured on the same rounds
+from the original's two copies, which take every slot and every set of sessions as the
+other models do: how far their paired ratio is from 1, its confidence half-width (the
+notch of a box plot, 1.58 IQR / sqrt(n), n the rounds of one set: a median of a few noisy
+rounds can land on 1 by chance), or how far the copies are apart within one set of
+sessions, whichever is largest."""
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,8 +41,9 @@ from opfuse.verification.compare import (
 
 ORIGINAL = "original"
 AGAIN = "original (again)"
-WARMUP = 3
-MIN_ROUNDS, MAX_ROUNDS = 5, 1000
+WARMUP = 3  # untimed rounds before a set of sessions' timed rounds, in their slot order
+MIN_ROUNDS, MAX_ROUNDS = 5, 1000  # before rounding up to whole periods of the schedule
+SESSION_SETS = 3  # fresh sessions of every model this many times, as loading time allows
 # a flip must beat the best by more than this even when the original's copies agree closely
 NOISE_FLOOR = 0.02
 
@@ -38,12 +52,14 @@ NOISE_FLOOR = 0.02
 class Measurement:
     """Per-round times (seconds) of the original, its second copy and each variant, by
     label. Ratios are paired: the median over rounds of one model's time over another's
-    in the same round, so that load which changes between rounds cancels out."""
+    in the same round, so that load which changes between rounds cancels out. ``sets``:
+    how many of the rounds, in order, each set of sessions ran (none given: one set)."""
 
     runtime: str
     rounds: int
     times: dict[str, list[float]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # about the generated inputs
+    sets: list[int] = field(default_factory=list)
 
     @property
     def medians(self) -> dict[str, float]:
@@ -56,8 +72,15 @@ class Measurement:
     @property
     def noise(self) -> float:
         """The original's second copy against the original on the same rounds: how far
-        their paired ratio is from 1, or its confidence half-width, the larger."""
-        return max(abs(self.ratio(AGAIN) - 1.0), self.spread(AGAIN))
+        their paired ratio is from 1, its confidence half-width, or how far they are
+        apart within one set of sessions, the largest."""
+        return max(abs(self.ratio(AGAIN) - 1.0), self.spread(AGAIN), self.sessions_apart())
+
+    def sessions_apart(self) -> float:
+        """How far the paired ratio of the original's two copies is from 1 within one set
+        of sessions, in the set where it is farthest (0 with one set): what a session's
+        own speed, which lasts its whole life, adds to the noise."""
+        return max((abs(r - 1.0) for r in self.set_ratios(AGAIN)), default=0.0)
 
     @property
     def threshold(self) -> float:
@@ -69,17 +92,35 @@ class Measurement:
         return [a / b for a, b in zip(self.times[label], self.times[to], strict=True)]
 
     def ratio(self, label: str, to: str = ORIGINAL) -> float:
-        """Median over rounds of ``label``'s time over ``to``'s."""
-        return statistics.median(self.ratios(label, to))
+        """Median over rounds of ``label``'s time over ``to``'s; with several sets of
+        sessions, the median over the sets of that median in each set (a set whose
+        sessions were slow or fast for their whole life counts once, not per round)."""
+        per_set = self.set_ratios(label, to)
+        return statistics.median(per_set) if per_set else statistics.median(self.ratios(label, to))
+
+    def set_ratios(self, label: str, to: str = ORIGINAL) -> list[float]:
+        """The median of ``label``'s time over ``to``'s in each set of sessions (none with
+        one set)."""
+        if len(self.sets) < 2:
+            return []
+        ratios = self.ratios(label, to)
+        out, start = [], 0
+        for n in self.sets:
+            if n:
+                out.append(statistics.median(ratios[start : start + n]))
+            start += n
+        return out
 
     def spread(self, label: str, to: str = ORIGINAL) -> float:
         """Half-width of the ~95% confidence interval of ``ratio(label, to)``: the notch
-        of a box plot, 1.58 IQR / sqrt(n)."""
+        of a box plot, 1.58 IQR / sqrt(n), n the rounds of one set of sessions (the
+        median over sets is about as sure as one set's median)."""
         values = self.ratios(label, to)
         if len(values) < 2:
             return 0.0
         q1, _, q3 = statistics.quantiles(values, n=4)
-        return 1.58 * (q3 - q1) / len(values) ** 0.5
+        n = len(values) / len(self.sets) if len(self.sets) > 1 else len(values)
+        return 1.58 * (q3 - q1) / n**0.5
 
     def faster(self, label: str, than: str) -> bool:
         """``label`` beats ``than`` by more than the noise measured on these rounds and by
@@ -118,6 +159,7 @@ class Measurement:
             "runtime": self.runtime,
             "rounds": self.rounds,
             "noise": self.noise,
+            "session_sets": max(1, len(self.sets)),
             "medians_s": self.medians,
             "ratios": {label: self.ratio(label) for label in self.times},
         }
@@ -181,19 +223,19 @@ def measure(
     reverse: bool = False,
 ) -> Measurement:
     """Median latency of ``original`` (twice) and of each variant (label -> file), in
-    rounds for about ``seconds`` after the warm-up (at least MIN_ROUNDS).
-    ``progress`` gets the fraction of rounds done; ``reverse`` starts the rounds from the
-    last variant (a confirmation in the other order)."""
+    rounds for about ``seconds`` after the warm-up (at least MIN_ROUNDS, whole periods of
+    the schedule). ``progress`` gets the fraction of rounds done; ``reverse`` runs the
+    schedule on the labels last to first (a confirmation in another order)."""
     if ORIGINAL in variants or AGAIN in variants:
         raise ValueError(f"variant labels {ORIGINAL!r} and {AGAIN!r} are reserved")
     warnings: list[str] = []
     if feeds is None:
         feeds, warnings = feeds_and_warnings(original, input_shapes, inputs_npz)
     paths = {ORIGINAL: original, AGAIN: original, **variants}
-    loaded = {label: runtime.load(path) for label, path in paths.items()}
+    loaders = {label: functools.partial(runtime.load, path) for label, path in paths.items()}
     feed_sets = {label: _feeds_of(path, feeds) for label, path in paths.items()}
-    rounds, times = _interleaved(loaded, feed_sets, runtime.clock, seconds, progress, reverse)
-    return Measurement(runtime.describe(), rounds, times, warnings)
+    timed = _interleaved(loaders, feed_sets, runtime.clock, seconds, progress, reverse)
+    return Measurement(runtime.describe(), timed.rounds, timed.times, warnings, timed.sets)
 
 
 def measure_sessions(
@@ -209,39 +251,141 @@ def measure_sessions(
     and each candidate runtime, paired and interleaved as ``measure`` does. The runtimes
     must share one clock (a real runtime's is ``time.perf_counter``)."""
     runtimes = {ORIGINAL: baseline, AGAIN: baseline, **candidates}
-    loaded = {label: rt.load(model) for label, rt in runtimes.items()}
+    loaders = {label: functools.partial(rt.load, model) for label, rt in runtimes.items()}
     feed_sets = {label: _feeds_of(model, feeds) for label in runtimes}
-    rounds, times = _interleaved(loaded, feed_sets, baseline.clock, seconds, None, reverse)
-    return Measurement(baseline.describe(), rounds, times)
+    timed = _interleaved(loaders, feed_sets, baseline.clock, seconds, None, reverse)
+    return Measurement(baseline.describe(), timed.rounds, timed.times, sets=timed.sets)
+
+
+@functools.cache
+def schedule(n: int) -> tuple[tuple[int, ...], ...]:
+    """The slot order of each round for ``n`` models (indices), one row per round, the
+    rows repeated: a balanced Latin square (Williams's design; for an odd ``n`` the square
+    and its mirror image, ``2n`` rows). Over its rows every model runs in every slot equally
+    often and right after every other model equally often within a round. The rows are
+    chained so that no model runs twice in a row from one round into the next either (the
+    last row leads into the first), each pair across a round's end at most once where
+    there are enough pairs: run right after itself, a small model found its weights still
+    in the caches (a 0.6 MB classifier ran 7% faster), which the order reversed every
+    other round gave the models in the first and last slots and never the one in the
+    middle."""
+    if n < 2:
+        return ((0,) * n,)
+    first = [0]
+    low, high = 1, n - 1
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    rows = [tuple((k + r) % n for k in first) for r in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    return _chained(rows, distinct=True) or _chained(rows, distinct=False) or tuple(rows)
+
+
+def _chained(rows: Sequence[tuple[int, ...]], distinct: bool) -> tuple[tuple[int, ...], ...]:
+    """``rows`` ordered, from the first, so that a row never starts with the model the
+    previous one ended with (the last leading into the first), with ``distinct``: each
+    (end, start) pair across a round's end once at most; () when a search of bounded
+    length finds no order."""
+    steps = 0
+    order = [rows[0]]
+    left = list(rows[1:])
+    seen: set[tuple[int, int]] = set()
+
+    def fits(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+        return a[-1] != b[0] and not (distinct and (a[-1], b[0]) in seen)
+
+    def extend() -> bool:
+        nonlocal steps
+        steps += 1
+        if steps > 20_000:
+            return False
+        if not left:
+            return fits(order[-1], order[0])
+        for i, row in enumerate(left):
+            if fits(order[-1], row):
+                pair = (order[-1][-1], row[0])
+                seen.add(pair)
+                order.append(left.pop(i))
+                if extend():
+                    return True
+                left.insert(i, order.pop())
+                seen.discard(pair)
+        return False
+
+    return tuple(order) if extend() else ()
+
+
+@dataclass
+class _Timed:
+    rounds: int
+    times: dict[str, list[float]]
+    sets: list[int]
 
 
 def _interleaved(
-    loaded: Mapping[str, Session],
+    loaders: Mapping[str, Callable[[], Session]],
     feed_sets: Mapping[str, dict],
     clock: Callable[[], float],
     seconds: float,
     progress: Callable[[float], None] | None,
     reverse: bool = False,
-) -> tuple[int, dict[str, list[float]]]:
-    """Warm every session up, then time one run of each per round, the order reversed
-    every other round, for about ``seconds`` (MIN_ROUNDS..MAX_ROUNDS rounds); ``reverse``:
-    the first round runs them last to first."""
-    round_s = 0.0
-    for label, sess in loaded.items():
+) -> _Timed:
+    """Time one run of every model per round, the slot order of each round from
+    ``schedule``, for about ``seconds`` (MIN_ROUNDS..MAX_ROUNDS rounds, rounded up to
+    whole periods of the schedule). The rounds are split into sets: each set loads fresh
+    sessions of every model (``loaders``), in an order rotated by one model from the last
+    set's, and runs WARMUP untimed rounds, the rounds of the schedule just before its
+    timed ones, so that every session is warmed in its slot order and the timed rounds
+    continue that order. There are SESSION_SETS sets, fewer when loading them would take
+    longer than ``seconds`` (the first set's loading, on ``clock``), and none without a
+    timed round. ``reverse``: the schedule runs on the labels last to first."""
+    labels = list(loaders)[::-1] if reverse else list(loaders)
+    n = len(labels)
+    rows = schedule(n)
+    period = len(rows)
+    times: dict[str, list[float]] = {label: [] for label in loaders}
+    sets: list[int] = []
+    rounds = total_sets = 0
+    row = 0  # the schedule's row of the next timed round
+
+    def run_round(order: tuple[int, ...], timed: bool) -> float:
         took = 0.0
-        for _ in range(WARMUP):
+        for k in order:
+            label = labels[k]
             start = clock()
-            sess.run(feed_sets[label])
-            took = clock() - start
-        round_s += took
-    rounds = int(min(MAX_ROUNDS, max(MIN_ROUNDS, seconds / max(round_s, 1e-9))))
-    times: dict[str, list[float]] = {label: [] for label in loaded}
-    order = list(loaded)[::-1] if reverse else list(loaded)
-    for i in range(rounds):
-        for label in order if i % 2 == 0 else reversed(order):
-            start = clock()
-            loaded[label].run(feed_sets[label])
-            times[label].append(clock() - start)
-        if progress is not None:
-            progress((i + 1) / rounds)
-    return rounds, times
+            sessions[label].run(feed_sets[label])
+            elapsed = clock() - start
+            took += elapsed
+            if timed:
+                times[label].append(elapsed)
+        return took
+
+    while not sets or len(sets) < total_sets:
+        shift = len(sets) % n
+        sessions: dict[str, Session] = {}  # released at the end of the set (del below)
+        start = clock()
+        for label in labels[shift:] + labels[:shift]:
+            sessions[label] = loaders[label]()
+        load_s = clock() - start
+        round_s = 0.0
+        for w in range(WARMUP, 0, -1):
+            round_s = run_round(rows[(row - w) % period], timed=False)
+        if not sets:  # the first set decides how many rounds, and sets, fit the time
+            fit = int(min(MAX_ROUNDS, max(MIN_ROUNDS, seconds / max(round_s, 1e-9))))
+            rounds = -(-fit // period) * period
+            afford = SESSION_SETS if load_s <= 0 else 1 + int(seconds / load_s)
+            total_sets = max(1, min(SESSION_SETS, afford, rounds))
+        end = rounds * (len(sets) + 1) // total_sets
+        done = row
+        for _ in range(done, end):
+            run_round(rows[row % period], timed=True)
+            row += 1
+            if progress is not None:
+                progress(row / rounds)
+        sets.append(row - done)
+        del sessions
+    return _Timed(rounds, times, sets)
