@@ -496,29 +496,26 @@ def quantize(
     target_opset: int | None = None,
     min_speedup: float | None = None,
     benchmark: bool = True,
+    write_slower: bool = False,
     calibrate_method: str = "minmax",
     per_channel: bool = True,
     activation_type: str = "uint8",
     fusion_switch_file: str | os.PathLike[str] | None = None,
     enable: Sequence[str] = (),
     disable: Sequence[str] = (),
+    metric: Callable[[list[dict[str, Any]]], float] | None = None,
     fallback_seconds: float | None = None,
 ) -> QuantizeResult:
-    """``opfuse quantize``: fuse ``model`` (a path or an ``onnx.ModelProto``), quantize it
-    to int8 (QDQ) with the ``calibration`` samples, choose the accuracy recovery
-    (``recipe``: ``auto`` tries the recipes that apply and keeps the most accurate on a
-    validation part of the calibration data), measure its accuracy against the float model
-    on held-back samples (``eval``, or every 4th calibration sample; ``samples``: use the
-    first N of ``calibration``), keep the most sensitive parts in float until ``max_drop``
-    holds (at most ``fallback_tries`` tries), measure the speed.
+    """``opfuse quantize``: fuse ``model`` (a path or an ``onnx.ModelProto``), int8 (QDQ)
+    calibrated on ``calibration``, the ``recipe`` chosen, accuracy against the float model
+    on ``eval`` (else every 4th calibration sample) gated by ``max_drop``, the speed.
 
     ``settings`` (a ``QuantizeSettings``) or its keywords (``eval`` to ``disable``) say what
-    is done, ``runtime_settings`` what the speed is measured on (``runtime="openvino"``
-    writes OpenVINO's QDQ form); both an object and its keywords are refused; a bad value
-    is a ``SettingsError`` naming the keyword. ``fallback_seconds``: deprecated (0 still
-    turns the fallback off). ``calibration``/``eval``: a path (``.npz``, a folder of
-    ``.npz`` or images with ``preprocess``), ``"random"`` (calibration only), a mapping of
-    input name -> N samples on axis 0, or an iterable of feeds (one per sample).
+    is done (``metric``: your task's figure of one model's outputs, higher is better, both
+    models' gated by ``drop=``), ``runtime_settings`` what the speed is measured on; both
+    an object and its keywords are refused (``SettingsError``). ``calibration``/``eval``:
+    a path (``.npz``, folders), ``"random"``, a mapping of input name -> N samples on
+    axis 0, or an iterable of feeds. ``fallback_seconds``: deprecated (0: no fallback).
 
     Returns a ``QuantizeResult`` (``.model``: the int8 ModelProto). ``GateError`` (nothing
     written; ``exc.report``: the figures and the command that writes the best model anyway)
@@ -541,12 +538,14 @@ def quantize(
         target_opset=target_opset,
         min_speedup=min_speedup,
         benchmark=benchmark,
+        write_slower=write_slower,
         calibrate_method=calibrate_method,
         per_channel=per_channel,
         activation_type=activation_type,
         fusion_switch_file=fusion_switch_file,
         enable=tuple(enable),
         disable=tuple(disable),
+        metric=metric,
     )
     return quantize_file(
         model,

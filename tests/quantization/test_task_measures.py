@@ -251,3 +251,69 @@ def test_quantize_judges_a_built_encoder_by_its_embeddings(tmp_path):
     assert result.passed == (figures.embedding_cosine >= 0.99)
     assert result.to_json()["accuracy"][0]["measure"] == "embedding_cosine"
     assert "embedding cosine >= 0.99 (mean)" in result.gate.describe()
+
+
+def test_labels_in_the_eval_data_judge_the_accuracy_drop(tmp_path):
+    """An eval .npz with a ``labels`` array: the accuracy of both models against them, the
+    drop gated (``drop=``, 1 point by default) instead of top-1 agreement."""
+    from test_pipeline import many_classes
+
+    import opfuse
+
+    model = many_classes(tmp_path / "m.onnx", classes=8)
+    rng = np.random.default_rng(8)
+    x = rng.normal(0, 1, (40, 8)).astype(np.float32)
+    labels = x.argmax(axis=1)
+    labels[:5] = (labels[:5] + 1) % 8  # the float model is wrong on 5 of them
+    np.savez(tmp_path / "c.npz", x=x[:24])
+    np.savez(tmp_path / "e.npz", x=x[24:], labels=labels[24:])
+    result = opfuse.quantize(model, calibration=tmp_path / "c.npz", eval=tmp_path / "e.npz",
+                             benchmark=False, recipe="minmax")  # fmt: skip
+    [figures] = result.accuracy
+    assert figures.task_float == 1.0 and figures.task is not None  # the 16 held are right
+    assert figures.measure == "drop" and "accuracy on the labels" in figures.line()
+    assert result.passed == (figures.task_float - figures.task <= 0.01)
+    np.savez(tmp_path / "bad.npz", x=x[24:], labels=labels[:3])
+    with pytest.raises(OpfuseError, match="3 labels for 16 samples"):
+        opfuse.quantize(model, calibration=tmp_path / "c.npz", eval=tmp_path / "bad.npz",
+                        benchmark=False)  # fmt: skip
+
+
+def test_the_users_metric_is_called_on_both_models_and_its_drop_gated(tmp_path):
+    from test_pipeline import many_classes
+
+    import opfuse
+
+    model = many_classes(tmp_path / "m.onnx", classes=8)
+    rng = np.random.default_rng(9)
+    x = rng.normal(0, 1, (32, 8)).astype(np.float32)
+    seen: list[int] = []
+
+    def top_mass(outputs):  # type: ignore[no-untyped-def]
+        seen.append(len(outputs))
+        return float(np.mean([o["probs"].max() for o in outputs]))
+
+    result = opfuse.quantize(model, calibration={"x": x[:24]}, eval={"x": x[24:]},
+                             benchmark=False, recipe="minmax", metric=top_mass,
+                             max_drop="drop=50%")  # fmt: skip
+    assert seen[:2] == [8, 8]  # the float model's outputs, then the int8 model's
+    task = next(a for a in result.accuracy if a.name == "task metric")
+    assert task.task is not None and task.task_float is not None and result.passed
+    refused = Gate.parse("drop=0.01").misses(
+        [
+            OutputAccuracy(
+                "task metric",
+                float("inf"),
+                1.0,
+                0.0,
+                task=0.5,
+                task_float=0.9,
+                task_name="the metric given",
+            )
+        ]  # fmt: skip
+    )
+    assert refused == [
+        "task metric: the metric given 0.5 against 0.9 in float, a drop of 0.4 > 0.01"
+    ]
+    with pytest.raises(OpfuseError, match="metric"):
+        opfuse.quantize(model, calibration={"x": x}, metric="accuracy", benchmark=False)  # type: ignore[arg-type]

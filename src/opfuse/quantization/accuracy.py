@@ -8,7 +8,7 @@ the map IoU: the IoU of the pixels above ``MAP_THRESHOLD`` in the float and int8
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -43,6 +43,12 @@ class OutputAccuracy:
     embedding_cosine: float | None = None
     embedding_cosine_min: float | None = None
     neighbours: float | None = None
+    # the task's own figure where the user gives it (``Task``): the accuracy against the
+    # eval data's labels, or the user's metric, of the int8 and the float model (higher
+    # is better); None: not given
+    task: float | None = None
+    task_float: float | None = None
+    task_name: str = ""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -59,6 +65,9 @@ class OutputAccuracy:
             "embedding_cosine": self.embedding_cosine,
             "embedding_cosine_min": self.embedding_cosine_min,
             "neighbour_agreement": self.neighbours,
+            "task": None
+            if self.task is None
+            else {"name": self.task_name, "int8": self.task, "float": self.task_float},
             "measure": self.measure,
         }
 
@@ -67,6 +76,8 @@ class OutputAccuracy:
         """The figure the gate reads for this output by default, by the output's kind:
         ``cer`` (a CTC-like text), ``map_iou`` (a Sigmoid's map), ``top1`` (class scores,
         labels), ``sqnr`` (anything else)."""
+        if self.task is not None:
+            return "drop"
         if self.cer is not None:
             return "cer"
         if self.embedding_cosine is not None:
@@ -93,6 +104,11 @@ class OutputAccuracy:
                     if self.neighbours is not None
                     else ""
                 )
+            )
+        if self.task is not None and self.task_float is not None:
+            text += (
+                f"; {self.task_name}: {self.task:.4g} against {self.task_float:.4g} in float "
+                f"(a drop of {self.task_float - self.task:.4g})"
             )
         if self.cer is not None and self.lines is not None:
             text += (
@@ -318,6 +334,76 @@ def edit_distance(a: Sequence[int], b: Sequence[int]) -> int:
         for j, y in enumerate(b, 1):
             diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (x != y))
     return row[-1]
+
+
+TASK_OUTPUT = "task metric"  # the figures' entry of a user's metric (``Task.metric``)
+
+
+@dataclass(frozen=True)
+class Task:
+    """The task's own measure on the evaluation samples, where the user gives one:
+    ``labels`` (one class index per sample, an eval ``.npz``'s ``labels`` array): the
+    accuracy of the first output that scores classes; ``metric``: a function of one
+    model's outputs on the samples (a list, per sample, of name -> array) to a number,
+    higher is better (as NNCF's validation function), called on both models."""
+
+    labels: np.ndarray | None = None
+    metric: Callable[[list[dict[str, np.ndarray]]], float] | None = None
+
+    def figures(
+        self,
+        names: Sequence[str],
+        ref: Sequence[Sequence[np.ndarray]],
+        got: Sequence[Sequence[np.ndarray]],
+        out: list[OutputAccuracy],
+        scoring: Collection[str] | None,
+    ) -> list[OutputAccuracy]:
+        """``out`` with the task's figures: the labels' accuracy on the first output that
+        scores classes, the metric as one more entry."""
+        if self.labels is not None:
+            for k, figures in enumerate(out):
+                if (scoring is None or figures.name in scoring) and figures.top1 is not None:
+                    rows_ref = [np.asarray(r[k]) for r in ref]
+                    rows_got = [np.asarray(g[k]) for g in got]
+                    found = _label_accuracy(rows_ref, rows_got, self.labels)
+                    if found is not None:
+                        name = "accuracy on the labels"
+                        out[k] = replace(
+                            figures, task=found[1], task_float=found[0], task_name=name
+                        )
+                    break
+        if self.metric is not None:
+            as_dicts = [
+                [dict(zip(names, sample, strict=True)) for sample in run] for run in (ref, got)
+            ]
+            value_float, value = (float(self.metric(d)) for d in as_dicts)
+            out.append(
+                OutputAccuracy(
+                    TASK_OUTPUT,
+                    math.inf,
+                    1.0,
+                    0.0,
+                    task=value,
+                    task_float=value_float,
+                    task_name="the metric given",
+                )
+            )
+        return out
+
+
+def _label_accuracy(
+    ref: list[np.ndarray], got: list[np.ndarray], labels: np.ndarray
+) -> tuple[float, float] | None:
+    """The share of samples whose top class is their label, float and int8 (None: the
+    output's rows are not one per label)."""
+    if any(r.ndim < 1 or r.shape[-1] < 2 or r.size != r.shape[-1] for r in ref):
+        return None
+    if len(ref) != len(labels):
+        return None
+    want = np.asarray(labels).reshape(-1)
+    top_ref = np.array([int(np.argmax(r)) for r in ref])
+    top_got = np.array([int(np.argmax(g)) for g in got])
+    return float(np.mean(top_ref == want)), float(np.mean(top_got == want))
 
 
 def compare_outputs(

@@ -93,7 +93,7 @@ def _arrays_samples(
 ) -> list[Sample]:
     names = [i.name for i in inputs]
     missing = [n for n in names if n not in arrays]
-    extra = [k for k in arrays if k not in names]
+    extra = [k for k in arrays if k not in names and k != LABELS]
     if missing or extra:
         raise OpfuseError(
             f"{path}: arrays {sorted(arrays)} do not match the model's inputs {names}"
@@ -254,6 +254,24 @@ def random_samples(inputs: Sequence[ModelInput], n: int, seed: int = 0) -> list[
             sample[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
         out.append(sample)
     return out
+
+
+LABELS = "labels"  # an eval .npz's (or mapping's) array of one class index per sample
+
+
+def read_labels(data: object, inputs: Sequence[ModelInput]) -> np.ndarray | None:
+    """The ``labels`` array of an eval ``.npz`` file or mapping (not a model input of that
+    name), one class index per sample; None where there is none."""
+    from collections.abc import Mapping
+
+    if any(i.name == LABELS for i in inputs):
+        return None
+    if isinstance(data, Mapping):
+        return None if LABELS not in data else _array(data[LABELS], f"eval[{LABELS!r}]")
+    if not isinstance(data, str | os.PathLike) or not Path(data).is_file():
+        return None
+    with np.load(data, allow_pickle=False) as arrays:
+        return np.asarray(arrays[LABELS]) if LABELS in arrays.files else None
 
 
 def check_finite(samples: Sequence[Sample], where: str) -> None:

@@ -41,7 +41,7 @@ from opfuse.model import io
 from opfuse.pipeline.conductor import OptimizeResult
 from opfuse.pipeline.opset import converted_if_old
 from opfuse.quantization import calibration, flow, quantizer_input, recipes
-from opfuse.quantization.accuracy import OutputAccuracy, brief
+from opfuse.quantization.accuracy import OutputAccuracy, Task, brief
 from opfuse.quantization.fallback import MAX_FALLBACK_TRIES, MAX_FLOAT_LAYERS, KeptFloat
 from opfuse.quantization.kernels import KernelCoverage, integer_coverage
 from opfuse.quantization.restore import Evaluator, Restoration, restore
@@ -116,6 +116,7 @@ class Samples:
     held: list[Sample]
     held_source: str
     warnings: tuple[str, ...]
+    task: Task | None = None  # the eval data's labels, the user's metric
 
 
 @dataclass(frozen=True)
@@ -265,13 +266,29 @@ def _samples(job: QuantizeJob) -> Samples:
         calib_all, held = calibration.split(read)
         held_source = "samples held back from the calibration data (not used to calibrate)"
     calib, valid, apart = calibration.validation_split(calib_all)
+    task = _task(settings, inputs, held)
     if len(held) < calibration.FEW_EVAL_SAMPLES:
         warnings.append(
             f"the accuracy figures rest on {len(held)} sample{'s' * (len(held) != 1)}: one "
             f"sample more or less can move them; give at least {calibration.FEW_EVAL_SAMPLES} "
             "(--eval, or more calibration data)"
         )
-    return Samples(calib_all, calib, valid, apart, held, held_source, tuple(warnings))
+    return Samples(calib_all, calib, valid, apart, held, held_source, tuple(warnings), task)
+
+
+def _task(
+    settings: QuantizeSettings, inputs: list[calibration.ModelInput], held: list[Sample]
+) -> Task | None:
+    """The task's own measure: the eval data's labels (one per sample), the metric."""
+    labels = None if settings.eval is None else calibration.read_labels(settings.eval, inputs)
+    if labels is not None and len(labels.reshape(-1)) != len(held):
+        raise OpfuseError(
+            f"--eval {settings.eval}: {len(labels.reshape(-1))} labels for {len(held)} "
+            "samples: give one class index per sample"
+        )
+    if labels is None and settings.metric is None:
+        return None
+    return Task(labels, settings.metric)
 
 
 def _read(
@@ -398,6 +415,7 @@ def _restore(
         best.steps,
         best.model,
         best.steps,
+        task=samples.task,
     )
     settings = job.settings
     forced = settings.forced is not None
@@ -416,7 +434,8 @@ def _form(
 
     model, done = openvino_form_report(restored.model)
     ws = fused.ws
-    accuracy = ws.score(model, samples.held, fused.held_reference)
+    got = run_model(model, samples.held, job.name, internal=True)
+    accuracy = ws.compare(fused.held_reference, got, samples.held, samples.task)
     ws.notes.append(
         "written in OpenVINO's QDQ form (--runtime openvino): Q/DQ on the inputs of the "
         f"compute ops and pooling ({done.kept_activation_pairs} activation pairs kept, "

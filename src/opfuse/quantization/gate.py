@@ -45,6 +45,11 @@ HIGHEST_CER = 0.5  # above: the gate is off in effect
 DEFAULT_COSINE = 0.99
 LOWEST_COSINE = 0.5
 COSINE_TIE = 0.001  # two means of cosines within this are a tie
+# the ceiling of the task's own figure's drop (the accuracy on the eval data's labels, or
+# the user's metric: the float model's minus the int8 model's), in its units: 1 point of
+# accuracy, as Intel Neural Compressor's default tolerance
+DEFAULT_DROP = 0.01
+TASK_TIE = 0.002
 LOWEST_TOP1 = 0.5  # below: the gate is off in effect
 # On an output that scores classes, a paired SQNR gain decides (top-1 within its noise)
 # only when it is large and consistent (``consistent_gain``): per sample, the candidate's
@@ -81,6 +86,8 @@ class Gate:
     cer: float | None = None
     # the floor of an embedding's mean cosine; None: DEFAULT_COSINE unless sqnr= is given
     cosine: float | None = None
+    # the ceiling of the task figure's drop where labels or a metric are given
+    drop: float | None = None
 
     @classmethod
     def parse(cls, text: str | None) -> Gate:
@@ -88,7 +95,7 @@ class Gate:
             return cls()
         if text == "off":
             return cls(None, None, off=True)
-        top1, sqnr, iou, cer, cos = None, None, None, None, None
+        top1, sqnr, iou, cer, cos, drop = None, None, None, None, None, None
         parts = [p.strip() for p in text.split(",") if p.strip()]
         if not parts:
             raise OpfuseError(f"--max-drop {text!r}: {KEYS_HELP}")
@@ -108,7 +115,9 @@ class Gate:
                             "--max-drop off"
                         )
                 elif key == "cer":
-                    cer = _ceiling_share(value)
+                    cer = _ceiling_share(value, "CER", "cer=1% keeps the decoded text within 1%")
+                elif key == "drop":
+                    drop = _ceiling_share(value, "drop", "drop=1% keeps the task's figure within 1")
                 elif key == "cos":
                     cos = _floor_share(value, LOWEST_COSINE, "cosine", "cos=0.99 keeps it >= 0.99")
                 elif key == "iou":
@@ -121,7 +130,7 @@ class Gate:
                 raise OpfuseError(f"--max-drop {text!r}: {exc}") from None
         if top1 is None and sqnr is None:  # iou= or cer= alone: classes keep their floor
             top1 = DEFAULT_TOP1
-        return cls(top1, sqnr, map_iou=iou, cer=cer, cosine=cos)
+        return cls(top1, sqnr, map_iou=iou, cer=cer, cosine=cos, drop=drop)
 
     def map_floor(self) -> float | None:
         """The map IoU floor of a Sigmoid-made map (None: judged by its SQNR: ``sqnr=``
@@ -157,6 +166,14 @@ class Gate:
             if math.isnan(o.sqnr_db):  # a NaN in either model's output: nothing holds
                 out.append(f"{o.name}: NaN in the output")
                 continue
+            if o.task is not None and o.task_float is not None:
+                limit = self.drop if self.drop is not None else DEFAULT_DROP
+                if o.task_float - o.task > limit + 1e-12:
+                    out.append(
+                        f"{o.name}: {o.task_name} {o.task:.4g} against {o.task_float:.4g} in "
+                        f"float, a drop of {o.task_float - o.task:.4g} > {limit:g}"
+                    )
+                continue  # the task's own figure decides
             ceiling = self.cer_ceiling()
             if o.cer is not None and ceiling is not None:
                 if o.cer > ceiling + 1e-12:
@@ -211,6 +228,9 @@ class Gate:
             )
         if misses_a != misses_b:
             return misses_a < misses_b
+        task = self._task_verdict(a, b)
+        if task:
+            return task > 0
         text = self._cer_verdict(a, b) if judge.cer_ceiling() is not None else 0
         if text:
             return text > 0
@@ -254,6 +274,16 @@ class Gate:
         if not iou_a or not iou_b:
             return 0
         return (min(iou_a) > min(iou_b) + MAP_IOU_TIE) - (min(iou_b) > min(iou_a) + MAP_IOU_TIE)
+
+    @staticmethod
+    def _task_verdict(a: Sequence[OutputAccuracy], b: Sequence[OutputAccuracy]) -> int:
+        """1: ``a``'s lowest task figure is higher than ``b``'s by more than TASK_TIE; -1:
+        lower; 0: within it, or no task figure."""
+        task_a = [o.task for o in a if o.task is not None]
+        task_b = [o.task for o in b if o.task is not None]
+        if not task_a or not task_b:
+            return 0
+        return (min(task_a) > min(task_b) + TASK_TIE) - (min(task_b) > min(task_a) + TASK_TIE)
 
     @staticmethod
     def _cosine_verdict(a: Sequence[OutputAccuracy], b: Sequence[OutputAccuracy]) -> int:
@@ -316,6 +346,8 @@ class Gate:
         cosine = self.cosine_floor()
         if cosine is not None:
             parts.append(f"embedding cosine >= {cosine:g} (mean) where an output is an embedding")
+        if self.drop is not None:
+            parts.append(f"a drop of the task's figure <= {self.drop:g} where one is given")
         parts.append(
             f"SQNR >= {self.sqnr_db if self.sqnr_db is not None else DEFAULT_SQNR_DB:g} dB"
             + ("" if self.sqnr_db is not None else " elsewhere")
@@ -331,7 +363,13 @@ class Gate:
         top1, sqnr, iou, floor = self.top1, self.sqnr_db, self.map_iou, self.map_floor()
         cer, ceiling = self.cer, self.cer_ceiling()
         cos, cos_floor = self.cosine, self.cosine_floor()
+        drop = self.drop
         for o in outputs:
+            if o.task is not None and o.task_float is not None:
+                lost = o.task_float - o.task
+                if lost > (drop if drop is not None else DEFAULT_DROP):
+                    drop = math.ceil(lost * 100 - 1e-9) / 100
+                continue
             low = o.embedding_cosine
             if low is not None and cos_floor is not None and low < (cos or cos_floor):
                 cos = math.floor(low * 1000 + 1e-9) / 1000
@@ -342,14 +380,16 @@ class Gate:
                 top1 = math.floor(o.top1 * 100 + 1e-9) / 100
             if o.map_iou is not None and floor is not None and o.map_iou < (iou or floor):
                 iou = math.floor(o.map_iou * 100 + 1e-9) / 100
-        loose = Gate(top1, sqnr, map_iou=iou, cer=cer, cosine=cos)
+        loose = Gate(top1, sqnr, map_iou=iou, cer=cer, cosine=cos, drop=drop)
         if any("SQNR" in m for m in loose.misses(outputs)):
             # an explicit SQNR floor judges every output, the maps too (kept to their IoU
             # floor by giving it)
             maps = floor is not None and any(o.map_iou is not None for o in outputs)
             iou = (iou or floor) if maps else iou
             lowest = min(o.sqnr_db for o in outputs)
-            loose = Gate(top1, float(math.floor(lowest)), map_iou=iou, cer=cer, cosine=cos)
+            loose = Gate(
+                top1, float(math.floor(lowest)), map_iou=iou, cer=cer, cosine=cos, drop=drop
+            )
         option = loose.option()
         try:
             again = Gate.parse(option)
@@ -372,6 +412,8 @@ class Gate:
             parts.append(f"cer={self.cer * 100:g}%")
         if self.cosine is not None:
             parts.append(f"cos={self.cosine:g}")
+        if self.drop is not None:
+            parts.append(f"drop={self.drop * 100:g}%")
         return ",".join(parts) or "auto"
 
 
@@ -441,16 +483,16 @@ def _floor_share(value: str, lowest: float, what: str, example: str) -> float:
     return share
 
 
-def _ceiling_share(value: str) -> float:
-    """A CER ceiling given as a share (``1%`` or ``0.01``); above HIGHEST_CER (a text
-    mostly misread passes) it turns the gate off in effect and is refused."""
+def _ceiling_share(value: str, what: str, example: str) -> float:
+    """A ceiling given as a share (``1%`` or ``0.01``); above HIGHEST_CER (half the text
+    misread, half the answers lost) it turns the gate off in effect and is refused."""
     share = float(value.rstrip("%")) / (100 if value.endswith("%") else 1)
     if not 0 <= share <= 1:
         raise ValueError("a share between 0 and 100%")
     if share > HIGHEST_CER:
+        key = example.split("=")[0]
         raise ValueError(
-            f"a ceiling of {share:.0%} CER turns the gate off in effect (cer is a ceiling: "
-            f"cer=1% keeps the decoded text within 1% of the float model's); give at most "
-            f"{HIGHEST_CER:.0%}, or --max-drop off"
+            f"a ceiling of {share:.0%} {what} turns the gate off in effect ({key} is a "
+            f"ceiling: {example}); give at most {HIGHEST_CER:.0%}, or --max-drop off"
         )
     return share

@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 
 from opfuse.quantization import heads, recipes
-from opfuse.quantization.accuracy import OutputAccuracy, brief
+from opfuse.quantization.accuracy import OutputAccuracy, Task, brief
 from opfuse.quantization.fallback import KeptFloat, Trial, fallback, stem_first
 from opfuse.quantization.gate import Gate
 from opfuse.quantization.workspace import Sample, Workspace, run_model
@@ -69,6 +69,7 @@ class Evaluator:
     split_model: onnx.ModelProto  # the recipe's model on the calibration part
     split_recipe: tuple[str, ...]
     float_heads: tuple[str, ...] = ()
+    task: Task | None = None  # the user's labels or metric, judged on the held samples
     builds: int = 0  # int8 models built so far
     _halves: list[list[Workspace] | None] = field(default_factory=list)  # made once
 
@@ -110,7 +111,7 @@ class Evaluator:
 
     def on_held(self, model: onnx.ModelProto) -> list[OutputAccuracy]:
         got = run_model(model, self.held, self.ws.name, internal=True)
-        return self.ws.compare(self.held_reference, got, self.held)
+        return self.ws.compare(self.held_reference, got, self.held, self.task)
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -72,6 +72,9 @@ class QuantizeSettings:
     fusion_switch_file: str | os.PathLike[str] | None = None
     enable: Sequence[str] = ()
     disable: Sequence[str] = ()
+    # the task's own measure on the eval samples (the Python API): a function of one
+    # model's outputs (per sample, name -> array) to a number, higher is better
+    metric: Callable[[list[dict[str, Any]]], float] | None = None
 
     def __post_init__(self) -> None:
         for name in ("exclude", "enable", "disable"):
@@ -98,6 +101,8 @@ class QuantizeSettings:
                     sentence="{min_speedup} needs the speed measured, which {benchmark} "
                     "turns off: drop one of them",
                 )
+        if self.metric is not None and not callable(self.metric):
+            raise SettingsError("metric", type(self.metric).__name__, "expected a function")
         # the texts parsed now: a bad one is refused before any work
         _ = (self.gate, self.forced, self.preprocessing)
 
@@ -147,7 +152,7 @@ class QuantizeSettings:
         line, nor a model in memory (``model`` None): then the ``opfuse.quantize`` call
         with the keywords that rebuild it."""
         in_memory = not _on_disk(calibration) or (self.eval is not None and not _on_disk(self.eval))
-        if model is None or in_memory:
+        if model is None or in_memory or self.metric is not None:
             return self._python_call()
         words = ["opfuse", "quantize", str(model), "-o", str(output), "--calibration"]
         words.append(str(calibration))

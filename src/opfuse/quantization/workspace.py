@@ -19,6 +19,7 @@ from opfuse.errors import OpfuseError, first_line
 from opfuse.model.sessions import open_session
 from opfuse.quantization.accuracy import (
     OutputAccuracy,
+    Task,
     compare_outputs,
     embedding_outputs,
     mask_input,
@@ -154,12 +155,14 @@ class Workspace:
         reference: list[list[np.ndarray]],
         got: list[list[np.ndarray]],
         samples: list[Sample],
+        task: Task | None = None,
     ) -> list[OutputAccuracy]:
         """The figures of ``got`` against ``reference`` on ``samples``, each output by its
-        kind's measure (classes, maps, texts, embeddings pooled over the samples' masks)."""
+        kind's measure (classes, maps, texts, embeddings pooled over the samples' masks),
+        and ``task``'s figures (the labels' accuracy, the user's metric) where given."""
         mask = self._mask()
         masks = [s.get(mask) if mask is not None else None for s in samples]
-        return compare_outputs(
+        figures = compare_outputs(
             self.output_names,
             reference,
             got,
@@ -168,6 +171,9 @@ class Workspace:
             embeddings=self.embeddings,
             masks=masks,
         )
+        if task is None:
+            return figures
+        return task.figures(self.output_names, reference, got, figures, self.scoring)
 
     @property
     def embeddings(self) -> set[str]:
