@@ -317,3 +317,21 @@ def test_the_users_metric_is_called_on_both_models_and_its_drop_gated(tmp_path):
     ]
     with pytest.raises(OpfuseError, match="metric"):
         opfuse.quantize(model, calibration={"x": x}, metric="accuracy", benchmark=False)  # type: ignore[arg-type]
+
+
+def test_eval_activations_far_outside_the_calibrated_ranges_are_named(tmp_path):
+    """Calibrated on small inputs, evaluated on large ones: the warning names the tensors
+    whose evaluation range reaches well beyond the calibrated one; alike data: none."""
+    model = sensitive_mlp(tmp_path / "m.onnx")
+    rng = np.random.default_rng(10)
+    small = rng.uniform(0.5, 1.0, (16, 16)).astype(np.float32)
+    large = rng.uniform(0.5, 1.0, (12, 16)).astype(np.float32) * 4
+    np.savez(tmp_path / "c.npz", x=small)
+    np.savez(tmp_path / "e.npz", x=large)
+    np.savez(tmp_path / "same.npz", x=rng.uniform(0.5, 1.0, (12, 16)).astype(np.float32))
+    options = {"benchmark": False, "max_drop": "off", "recipe": "minmax"}
+    far = quantize_file(model, None, tmp_path / "c.npz", eval=tmp_path / "e.npz", **options)
+    [said] = [w for w in far.warnings if "outside the calibrated ranges" in w]
+    assert "does not represent these inputs" in said and " against [" in said
+    alike = quantize_file(model, None, tmp_path / "c.npz", eval=tmp_path / "same.npz", **options)
+    assert not any("outside the calibrated ranges" in w for w in alike.warnings)

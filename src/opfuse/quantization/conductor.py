@@ -40,7 +40,7 @@ from opfuse.errors import GateError, OpfuseError
 from opfuse.model import io
 from opfuse.pipeline.conductor import OptimizeResult
 from opfuse.pipeline.opset import converted_if_old
-from opfuse.quantization import calibration, flow, quantizer_input, recipes
+from opfuse.quantization import calibration, flow, quantizer_input, recipes, representative
 from opfuse.quantization.accuracy import OutputAccuracy, Task, brief
 from opfuse.quantization.fallback import MAX_FALLBACK_TRIES, MAX_FLOAT_LAYERS, KeptFloat
 from opfuse.quantization.kernels import KernelCoverage, integer_coverage
@@ -476,7 +476,10 @@ def _judge(
     sizes = {"original": job.source.stat().st_size, "int8": path.stat().st_size}
     coverage = integer_coverage(model, feed=samples.calib[0])
     passed = not gate.misses(accuracy)
-    warnings = (empty,) if empty else ()
+    apart = representative.warning(
+        representative.outside_ranges(fused.model, samples.calib_all, samples.held)
+    )
+    warnings = tuple(w for w in (empty, apart) if w)
     return Judged(model, path, passed, growth, coverage, nodes, sizes, warnings)
 
 
