@@ -335,3 +335,27 @@ def test_eval_activations_far_outside_the_calibrated_ranges_are_named(tmp_path):
     assert "does not represent these inputs" in said and " against [" in said
     alike = quantize_file(model, None, tmp_path / "c.npz", eval=tmp_path / "same.npz", **options)
     assert not any("outside the calibrated ranges" in w for w in alike.warnings)
+
+
+def test_a_missed_gate_is_said_in_at_most_six_lines(tmp_path):
+    """What was measured, the gate, the best reached and the command: no more than six
+    lines besides the progress and the warnings (the whole report: --report)."""
+    from test_quantize import mlp_samples
+
+    model = sensitive_mlp(tmp_path / "m.onnx")
+    data = mlp_samples(tmp_path / "x.npz")
+    run = subprocess.run(
+        [sys.executable, "-m", "opfuse", "quantize", str(model), "-o", str(tmp_path / "o.onnx"),
+         "--calibration", str(data), "--max-drop", "sqnr=300", "--no-benchmark"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    said = [
+        line
+        for line in (run.stdout + run.stderr).splitlines()
+        if not line.startswith(("opfuse: [", "warning:"))
+    ]
+    assert len(said) <= 6, said
+    assert said[-1].startswith("opfuse: error: the int8 model misses --max-drop")
+    assert "To write that best model anyway: opfuse quantize" in said[-1]
+    assert any(line.startswith("gate: ") and "MISSED" in line for line in said)

@@ -83,7 +83,7 @@ def quantize(
         )
     except GateError as exc:
         if exc.report is not None:  # the figures, on exit 1 too
-            _show(exc.report, model, output, fmt)
+            _show(exc.report, model, output, fmt, failed=True)
         raise
     _show(result, model, output, fmt)
 
@@ -92,15 +92,34 @@ def _progress(line: str) -> None:
     err.print(f"opfuse: {line}", markup=False, soft_wrap=True)
 
 
-def _show(result: object, model: Path, output: Path, fmt: str) -> None:
+SHOWN_OUTPUTS = 3  # a failed run's summary names the figures of this many outputs
+
+
+def _show(result: object, model: Path, output: Path, fmt: str, failed: bool = False) -> None:
+    """The result as JSON, or as text: the whole summary, or on exit 1 a short one (the
+    figures measured, the gate, the speed; the error line after it says why and gives
+    the command), the warnings on stderr."""
     from opfuse.quantization.result import QuantizeResult
 
     assert isinstance(result, QuantizeResult)
     if fmt == "json":
         click.echo(json.dumps(result.to_json(), indent=2))
-    else:
-        written = output.name if result.output is not None else "nothing written"
-        nodes = ", ".join(f"{kind} {count}" for kind, count in result.nodes.items())
-        out.print(f"{model.name} -> {written}: nodes {nodes}", markup=False)
-        for line in result.lines():
-            (err if line.startswith("warning:") else out).print(line, markup=False, soft_wrap=True)
+        return
+    written = output.name if result.output is not None else "nothing written"
+    nodes = ", ".join(f"{kind} {count}" for kind, count in result.nodes.items())
+    out.print(f"{model.name} -> {written}: nodes {nodes}", markup=False)
+    lines = _failed_lines(result) if failed else result.lines()
+    for line in lines:
+        (err if line.startswith("warning:") else out).print(line, markup=False, soft_wrap=True)
+
+
+def _failed_lines(result: Any) -> list[str]:
+    """Exit 1 in a few lines: each output's figures (the first SHOWN_OUTPUTS), the gate
+    and, when measured, the speed; the whole summary is the report's (--report)."""
+    figures = [f"  {a.line()}" for a in result.accuracy[:SHOWN_OUTPUTS]]
+    more = len(result.accuracy) - SHOWN_OUTPUTS
+    figures += [f"  and {more} more outputs (--report)"] if more > 0 else []
+    gate = "passed" if result.passed else "MISSED"
+    lines = [*figures, f"gate: {result.gate.describe()}: {gate}"]
+    lines += [result.speed_verdict()] if result.speed is not None else []
+    return lines + [w for w in result.lines() if w.startswith("warning:")]
