@@ -14,7 +14,13 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[test,ray,openvino]'  # ray: the batch engine's tests run a local cluster; openvino: the OpenVINO form is run in the tests
 	touch $(STAMP)
 
-demo: $(STAMP)
+# the demo needs opfuse alone (no test, Ray or OpenVINO extras)
+$(VENV)/.demo: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $(VENV)/.demo
+
+demo: $(VENV)/.demo
 	mkdir -p build
 	$(BIN)/opfuse optimize src/opfuse/examples/convnet.onnx -o build/convnet.opt.onnx \
 		--log-level info --fusion-result build/fusion_result.json
