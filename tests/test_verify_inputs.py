@@ -209,3 +209,20 @@ def test_a_sequence_input_the_model_cannot_run_on_is_a_one_line_error(tmp_path):
     path = save(tmp_path, f"{HEAD} g (float[8] x, seq(float[2]) s) => (float[?] y) {{ {body} }}")
     with pytest.raises(OpfuseError, match="s sequence.*--verify-inputs"):
         compare_files(path, path)
+
+
+def test_a_bound_exceeded_yet_ok_says_why():
+    """Over 100% of its bound and still ok (the float64 judge): the text says why, in the
+    optimize summary's line and verify's table (issue 41)."""
+    from opfuse.verification.compare import OutputDiff, VerifyReport
+    from opfuse.verification.messages import worst_share
+
+    judged = OutputDiff("y", 1e-4, 1e-3, True, "within the original's own float32 error "
+                        "against float64", abs_bound=1e-5, used=1.29)  # fmt: skip
+    report = VerifyReport([judged], 1e-4, 1e-5, {"x": [1, 4]}, 0)
+    assert worst_share(report) == (
+        "worst element at 129% of its bound: ok, within the original's own float32 error "
+        "against float64"
+    )
+    plain = OutputDiff("y", 1e-7, 1e-6, True, abs_bound=1e-5, used=0.01)
+    assert worst_share(VerifyReport([plain], 1e-4, 1e-5)).endswith("bound")

@@ -15,7 +15,10 @@ from opfuse.verification.compare import output_line as output_line
 
 def worst_share(report: VerifyReport) -> str:
     worst = max(report.outputs, key=lambda o: o.used, default=None)
-    return f"worst element at {share(worst)} of its bound" if worst else "no outputs"
+    if worst is None:
+        return "no outputs"
+    why = f": ok, {worst.detail}" if worst.ok and worst.detail and worst.used > 1 else ""
+    return f"worst element at {share(worst)} of its bound{why}"
 
 
 def failure_message(
