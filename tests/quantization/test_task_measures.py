@@ -359,3 +359,55 @@ def test_a_missed_gate_is_said_in_at_most_six_lines(tmp_path):
     assert said[-1].startswith("opfuse: error: the int8 model misses --max-drop")
     assert "To write that best model anyway: opfuse quantize" in said[-1]
     assert any(line.startswith("gate: ") and "MISSED" in line for line in said)
+
+
+def test_the_dynamic_recipe_quantizes_the_matmuls_at_run_time(tmp_path):
+    """``dynamic``: the MatMuls with constant weights dynamic int8 (onnxruntime fuses each
+    into a DynamicQuantizeMatMul), no Q/DQ left where there is no convolution; tried by
+    ``--recipe auto`` where there are two such MatMuls or more, and not on a CNN."""
+    import onnx
+    from test_quantize import small_cnn
+
+    from opfuse.quantization.steps import STEPS
+    from opfuse.quantization.workspace import Workspace
+
+    model = _two_layer_encoder(tmp_path / "enc.onnx")
+    rng = np.random.default_rng(11)
+    ids = rng.integers(1, 50, (32, 10)).astype(np.int64)
+    mask = np.ones((32, 10), np.int64)
+    np.savez(tmp_path / "c.npz", input_ids=ids[:20], attention_mask=mask[:20])
+    np.savez(tmp_path / "e.npz", input_ids=ids[20:], attention_mask=mask[20:])
+    options = {"eval": tmp_path / "e.npz", "benchmark": False, "max_drop": "off"}
+    forced = quantize_file(model, None, tmp_path / "c.npz", recipe="dynamic", **options)
+    ops = [n.op_type for n in forced.model.graph.node]
+    assert ops.count("MatMulInteger") == 2 and "QuantizeLinear" not in ops
+    assert forced.recipe == "minmax,dynamic"
+    [figures] = forced.accuracy
+    assert figures.embedding_cosine is not None and figures.embedding_cosine > 0.99
+    auto = quantize_file(model, None, tmp_path / "c.npz", **options)
+    assert [r["recipe"] for r in auto.recipes][:2] == ["minmax", "minmax,dynamic"]
+    cnn = onnx.load(str(small_cnn(tmp_path / "cnn.onnx")))
+    ws = Workspace("cnn", cnn, cnn, [], [])
+    assert not STEPS["dynamic"].applies(ws)  # one dense head: not tried
+
+
+def _two_layer_encoder(path):  # type: ignore[no-untyped-def]
+    """The built encoder with two dense layers (MatMul, Tanh, MatMul, Tanh)."""
+    import onnx
+    from onnx import numpy_helper
+
+    _encoder(path)
+    model = onnx.load(str(path))
+    rng = np.random.default_rng(12)
+    w2 = rng.normal(0, 0.3, (16, 16)).astype(np.float32)
+    model.graph.initializer.append(numpy_helper.from_array(w2, "w2"))
+    act = next(n for n in model.graph.node if n.name == "act")
+    act.output[0] = "h1"
+    model.graph.node.extend(
+        [
+            onnx.helper.make_node("MatMul", ["h1", "w2"], ["mm2"], name="dense2"),
+            onnx.helper.make_node("Tanh", ["mm2"], ["last_hidden_state"], name="act2"),
+        ]
+    )
+    onnx.save(model, str(path))
+    return path

@@ -20,6 +20,7 @@ KEYS_HELP = (
 RECIPE_HELP = (
     "auto (try the recipes that apply, keep the most accurate on a validation part of the "
     "calibration data), or steps joined by commas: ranges minmax|mean-minmax|percentile|"
-    "mse, cle, smoothquant, float-decomposed, float-requant, float-stem, "
+    "mse, cle, smoothquant, float-decomposed, float-requant, float-stem, dynamic (the MatMuls "
+    "with constant weights dynamic int8, convolutions static), "
     "bias-correction|bias-correction-full"
 )

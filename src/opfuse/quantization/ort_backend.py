@@ -295,3 +295,41 @@ def _quantize_static(
         extra_options=dict(extra_options),
         calibration_cache_path=None if cache is None else str(cache),
     )
+
+
+def quantize_dynamic_proto(
+    model: onnx.ModelProto, nodes: Sequence[str], per_channel: bool
+) -> onnx.ModelProto:
+    """onnxruntime's dynamic quantization of the MatMuls ``nodes`` (int8 weights,
+    symmetric, per output channel with ``per_channel``; activations quantized at run time:
+    onnxruntime fuses each into a DynamicQuantizeMatMul); a MatMul of two activations
+    (attention's Q.K^T and P.V) stays float (``MatMulConstBOnly``)."""
+    import tempfile
+    from pathlib import Path
+
+    import onnx
+    from onnxruntime import quantization as q
+
+    from opfuse.model.io import STAGING_PREFIX
+    from opfuse.runtime.ort import quiet as quiet_onnxruntime
+
+    quiet_onnxruntime()
+    root = logging.getLogger()  # the quantizer logs "consider pre-processing" on the root
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with tempfile.TemporaryDirectory(prefix=STAGING_PREFIX + "dq-") as tmp:
+            src, out = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
+            onnx.save_model(model, str(src))
+            q.quantize_dynamic(
+                str(src),
+                str(out),
+                per_channel=per_channel,
+                weight_type=q.QuantType.QInt8,
+                op_types_to_quantize=["MatMul"],
+                nodes_to_quantize=list(nodes),
+                extra_options={"MatMulConstBOnly": True, "WeightSymmetric": True},
+            )
+            return onnx.load_model(str(out))
+    finally:
+        root.setLevel(level)

@@ -29,7 +29,15 @@ from opfuse.errors import OpfuseError, first_line
 from opfuse.quantization import flow, heads, ort_backend
 from opfuse.quantization.accuracy import OutputAccuracy, brief
 from opfuse.quantization.gate import CLASS_MIN_SAMPLES, Gate
-from opfuse.quantization.steps import STEPS, StepReport, recipe_name, recipe_steps
+from opfuse.quantization.steps import (
+    DYNAMIC,
+    STEPS,
+    StepReport,
+    dynamic_nodes,
+    recipe_name,
+    recipe_steps,
+    static_part,
+)
 from opfuse.quantization.workspace import QuantizeInternalError, Workspace, run_model
 
 # one change at a time to the best recipe so far, cheapest first (measured on PP-OCR's
@@ -37,6 +45,7 @@ from opfuse.quantization.workspace import QuantizeInternalError, Workspace, run_
 # three, cle and smoothquant their statistics and the float check on top; float-requant
 # one, or its paired look three: PAIRED)
 CHANGES = (
+    "dynamic",
     "float-decomposed",
     "mean-minmax",
     "bias-correction",
@@ -140,17 +149,24 @@ def build(
         if step.phase == "int8":
             continue
         made.reports.append(step.run(ws))
-    ws.int8_model = ort_backend.quantize_proto(
-        ws.float_model,
-        ws.calib,
-        flow.QuantOptions(ws.per_channel, ws.activation_type, ws.calibrate_method),
-        ws.exclude if exclude is None else list(dict.fromkeys([*ws.exclude, *exclude])),
-        name=ws.name,
-        notes=ws.notes,
-        overrides=ws.overrides,
-        extra_options=base.extra_options,  # a workaround found holds for every recipe
-        calibration_cache=ws.calibration_cache(),
-    )
+    in_float = ws.exclude if exclude is None else list(dict.fromkeys([*ws.exclude, *exclude]))
+    dynamic = dynamic_nodes(ws.float_model, in_float) if DYNAMIC in steps else []
+    if dynamic and not static_part(ws.float_model, in_float):
+        ws.int8_model = ws.float_model  # no convolution: the MatMuls alone, dynamic
+    else:
+        ws.int8_model = ort_backend.quantize_proto(
+            ws.float_model,
+            ws.calib,
+            flow.QuantOptions(ws.per_channel, ws.activation_type, ws.calibrate_method),
+            [*in_float, *dynamic] if dynamic else in_float,
+            name=ws.name,
+            notes=ws.notes,
+            overrides=ws.overrides,
+            extra_options=base.extra_options,  # a workaround found holds for every recipe
+            calibration_cache=ws.calibration_cache(),
+        )
+    if dynamic:
+        ws.int8_model = ort_backend.quantize_dynamic_proto(ws.int8_model, dynamic, ws.per_channel)
     for name in steps:
         step = STEPS[name]
         if step.phase == "int8":
