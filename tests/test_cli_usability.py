@@ -55,7 +55,7 @@ def test_table_summary_shows_bound_share_inputs_and_phase_times(tmp_path, monkey
         ["optimize", EXAMPLE, "-o", tmp_path / "o.onnx"], monkeypatch, capsys
     )
     assert status == 0, stderr
-    assert "verification: ok on inputs input[1,3,32,32] (seed 0)" in stdout
+    assert "verification: ok on inputs input[1,3,32,32] (generated, seed 0)" in stdout
     assert "bound 1.05e-05 + 0.0001*|ref|" in stdout and "of its bound: ok" in stdout
     assert "time: load" in stdout and "verify" in stdout and "write" in stdout
     assert "..." not in stderr  # no spinner when stderr is not a terminal
@@ -112,7 +112,7 @@ def test_verify_command_names_the_bound_and_saves_failing_inputs(tmp_path, monke
         ["verify", EXAMPLE, bad, "--seed", "5", "--save-failing-inputs", saved], monkeypatch, capsys
     )
     assert status == 1
-    assert "bound" in stdout and "used" in stdout and "(seed 5)" in stdout
+    assert "bound" in stdout and "used" in stdout and "(generated, seed 5)" in stdout
     assert f"inputs saved to {saved}" in stderr
     with np.load(saved) as data:
         assert list(data) == ["input"]

@@ -195,7 +195,8 @@ def _print_summary(result: OptimizeResult[Any], model: Path, output: Path) -> No
         out.print(f"verification: ok on inputs {inputs_text(report)}", markup=False)
         _print_outputs(report, indent="  ")
         if report.inputs:
-            out.print("generated inputs: " + "; ".join(report.inputs), markup=False)
+            grown = [f"{report.grown} ({report.refused})"] if report.grown else []
+            out.print("generated inputs: " + "; ".join([*report.inputs, *grown]), markup=False)
     out.print(f"{result.rounds} rounds; time: {timings_text(result.timings)}")
     for note in result.notes:
         out.print(f"note: {note}", markup=False)

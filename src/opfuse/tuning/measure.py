@@ -18,13 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from opfuse.runtime import Runtime, Session
-from opfuse.verification.compare import (
-    GENERATED_HINT,
-    input_permutations,
-    make_inputs_and_plan,
-    run_model,
-    session,
-)
+from opfuse.verification.compare import FedInputs, input_permutations, runnable_inputs, session
 
 ORIGINAL = "original"
 AGAIN = "original (again)"
@@ -44,6 +38,7 @@ class Measurement:
     rounds: int
     times: dict[str, list[float]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # about the generated inputs
+    inputs: FedInputs | None = None  # what the models were fed (shapes, generated or given)
 
     @property
     def medians(self) -> dict[str, float]:
@@ -120,6 +115,7 @@ class Measurement:
             "noise": self.noise,
             "medians_s": self.medians,
             "ratios": {label: self.ratio(label) for label in self.times},
+            "inputs": None if self.inputs is None else self.inputs.to_json(),
         }
 
 
@@ -150,13 +146,26 @@ def feeds_and_warnings(
     seed: int = 0,
 ) -> tuple[dict[str, np.ndarray], list[str]]:
     """``feeds_for`` and the warnings about generated inputs that decide a branch (the
-    measurement may time a branch real inputs never take). The original is run once on
-    them first: a model they cannot run is the one-line error ``optimize`` gives (with its
-    hint when the inputs were generated), not a runtime's failure in the middle of timing."""
+    measurement may time a branch real inputs never take)."""
+    feeds, _, warnings = timing_inputs(original, input_shapes, inputs_npz, seed)
+    return feeds, warnings
+
+
+def timing_inputs(
+    original: str | os.PathLike[str],
+    input_shapes: Mapping[str, list[int]] | None = None,
+    inputs_npz: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+) -> tuple[dict[str, np.ndarray], FedInputs, list[str]]:
+    """The feeds, what they are (shapes, generated or the user's .npz: every latency
+    report names them) and the warnings about generated inputs. The original is run once on
+    them first (generated sizes it refuses grow, as the verifier's do): a model they cannot
+    run is the one-line error ``optimize`` gives (with its hint when the inputs were
+    generated), not a runtime's failure in the middle of timing."""
     sess = session(original)
-    feeds, plan = make_inputs_and_plan(sess, input_shapes, inputs_npz, seed, model=original)
-    run_model(sess, feeds, original, "" if plan is None else GENERATED_HINT)
-    return feeds, [] if plan is None else plan.warnings
+    feeds, plan, _ = runnable_inputs(sess, input_shapes, inputs_npz, seed, model=original)
+    fed = FedInputs.of(feeds, plan, inputs_npz, seed)
+    return feeds, fed, [] if plan is None else plan.warnings
 
 
 def _feeds_of(path: str | os.PathLike[str], feeds: dict[str, np.ndarray]) -> dict:
@@ -187,13 +196,14 @@ def measure(
     if ORIGINAL in variants or AGAIN in variants:
         raise ValueError(f"variant labels {ORIGINAL!r} and {AGAIN!r} are reserved")
     warnings: list[str] = []
+    fed = None
     if feeds is None:
-        feeds, warnings = feeds_and_warnings(original, input_shapes, inputs_npz)
+        feeds, fed, warnings = timing_inputs(original, input_shapes, inputs_npz)
     paths = {ORIGINAL: original, AGAIN: original, **variants}
     loaded = {label: runtime.load(path) for label, path in paths.items()}
     feed_sets = {label: _feeds_of(path, feeds) for label, path in paths.items()}
     rounds, times = _interleaved(loaded, feed_sets, runtime.clock, seconds, progress, reverse)
-    return Measurement(runtime.describe(), rounds, times, warnings)
+    return Measurement(runtime.describe(), rounds, times, warnings, fed)
 
 
 def measure_sessions(
