@@ -129,6 +129,7 @@ class OptimizeKeywords(TypedDict, total=False):
     rtol: float
     atol: float
     input_shape: Mapping[str, Sequence[int]] | None
+    inputs: str | os.PathLike[str] | None
     verify_inputs: str | os.PathLike[str] | None
     seed: int
     save_failing_inputs: str | os.PathLike[str] | None
@@ -184,6 +185,7 @@ def optimize(
     rtol: float = 1e-4,
     atol: float = 1e-5,
     input_shape: Mapping[str, Sequence[int]] | None = None,
+    inputs: str | os.PathLike[str] | None = None,
     verify_inputs: str | os.PathLike[str] | None = None,
     seed: int = 0,
     save_failing_inputs: str | os.PathLike[str] | None = None,
@@ -206,7 +208,10 @@ def optimize(
     ``opfuse optimize``'s options. Raises ``OpfuseError`` on bad input (``SettingsError``
     naming the keyword for a refused setting) and ``VerificationError`` (naming the first
     pass whose output differs) when the outputs differ beyond ``atol * max(1, max|ref|) +
-    rtol * |ref|``. ``static_shapes`` re-declares the inputs with the ``input_shape`` dims
+    rtol * |ref|``. ``inputs``: an .npz of arrays named after the model's inputs to verify
+    on instead of generated ones (``verify_inputs`` is its older name); without it, the
+    inputs are generated (``result.verify.fed`` says which, and their shapes).
+    ``static_shapes`` re-declares the inputs with the ``input_shape`` dims
     (``--static-shapes``).
 
     ``optimize_settings`` (``OptimizeSettings``: the passes, the cut, the graph options,
@@ -228,7 +233,7 @@ def optimize(
         static_shapes=static_shapes,
     )
     checks = _verify_settings(
-        verify_settings, rtol, atol, input_shape, verify_inputs, seed, save_failing_inputs
+        verify_settings, rtol, atol, input_shape, verify_inputs, seed, save_failing_inputs, inputs
     )
     workdir = tempfile.TemporaryDirectory(prefix="opfuse-")
     folder = Path(workdir.name)
@@ -269,6 +274,7 @@ def verify(
     rtol: float = 1e-4,
     atol: float = 1e-5,
     input_shape: Mapping[str, Sequence[int]] | None = None,
+    inputs: str | os.PathLike[str] | None = None,
     verify_inputs: str | os.PathLike[str] | None = None,
     seed: int = 0,
     save_failing_inputs: str | os.PathLike[str] | None = None,
@@ -280,10 +286,12 @@ def verify(
     Never raises for differing outputs: read ``report.ok`` and ``report.outputs``
     (each with its error, the bound applied and the share of it the worst element used);
     with ``save_failing_inputs``, differing outputs also write the inputs there
-    (``report.saved_inputs``). ``verify_settings`` (``VerifySettings``) may be given
-    instead of the keywords. Raises ``OpfuseError`` on bad input."""
+    (``report.saved_inputs``). ``inputs``: an .npz of arrays named after the inputs
+    (``verify_inputs``, its older name), else generated inputs (``report.fed`` says which,
+    and their shapes). ``verify_settings`` (``VerifySettings``) may be given instead of
+    the keywords. Raises ``OpfuseError`` on bad input."""
     checks = _verify_settings(
-        verify_settings, rtol, atol, input_shape, verify_inputs, seed, save_failing_inputs
+        verify_settings, rtol, atol, input_shape, verify_inputs, seed, save_failing_inputs, inputs
     )
     with tempfile.TemporaryDirectory(prefix="opfuse-") as tmp:
         a = _as_file(original, Path(tmp), "original.onnx")
@@ -298,7 +306,7 @@ def verify(
             rtol=checks.rtol,
             atol=checks.atol,
             input_shapes=checks.shapes,
-            inputs_npz=checks.verify_inputs,
+            inputs_npz=checks.inputs_npz,
             seed=checks.seed,
         )
     if not report.ok and checks.save_failing_inputs is not None:
@@ -314,6 +322,7 @@ def _verify_settings(
     verify_inputs: str | os.PathLike[str] | None,
     seed: int,
     save_failing_inputs: str | os.PathLike[str] | None,
+    inputs: str | os.PathLike[str] | None = None,
 ) -> VerifySettings:
     """``verify_settings``, or the verifier's keywords made into one."""
     return _given(
@@ -325,6 +334,7 @@ def _verify_settings(
         verify_inputs=verify_inputs,
         seed=seed,
         save_failing_inputs=save_failing_inputs,
+        inputs=inputs,
     )
 
 

@@ -104,7 +104,7 @@ class TaskOptions:
                 rtol=checks.rtol,
                 atol=checks.atol,
                 input_shape=checks.shapes or None,
-                verify_inputs=str(checks.verify_inputs) if checks.verify_inputs else None,
+                verify_inputs=str(checks.inputs_npz) if checks.inputs_npz else None,
             )
         for name in sorted(set(given) & set(options)):
             raise SettingsError(name, options[name], "give it in the settings or as a keyword")

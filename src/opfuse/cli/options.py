@@ -117,8 +117,8 @@ graph_options = Group(
         "help": "Runtime whose UBFusion passes may run. [default: none]",
     },
 )
-# --rtol, --atol, --input-shape, --verify-inputs, --seed, --save-failing-inputs (optimize,
-# verify; batch some of them)
+# --rtol, --atol, --input-shape, --inputs, --verify-inputs, --seed, --save-failing-inputs
+# (optimize, verify; tune and batch some of them)
 verifier_options = Group(
     rtol={"default": 1e-4, "show_default": True, "help": "Relative tolerance."},
     atol={
@@ -131,15 +131,17 @@ verifier_options = Group(
         "help": "Dims for dynamic inputs: NAME:1,3,224,224 (repeatable). "
         "[default: 1 for the first dynamic axis, 32 for the others]",
     },
-    verify_inputs={
+    inputs={
         "type": PathArg,
-        "help": ".npz of input arrays for the verifier (instead of random inputs).",
+        "help": ".npz of arrays named after the model's inputs, run instead of generated "
+        "inputs. [default: generated]",
     },
+    verify_inputs={"type": PathArg, "help": "The older name of --inputs."},
     seed={"default": 0, "show_default": True, "help": "Seed of the random inputs."},
     save_failing_inputs={
         "type": PathArg,
         "help": "On a failed verification, write its inputs to this .npz "
-        "(replay them with --verify-inputs).",
+        "(replay them with --inputs).",
     },
 )
 # --runtime, --provider, --threads, --graph-opt, --bench-seconds (optimize --benchmark,
@@ -167,10 +169,12 @@ runtime_options = Group(
 )
 
 
-def refuse_without_verify(verify: bool) -> None:
-    """Verifier options with --no-verify would be ignored: refuse them."""
+def refuse_without_verify(verify: bool, benchmark: bool = False) -> None:
+    """Verifier options with --no-verify would be ignored: refuse them (but the inputs and
+    their shapes with --benchmark, which times on them)."""
+    timing = () if benchmark else ("inputs", "verify_inputs", "input_shape")
     _refuse_ignored(
-        ("verify_inputs", "input_shape", "rtol", "atol", "seed", "save_failing_inputs"),
+        (*timing, "rtol", "atol", "seed", "save_failing_inputs"),
         not verify,
         "{flags} {has} no effect with --no-verify (no verification runs); drop {it} or --no-verify",
     )
