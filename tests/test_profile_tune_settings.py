@@ -62,7 +62,15 @@ def test_profile_settings_take_good_values_and_advise_options_extend_them():
         ({"static_shapes": True}, "static_shapes needs input_shape NAME:D0,D1,"),
         (
             {"verify_inputs": "x.npz", "input_shape": {"x": [1, 4]}},
-            "verify_inputs='x.npz': both it and input_shape give the input shapes",
+            "input_shape and verify_inputs x.npz both give the input shapes",
+        ),
+        (
+            {"inputs": "x.npz", "input_shape": {"x": [1, 4]}},
+            "input_shape and inputs x.npz both give the input shapes",
+        ),
+        (
+            {"inputs": "x.npz", "verify_inputs": "y.npz"},
+            "inputs x.npz and verify_inputs both give the input arrays",
         ),
     ],
 )

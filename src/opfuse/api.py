@@ -418,6 +418,7 @@ def tune(
     rtol: float = 1e-4,
     atol: float = 1e-5,
     input_shape: Mapping[str, Sequence[int]] | None = None,
+    inputs: str | os.PathLike[str] | None = None,
     verify_inputs: str | os.PathLike[str] | None = None,
     static_shapes: bool = False,
     layout: Sequence[str] = (),
@@ -430,27 +431,26 @@ def tune(
     """Search for the fastest verified variant of the model file ``model`` on the runtime
     (``opfuse tune``) and write it to ``output``, with the fusion switch file that rebuilds
     it (``switch_file_out``, default ``OUTPUT.fusion_switch.cfg``) and, if asked, the
-    report of every trial as JSON. Returns the ``TuneResult``: ``result.best`` (the variant
-    written), ``result.ratio`` (its latency over the original's, measured), ``trials``,
-    ``command`` (the ``opfuse optimize`` line that rebuilds the output), ``summary()``.
+    ``report`` of every trial (JSON). Returns the ``TuneResult``: ``best`` (the variant
+    written), ``ratio`` (its latency over the original's), ``trials``, ``command``.
 
     ``settings`` (a ``TuneSettings``) or its keywords (``budget``, ``rtol``, ``atol``,
-    ``input_shape``, ``verify_inputs``, ``static_shapes``, ``layout``,
-    ``allow_interface_change``, ``session_search``, ``max_threads``, ``runtimes``) say what
-    is searched; ``runtime_settings`` (a ``RuntimeSettings``) or its keywords (``runtime``,
-    ``provider``, ``threads``, ``graph_opt``, ``bench_seconds``) what it is measured on;
-    an object and its keywords together are refused. A bad value is a ``SettingsError``
-    naming the keyword (``budget=0: must be more than 0``).
+    ``input_shape``, ``inputs``, ``static_shapes``, ``layout``, ``allow_interface_change``,
+    ``session_search``, ``max_threads``, ``runtimes``) say what is searched (``inputs``,
+    older name ``verify_inputs``: an .npz of the input arrays verified and timed on, else
+    generated; ``result.inputs`` names them); ``runtime_settings`` (a ``RuntimeSettings``)
+    or its keywords (``runtime``, ``provider``, ``threads``, ``graph_opt``,
+    ``bench_seconds``) what it is measured on; both together are refused. A bad value is
+    a ``SettingsError`` naming the keyword (``budget=0: must be more than 0``).
 
     The model's interface is the caller's: variants that change its inputs are tried only
     when asked (``layout``, ``static_shapes`` with ``input_shape``, or
     ``allow_interface_change``); ``result.interface_changed`` says how the written model's
     inputs/outputs differ. Then (``session_search``) the session settings are searched on
     that model (threads up to ``max_threads``, execution mode, graph optimization level,
-    the ``runtimes``); ``OUTPUT.session.json`` (``result.session_file``) records the graph
-    and session settings, for ``InferenceSession(output or the original,
-    session_file=...)``; each choice's measured ratio is in ``result.session``.
-    ``progress`` is told each trial's name as it starts (steps: ``opfuse.tuning.conductor``)."""
+    the ``runtimes``: ``result.session``); ``OUTPUT.session.json`` records the graph and
+    session settings, for ``InferenceSession(output or the original, session_file=)``.
+    ``progress`` is told each trial's name as it starts (``opfuse.tuning.conductor``)."""
     return conductor.tune_file(
         model,
         conductor.TuneOutputs.beside(output, switch_file_out, report),
@@ -461,6 +461,7 @@ def tune(
             rtol=rtol,
             atol=atol,
             input_shape=input_shape,
+            inputs=inputs,
             verify_inputs=verify_inputs,
             static_shapes=static_shapes,
             layout=layout,
