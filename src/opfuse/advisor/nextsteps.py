@@ -23,6 +23,7 @@ import onnx_ir as ir
 from opfuse.model import io
 from opfuse.runtime import Runtime
 from opfuse.tuning.variants import DEFAULT, Variant, build, probe
+from opfuse.verification.compare import FedInputs
 
 TRIAL_SECONDS = 3.0  # the measurement's budget (at least 5 interleaved rounds)
 DOMINANT_SHARE = 0.10  # op types above this share of the time are named when nothing helps
@@ -128,11 +129,13 @@ def trial(
     *,
     input_shapes: Mapping[str, list[int]] | None = None,
     changes: Changes | None = None,
-) -> list[dict[str, object]]:
+    inputs_npz: str | os.PathLike[str] | None = None,
+) -> tuple[list[dict[str, object]], FedInputs | None]:
     """Each candidate built (optimized and verified, as its command does) and measured
-    against the model in one paired, interleaved run, on inputs of ``input_shapes`` (the
-    shapes the advisor profiled). ``changes`` gets, per command, the nodes of the default
-    passes' output it changes (so a report can say which groups a command fuses)."""
+    against the model in one paired, interleaved run, on the arrays of ``inputs_npz`` or
+    inputs of ``input_shapes`` (what the advisor profiled); also what they were (None when
+    nothing was measured). ``changes`` gets, per command, the nodes of the default passes'
+    output it changes (so a report can say which groups a command fuses)."""
     from opfuse.pipeline.conductor import op_counts
     from opfuse.tuning.measure import ORIGINAL, measure
 
@@ -161,7 +164,13 @@ def trial(
                 "error": None,
             }
             rows.append(row)
-            result = build(model_path, variant, Path(tmp) / f"{i}.onnx", input_shapes=input_shapes)
+            result = build(
+                model_path,
+                variant,
+                Path(tmp) / f"{i}.onnx",
+                input_shapes=input_shapes,
+                inputs_npz=inputs_npz,
+            )
             if not result.ok:
                 row["error"] = result.failure.splitlines()[0]
                 continue
@@ -178,8 +187,17 @@ def trial(
             for cmd, kept in names.items():
                 if cmd != rows[0]["command"]:
                     changes.nodes[cmd] = default - kept
+        fed = None
         if built:
-            m = measure(model_path, built, runtime, seconds=seconds, input_shapes=input_shapes)
+            m = measure(
+                model_path,
+                built,
+                runtime,
+                seconds=seconds,
+                input_shapes=input_shapes,
+                inputs_npz=inputs_npz,
+            )
+            fed = m.inputs
             labels = [v.label for v, _ in found]
             for row, label in zip(rows, labels, strict=True):
                 if label in built:
@@ -191,7 +209,7 @@ def trial(
                     )
         if step:
             step("next steps: measuring", 1, 1)
-    return rows
+    return rows, fed
 
 
 def dominant(

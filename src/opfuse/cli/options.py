@@ -222,6 +222,10 @@ def settings_from(params: dict[str, Any], kind: type[Any] = RuntimeSettings) -> 
     return kind(**picked)
 
 
+# a setting whose option's parameter has another name (ProfileSettings' input_shapes)
+ALIASES = {"input_shapes": "input_shape"}
+
+
 def flag_error(exc: SettingsError) -> OpfuseError:
     """The API's ``SettingsError`` (``bench_seconds=0: must be more than 0``) said with
     the running command's flags (``--bench-seconds 0: must be more than 0``): each setting
@@ -230,7 +234,7 @@ def flag_error(exc: SettingsError) -> OpfuseError:
     params = {p.name: p for p in ctx.command.params} if ctx is not None else {}
 
     def flag(name: str) -> str:
-        param = params.get(name)
+        param = params.get(name) or params.get(ALIASES.get(name, ""))
         if not isinstance(param, click.Option):
             return name
         return next((o for o in param.opts if o.startswith("--")), param.opts[0])
@@ -265,12 +269,12 @@ def refuse_without_benchmark(benchmark: bool) -> None:
 
 # -- the profiling options of opfuse profile and opfuse advise
 
-PROFILE_OPTIONS = ("runs", "warmup", "threads", "provider", "graph_opt", "input_shape")
+PROFILE_OPTIONS = ("runs", "warmup", "threads", "provider", "graph_opt", "input_shape", "inputs")
 
 
 def profile_options(graph_opt_default: str | None, graph_opt_help: str) -> Callable[[F], F]:
-    """--runs, --warmup, --threads, --provider, --graph-opt, --input-shape: the profiling
-    options of ``profile`` and ``advise``, declared once with ``ProfileSettings``'s
+    """--runs, --warmup, --threads, --provider, --graph-opt, --input-shape, --inputs: the
+    profiling options of ``profile`` and ``advise``, declared once with ``ProfileSettings``'s
     defaults (``profile_settings`` makes the object). Only --graph-opt's default is the
     command's own: profile shows the graph onnxruntime deploys (all), advise a time per
     node (disable, all for a QDQ model)."""
@@ -298,6 +302,12 @@ def profile_options(graph_opt_default: str | None, graph_opt_help: str) -> Calla
         ),
         click.option(
             "--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224."
+        ),
+        click.option(
+            "--inputs",
+            type=PathArg,
+            help=".npz of arrays named after the model's inputs, profiled (and timed) instead "
+            "of generated inputs. [default: generated]",
         ),
     ]
 
