@@ -1,6 +1,7 @@
 """A runtime with deterministic timings for unit tests: a model's latency is the sum of
 per-op-type costs over its nodes, read from the file, and its clock advances only by runs
-(by that latency, or by it times seeded random noise when asked)."""
+(by that latency, or by it times seeded random noise when asked). It remembers the shapes
+it was fed (``FakeRuntime.fed``)."""
 
 from __future__ import annotations
 
@@ -22,13 +23,20 @@ class FakeClock:
 
 class FakeSession:
     def __init__(
-        self, clock: FakeClock, seconds: float, jitter: Callable[[], float] = lambda: 1.0
+        self,
+        clock: FakeClock,
+        seconds: float,
+        jitter: Callable[[], float] = lambda: 1.0,
+        fed: set[tuple[tuple[str, tuple[int, ...]], ...]] | None = None,
     ) -> None:
         self.clock = clock
         self.seconds = seconds
         self.jitter = jitter
+        self.fed = fed
 
     def run(self, feeds: dict[str, np.ndarray]) -> object:
+        if self.fed is not None:
+            self.fed.add(tuple((k, tuple(np.shape(v))) for k, v in sorted(feeds.items())))
         self.clock.now += self.seconds * self.jitter()
         return []
 
@@ -62,6 +70,8 @@ class FakeRuntime:
         self.rng = np.random.default_rng(seed)
         self.removes = frozenset(removes)
         self.loaded: list[str] = []
+        # the shapes of every feed run: ((input name, shape), ...) per distinct feed
+        self.fed: set[tuple[tuple[str, tuple[int, ...]], ...]] = set()
 
     def jitter(self) -> float:
         return 1.0 + self.noise * (2 * float(self.rng.random()) - 1) if self.noise else 1.0
@@ -72,7 +82,7 @@ class FakeRuntime:
 
     def load(self, path: str | os.PathLike[str]) -> FakeSession:
         self.loaded.append(str(path))
-        return FakeSession(self.clock, self.latency(path), self.jitter)
+        return FakeSession(self.clock, self.latency(path), self.jitter, self.fed)
 
     def optimized_ops(self, path: str | os.PathLike[str]) -> Counter[str]:
         """The op types the "runtime" runs: the file's, less those in ``removes``."""
