@@ -1,7 +1,7 @@
 """Generated inputs that decide a branch: a sample-rate input compared with 16000 (as a
 voice-activity detector's ``sr``) gets 16000, so verification, ``--benchmark`` and tune
 run the branch real inputs take; where no value can be derived (Less, a flag reaching an
-If), every one of them warns and names the input, the node and ``--verify-inputs``."""
+If), every one of them warns and names the input, the node and ``--inputs``."""
 
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ def test_table_summary_shows_bound_share_inputs_and_phase_times(tmp_path, monkey
         ["optimize", EXAMPLE, "-o", tmp_path / "o.onnx"], monkeypatch, capsys
     )
     assert status == 0, stderr
-    assert "verification: ok on inputs input[1,3,32,32] (seed 0)" in stdout
+    assert "verification: ok on inputs input[1,3,32,32] (generated, seed 0)" in stdout
     assert "bound 1.05e-05 + 0.0001*|ref|" in stdout and "of its bound: ok" in stdout
     assert "time: load" in stdout and "verify" in stdout and "write" in stdout
     assert "..." not in stderr  # no spinner when stderr is not a terminal
@@ -112,7 +112,7 @@ def test_verify_command_names_the_bound_and_saves_failing_inputs(tmp_path, monke
         ["verify", EXAMPLE, bad, "--seed", "5", "--save-failing-inputs", saved], monkeypatch, capsys
     )
     assert status == 1
-    assert "bound" in stdout and "used" in stdout and "(seed 5)" in stdout
+    assert "bound" in stdout and "used" in stdout and "(generated, seed 5)" in stdout
     assert f"inputs saved to {saved}" in stderr
     with np.load(saved) as data:
         assert list(data) == ["input"]
@@ -125,9 +125,20 @@ def test_verify_command_names_the_bound_and_saves_failing_inputs(tmp_path, monke
 def test_old_option_names_still_work_with_a_deprecation_warning(tmp_path, monkeypatch, capsys):
     npz = tmp_path / "in.npz"
     np.savez(npz, input=np.zeros((1, 3, 32, 32), np.float32))
-    status, _, stderr = run(["verify", EXAMPLE, EXAMPLE, "--inputs", npz], monkeypatch, capsys)
+    # --inputs is the name of the input arrays now (verify's old alias of --verify-inputs)
+    status, stdout, stderr = run(["verify", EXAMPLE, EXAMPLE, "--inputs", npz], monkeypatch, capsys)
+    assert status == 0 and not stderr, stderr
+    assert f"(from {npz})" in " ".join(stdout.split())
+    status, _, stderr = run(
+        ["verify", EXAMPLE, EXAMPLE, "--verify-inputs", npz], monkeypatch, capsys
+    )
+    assert status == 0 and not stderr, stderr
+    # optimize's --inputs with tensor names is the old name of --keep-inputs
+    status, _, stderr = run(
+        ["optimize", EXAMPLE, "-o", tmp_path / "k.onnx", "--inputs", "input"], monkeypatch, capsys
+    )
     assert status == 0, stderr
-    assert "--inputs is deprecated; use --verify-inputs" in stderr
+    assert "--inputs with tensor names is deprecated; use --keep-inputs" in stderr
     status, _, stderr = run(
         ["optimize", EXAMPLE, "-o", tmp_path / "o.onnx", "--outputs", "logits"],
         monkeypatch,
@@ -146,7 +157,8 @@ def test_target_is_validated_and_its_values_are_in_the_help(tmp_path, monkeypatc
     status, stdout, _ = run(["optimize", "--help"], monkeypatch, capsys)
     assert status == 0
     assert "[ascend310|cpu|cuda]" in stdout and "Exit status: 0 done; 1 verification" in stdout
-    assert "--keep-inputs" in stdout and "--inputs " not in stdout  # the alias is hidden
+    assert "--keep-inputs" in stdout and "--inputs TEXT" in stdout
+    assert "An .npz of arrays named after the model's inputs" in " ".join(stdout.split())
 
 
 def test_every_option_of_every_command_has_help():

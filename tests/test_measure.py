@@ -121,7 +121,9 @@ def test_optimize_benchmark_prints_the_latency_line(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout.strip()
-    line = " ".join(text[text.rindex("\nlatency ") + 1 :].split())  # wrapped at the width
+    tail = " ".join(text[text.rindex("\nlatency ") + 1 :].split())  # wrapped at the width
+    line, _, timed = tail.partition(" timed on inputs ")
+    assert timed.startswith("input[1,3,32,32] (generated, seed 0)"), tail
     assert line.startswith("latency ") and "x; noise +-" in line
     # the runtime last, or followed by the caveat a load change between rounds adds (the
     # machine's load is not the test's to fix)

@@ -62,7 +62,15 @@ def test_profile_settings_take_good_values_and_advise_options_extend_them():
         ({"static_shapes": True}, "static_shapes needs input_shape NAME:D0,D1,"),
         (
             {"verify_inputs": "x.npz", "input_shape": {"x": [1, 4]}},
-            "verify_inputs='x.npz': both it and input_shape give the input shapes",
+            "input_shape and verify_inputs x.npz both give the input shapes",
+        ),
+        (
+            {"inputs": "x.npz", "input_shape": {"x": [1, 4]}},
+            "input_shape and inputs x.npz both give the input shapes",
+        ),
+        (
+            {"inputs": "x.npz", "verify_inputs": "y.npz"},
+            "inputs x.npz and verify_inputs both give the input arrays",
         ),
     ],
 )
@@ -118,7 +126,17 @@ def test_tune_refuses_a_settings_object_beside_its_keywords(tmp_path):
         ),
         (
             ["tune", str(EXAMPLE), "-o", "OUT", "--verify-inputs", "x.npz", "--input-shape", "x:1"],
-            "--verify-inputs x.npz: both it and --input-shape give the input shapes (the .npz "
+            "--input-shape and --verify-inputs x.npz both give the input shapes (the .npz "
+            "arrays' shapes are used); drop --input-shape",
+        ),
+        (
+            ["tune", str(EXAMPLE), "-o", "OUT", "--inputs", "x.npz", "--input-shape", "x:1"],
+            "--input-shape and --inputs x.npz both give the input shapes (the .npz "
+            "arrays' shapes are used); drop --input-shape",
+        ),
+        (
+            ["advise", str(EXAMPLE), "--inputs", "x.npz", "--input-shape", "x:1"],
+            "--input-shape and --inputs x.npz both give the input shapes (the .npz "
             "arrays' shapes are used); drop --input-shape",
         ),
     ],
@@ -240,9 +258,12 @@ def test_profile_json_is_the_api_reports(tmp_path):
     assert isinstance(report, opfuse.ProfileReport) and report.graph_opt == "all"
     data = report.to_json()
     assert set(data) == {
-        "nodes", "graph_opt", "runs", "warmup", "total_us", "op_statistic", "top_nodes",
+        "nodes", "graph_opt", "runs", "warmup", "total_us", "inputs", "inputs_fed",
+        "op_statistic", "top_nodes",
     }  # fmt: skip
     assert data["runs"] == 1 and len(data["top_nodes"]) == 2
+    assert data["inputs_fed"]["shapes"] == {"input": [1, 3, 32, 32]}
+    assert data["inputs_fed"]["generated"] is True
     json.dumps(data)
 
 

@@ -86,7 +86,7 @@ def test_repr_is_one_short_line_and_summary_says_what_changed(tmp_path):
     assert "nodes 15 -> 9" in text and "verification ok" in text
     summary = result.summary()
     assert "BatchNormalization 3 -> 0" in summary and "ConvBatchNormFusionPass" in summary
-    assert "verification: ok" in summary and "input[1,3,32,32] (seed 0)" in summary
+    assert "verification: ok" in summary and "input[1,3,32,32] (generated, seed 0)" in summary
     assert result.save(tmp_path / "s.onnx") == tmp_path / "s.onnx"
     assert onnx.load(str(tmp_path / "s.onnx")).graph.node
 
@@ -184,7 +184,7 @@ def test_a_wrong_pass_is_named_by_the_bisection(monkeypatch, tmp_path):
     assert exc.value.culprit == "ConvBatchNormFusionPass"
     message = str(exc.value)
     assert "try --disable ConvBatchNormFusionPass" in message
-    assert "of its bound" in message and "input[1,3,32,32] (seed 0)" in message
+    assert "of its bound" in message and "input[1,3,32,32] (generated, seed 0)" in message
     with np.load(saved) as data:
         assert data["input"].shape == (1, 3, 32, 32)
     # the saved inputs reproduce the failure; without the culprit it verifies

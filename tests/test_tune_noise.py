@@ -214,8 +214,9 @@ def test_the_higher_opset_note_is_not_given_for_an_upgrade_taken():
 # --- tune fails as optimize does -------------------------------------------------------
 
 
-def needs_64(path: Path) -> Path:
-    """x: [1, n] reshaped to [1, 64, -1]: the generated n = 32 cannot run."""
+def needs(path: Path, rows: int = 64) -> Path:
+    """x: [1, n] reshaped to [1, rows, -1]: the generated n = 32 cannot run (grown, 64 can
+    for 64 rows; no growth reaches a multiple of 7)."""
     graph = h.make_graph(
         [
             h.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
@@ -223,42 +224,61 @@ def needs_64(path: Path) -> Path:
         ],
         "needs64",
         [h.make_tensor_value_info("x", T.FLOAT, [1, "n"])],
-        [h.make_tensor_value_info("y", T.FLOAT, [1, 64, "m"])],
-        initializer=[h.make_tensor("shape", T.INT64, [3], [1, 64, -1])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, rows, "m"])],
+        initializer=[h.make_tensor("shape", T.INT64, [3], [1, rows, -1])],
     )
     onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), str(path))
     return path
 
 
-NPZ_HINT = "--verify-inputs inputs.npz, or sizes with --input-shape"
-SIZES_HINT = "give the sizes you run the model with, --input-shape NAME:D0,D1,...)"
+def needs_64(path: Path) -> Path:
+    return needs(path, 64)
 
 
-@pytest.mark.parametrize(
-    "command, hint",
-    [
-        (["tune", "-o", "{out}", "--budget", "10", "--bench-seconds", "0.05"], NPZ_HINT),
-        (["optimize", "-o", "{out}", "--benchmark", "--no-verify", "--bench-seconds", "0.05"],
-         NPZ_HINT),
-        # the advisor profiles a working copy: the error names the user's model
-        (["advise", "-o", "{out}.txt", "--no-trial", "--warmup", "0", "--runs", "1"],
-         SIZES_HINT),
-        (["profile", "--warmup", "0", "--runs", "1"], SIZES_HINT),
-    ],
-)  # fmt: skip
-def test_a_model_the_generated_inputs_cannot_run_is_a_one_line_error(tmp_path, command, hint):
-    model = needs_64(tmp_path / "m.onnx")
-    out = tmp_path / "out.onnx"
+NPZ_HINT = "give realistic ones with --inputs samples.npz, or sizes with --input-shape"
+SIZES_HINT = "give the inputs you run the model on, --inputs samples.npz, or their sizes"
+COMMANDS = [
+    (["tune", "-o", "{out}", "--budget", "10", "--bench-seconds", "0.05"], NPZ_HINT),
+    (["optimize", "-o", "{out}", "--benchmark", "--no-verify", "--bench-seconds", "0.05"],
+     NPZ_HINT),
+    # the advisor profiles a working copy: the error names the user's model
+    (["advise", "-o", "{out}.txt", "--no-trial", "--warmup", "0", "--runs", "1"], SIZES_HINT),
+    (["profile", "--warmup", "0", "--runs", "1"], SIZES_HINT),
+]  # fmt: skip
+
+
+def run_on(model: Path, command: list[str], out: Path) -> subprocess.CompletedProcess[str]:
     args = [a.replace("{out}", str(out)) for a in command]
-    proc = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "opfuse", args[0], str(model), *args[1:]],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("command, hint", COMMANDS)
+def test_a_model_the_generated_inputs_cannot_run_is_a_one_line_error(tmp_path, command, hint):
+    model = needs(tmp_path / "m.onnx", 7)
+    proc = run_on(model, command, tmp_path / "out.onnx")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr  # no onnxruntime log lines
     assert f"{model}: onnxruntime cannot run the model on inputs x [1, 32]" in proc.stderr
     assert hint in proc.stderr
     assert not list(tmp_path.glob("out*"))  # nothing written
+
+
+@pytest.mark.parametrize("command", [c for c, _ in COMMANDS])
+def test_the_generated_sizes_grow_where_onnxruntime_refuses_them(tmp_path, command):
+    """issue 41: the free dims grow (x2 here) before anything is refused, and every
+    command says the shape it ran on."""
+    proc = run_on(needs_64(tmp_path / "m.onnx"), command, tmp_path / "out.onnx")
+    assert proc.returncode == 0, proc.stderr
+    report = tmp_path / "out.onnx.txt"
+    text = " ".join((report.read_text() if command[0] == "advise" else proc.stdout).split())
+    if command[0] in ("tune", "optimize"):
+        assert "timed on inputs x[1,64] (generated, seed 0; free dims grown x2" in text, text
+    else:
+        grown = "x [1, 64] (declared [1, n]), generated (seed 0; free dims grown x2"
+        assert f"inputs profiled: {grown}" in text, text
 
 
 def test_tune_runs_it_with_the_sizes_given(tmp_path):

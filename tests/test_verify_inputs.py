@@ -87,11 +87,11 @@ def test_every_input_type_is_generated(tmp_path, type_, check):
     assert report.ok and report.inputs == plan.lines()
 
 
-def test_a_model_that_cannot_run_on_generated_inputs_suggests_verify_inputs(tmp_path):
+def test_a_model_that_cannot_run_on_generated_inputs_suggests_inputs(tmp_path):
     """An integer whose use is not a known position (a count times 4 as a shape)."""
     body = "f = Constant<value=int64[1] {4}>()\n m = Mul(k, f)\n y = Reshape(x, m)"
     path = save(tmp_path, f"{HEAD} g (float[8] x, int64[1] k) => (y) {{ {body} }}")
-    with pytest.raises(OpfuseError, match="--verify-inputs"):
+    with pytest.raises(OpfuseError, match="--inputs samples.npz"):
         compare_files(path, path)
 
 
@@ -207,7 +207,7 @@ def test_a_sequence_input_the_model_cannot_run_on_is_a_one_line_error(tmp_path):
     """The error lists the inputs: a sequence has no shape (it was a crash)."""
     body = "n = SequenceLength(s)\n k = Constant<value=int64[1] {4}>()\n m = Mul(n, k)\n y = Reshape(x, m)"
     path = save(tmp_path, f"{HEAD} g (float[8] x, seq(float[2]) s) => (float[?] y) {{ {body} }}")
-    with pytest.raises(OpfuseError, match="s sequence.*--verify-inputs"):
+    with pytest.raises(OpfuseError, match="s sequence.*--inputs"):
         compare_files(path, path)
 
 

@@ -132,6 +132,7 @@ class OptimizeKeywords(TypedDict, total=False):
     rtol: float
     atol: float
     input_shape: Mapping[str, Sequence[int]] | None
+    inputs: str | os.PathLike[str] | None
     verify_inputs: str | os.PathLike[str] | None
     seed: int
     save_failing_inputs: str | os.PathLike[str] | None
@@ -187,6 +188,7 @@ def optimize(
     rtol: float = 1e-4,
     atol: float = 1e-5,
     input_shape: Mapping[str, Sequence[int]] | None = None,
+    inputs: str | os.PathLike[str] | None = None,
     verify_inputs: str | os.PathLike[str] | None = None,
     seed: int = 0,
     save_failing_inputs: str | os.PathLike[str] | None = None,
@@ -209,7 +211,10 @@ def optimize(
     ``opfuse optimize``'s options. Raises ``OpfuseError`` on bad input (``SettingsError``
     naming the keyword for a refused setting) and ``VerificationError`` (naming the first
     pass whose output differs) when the outputs differ beyond ``atol * max(1, max|ref|) +
-    rtol * |ref|``. ``static_shapes`` re-declares the inputs with the ``input_shape`` dims
+    rtol * |ref|``. ``inputs``: an .npz of arrays named after the model's inputs to verify
+    on instead of generated ones (``verify_inputs`` is its older name); without it, the
+    inputs are generated (``result.verify.fed`` says which, and their shapes).
+    ``static_shapes`` re-declares the inputs with the ``input_shape`` dims
     (``--static-shapes``).
 
     ``optimize_settings`` (``OptimizeSettings``: the passes, the cut, the graph options,
@@ -231,7 +236,7 @@ def optimize(
         static_shapes=static_shapes,
     )
     checks = _verify_settings(
-        verify_settings, rtol, atol, input_shape, verify_inputs, seed, save_failing_inputs
+        verify_settings, rtol, atol, input_shape, verify_inputs, seed, save_failing_inputs, inputs
     )
     workdir = tempfile.TemporaryDirectory(prefix="opfuse-")
     folder = Path(workdir.name)
@@ -272,6 +277,7 @@ def verify(
     rtol: float = 1e-4,
     atol: float = 1e-5,
     input_shape: Mapping[str, Sequence[int]] | None = None,
+    inputs: str | os.PathLike[str] | None = None,
     verify_inputs: str | os.PathLike[str] | None = None,
     seed: int = 0,
     save_failing_inputs: str | os.PathLike[str] | None = None,
@@ -283,10 +289,12 @@ def verify(
     Never raises for differing outputs: read ``report.ok`` and ``report.outputs``
     (each with its error, the bound applied and the share of it the worst element used);
     with ``save_failing_inputs``, differing outputs also write the inputs there
-    (``report.saved_inputs``). ``verify_settings`` (``VerifySettings``) may be given
-    instead of the keywords. Raises ``OpfuseError`` on bad input."""
+    (``report.saved_inputs``). ``inputs``: an .npz of arrays named after the inputs
+    (``verify_inputs``, its older name), else generated inputs (``report.fed`` says which,
+    and their shapes). ``verify_settings`` (``VerifySettings``) may be given instead of
+    the keywords. Raises ``OpfuseError`` on bad input."""
     checks = _verify_settings(
-        verify_settings, rtol, atol, input_shape, verify_inputs, seed, save_failing_inputs
+        verify_settings, rtol, atol, input_shape, verify_inputs, seed, save_failing_inputs, inputs
     )
     with tempfile.TemporaryDirectory(prefix="opfuse-") as tmp:
         a = _as_file(original, Path(tmp), "original.onnx")
@@ -301,7 +309,7 @@ def verify(
             rtol=checks.rtol,
             atol=checks.atol,
             input_shapes=checks.shapes,
-            inputs_npz=checks.verify_inputs,
+            inputs_npz=checks.inputs_npz,
             seed=checks.seed,
         )
     if not report.ok and checks.save_failing_inputs is not None:
@@ -317,6 +325,7 @@ def _verify_settings(
     verify_inputs: str | os.PathLike[str] | None,
     seed: int,
     save_failing_inputs: str | os.PathLike[str] | None,
+    inputs: str | os.PathLike[str] | None = None,
 ) -> VerifySettings:
     """``verify_settings``, or the verifier's keywords made into one."""
     return _given(
@@ -328,6 +337,7 @@ def _verify_settings(
         verify_inputs=verify_inputs,
         seed=seed,
         save_failing_inputs=save_failing_inputs,
+        inputs=inputs,
     )
 
 
@@ -413,6 +423,7 @@ def tune(
     rtol: float = 1e-4,
     atol: float = 1e-5,
     input_shape: Mapping[str, Sequence[int]] | None = None,
+    inputs: str | os.PathLike[str] | None = None,
     verify_inputs: str | os.PathLike[str] | None = None,
     static_shapes: bool = False,
     layout: Sequence[str] = (),
@@ -425,27 +436,26 @@ def tune(
     """Search for the fastest verified variant of the model file ``model`` on the runtime
     (``opfuse tune``) and write it to ``output``, with the fusion switch file that rebuilds
     it (``switch_file_out``, default ``OUTPUT.fusion_switch.cfg``) and, if asked, the
-    report of every trial as JSON. Returns the ``TuneResult``: ``result.best`` (the variant
-    written), ``result.ratio`` (its latency over the original's, measured), ``trials``,
-    ``command`` (the ``opfuse optimize`` line that rebuilds the output), ``summary()``.
+    ``report`` of every trial (JSON). Returns the ``TuneResult``: ``best`` (the variant
+    written), ``ratio`` (its latency over the original's), ``trials``, ``command``.
 
     ``settings`` (a ``TuneSettings``) or its keywords (``budget``, ``rtol``, ``atol``,
-    ``input_shape``, ``verify_inputs``, ``static_shapes``, ``layout``,
-    ``allow_interface_change``, ``session_search``, ``max_threads``, ``runtimes``) say what
-    is searched; ``runtime_settings`` (a ``RuntimeSettings``) or its keywords (``runtime``,
-    ``provider``, ``threads``, ``graph_opt``, ``bench_seconds``) what it is measured on;
-    an object and its keywords together are refused. A bad value is a ``SettingsError``
-    naming the keyword (``budget=0: must be more than 0``).
+    ``input_shape``, ``inputs``, ``static_shapes``, ``layout``, ``allow_interface_change``,
+    ``session_search``, ``max_threads``, ``runtimes``) say what is searched (``inputs``,
+    older name ``verify_inputs``: an .npz of the input arrays verified and timed on, else
+    generated; ``result.inputs`` names them); ``runtime_settings`` (a ``RuntimeSettings``)
+    or its keywords (``runtime``, ``provider``, ``threads``, ``graph_opt``,
+    ``bench_seconds``) what it is measured on; both together are refused. A bad value is
+    a ``SettingsError`` naming the keyword (``budget=0: must be more than 0``).
 
     The model's interface is the caller's: variants that change its inputs are tried only
     when asked (``layout``, ``static_shapes`` with ``input_shape``, or
     ``allow_interface_change``); ``result.interface_changed`` says how the written model's
     inputs/outputs differ. Then (``session_search``) the session settings are searched on
     that model (threads up to ``max_threads``, execution mode, graph optimization level,
-    the ``runtimes``); ``OUTPUT.session.json`` (``result.session_file``) records the graph
-    and session settings, for ``InferenceSession(output or the original,
-    session_file=...)``; each choice's measured ratio is in ``result.session``.
-    ``progress`` is told each trial's name as it starts (steps: ``opfuse.tuning.conductor``)."""
+    the ``runtimes``: ``result.session``); ``OUTPUT.session.json`` records the graph and
+    session settings, for ``InferenceSession(output or the original, session_file=)``.
+    ``progress`` is told each trial's name as it starts (``opfuse.tuning.conductor``)."""
     return conductor.tune_file(
         model,
         conductor.TuneOutputs.beside(output, switch_file_out, report),
@@ -456,6 +466,7 @@ def tune(
             rtol=rtol,
             atol=atol,
             input_shape=input_shape,
+            inputs=inputs,
             verify_inputs=verify_inputs,
             static_shapes=static_shapes,
             layout=layout,

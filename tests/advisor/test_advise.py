@@ -237,13 +237,15 @@ PROFILE_KEYS = {
     "notes",
     "inputs",
     "input_shape_hint",
+    "inputs_fed",
 }
 INPUT_KEYS = {"name", "shape", "declared", "dynamic"}
+FED_KEYS = {"shapes", "generated", "npz", "seed", "how", "grown", "refused"}
 NEXT_STEP_KEYS = {"command", "ratio", "helps"}
 STAT_KEYS = {"op_type", "count", "total_us", "mean_us", "share"}
 TOP_KEYS = {"name", "op_type", "duration_us", "iqr_us", "share", "provider", "nodes", "of_peak"}
 OF_PEAK_KEYS = {"flops", "bandwidth"}
-STEPS_KEYS = {"trial", "skipped", "commands", "helps", "dominant"}
+STEPS_KEYS = {"trial", "skipped", "commands", "helps", "dominant", "inputs"}
 COMMAND_KEYS = {
     "command",
     "flags",
@@ -416,7 +418,7 @@ def test_json_schema_is_stable_and_documented(tmp_path) -> None:  # type: ignore
     documented |= ORT_KEYS | AIPP_KEYS | L2_KEYS | OP_KEYS | HINT_KEYS | HINT_KINDS
     documented |= VERDICT_KEYS | GRAPH_FUSION_KEYS | REASON_KEYS | OF_PEAK_KEYS | STEPS_KEYS
     documented |= COMMAND_KEYS | DOMINANT_KEYS | ACTIVATION_KEYS
-    documented |= QUANTIZED_KEYS | QUANTIZED_KINDS | INPUT_KEYS | NEXT_STEP_KEYS
+    documented |= QUANTIZED_KEYS | QUANTIZED_KINDS | INPUT_KEYS | NEXT_STEP_KEYS | FED_KEYS
     for key in documented:
         assert f"`{key}`" in doc, f"docs/ADVISOR.md does not document {key}"
 

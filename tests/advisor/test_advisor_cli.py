@@ -233,8 +233,9 @@ def test_narrow_tables_drop_constant_and_repeated_columns():
 
 
 def test_advise_prints_the_input_shapes_it_profiled(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """Every per-op figure depends on the input shapes: the report says which, and for a
-    dynamic dim how to give another (text, JSON, HTML); a static model gets no hint."""
+    """Every per-op figure depends on the input shapes: the report says which, that they
+    were generated, and for a dynamic dim opfuse chose what to give instead (text, JSON,
+    HTML); a static model, or a size given, gets no hint."""
     from advisor_models import make_model
     from onnx import helper
 
@@ -251,15 +252,19 @@ def test_advise_prints_the_input_shapes_it_profiled(tmp_path) -> None:  # type: 
     assert prof["inputs"] == [
         {"name": "x", "shape": [1, 3, 4], "declared": ["N", 3, 4], "dynamic": True}
     ]
-    assert prof["input_shape_hint"] == "--input-shape x:1,3,4"
+    hint = "--inputs samples.npz, or --input-shape x:N,3,4 with your sizes"
+    assert prof["input_shape_hint"] == hint  # the dims to choose, not the toy shape
+    assert prof["inputs_fed"]["generated"] is True
+    assert prof["inputs_fed"]["shapes"] == {"x": [1, 3, 4]}
     text = CliRunner().invoke(app, base, env={"COLUMNS": "300"}).output
-    assert "inputs profiled: x [1, 3, 4] (declared [N, 3, 4])" in text
-    assert "--input-shape x:1,3,4" in text
+    assert "inputs profiled: x [1, 3, 4] (declared [N, 3, 4]), generated (seed 0)" in text
+    assert hint in text
     page = CliRunner().invoke(app, [*base, "--format", "html"]).output
-    assert "inputs profiled: x [1, 3, 4]" in page and "--input-shape x:1,3,4" in page
-    # the shape given is the one profiled
+    assert "inputs profiled: x [1, 3, 4]" in page and hint in page
+    # the shape given is the one profiled, with no hint
     given = CliRunner().invoke(app, [*base, "--input-shape", "x:2,3,4", "--format", "json"])
     assert json.loads(given.output)["profile"]["inputs"][0]["shape"] == [2, 3, 4]
+    assert json.loads(given.output)["profile"]["input_shape_hint"] is None
     static = tmp_path / "static.onnx"
     onnx.save(make_model([n("Relu", ["x"], ["y"], name="r")], {"x": [1, 3]}, {"y": [1, 3]}), static)
     text = (

@@ -39,9 +39,11 @@ from opfuse.advisor.report_types import (
     step_command_of,
 )
 from opfuse.runtime.targets import load_target
+from opfuse.verification.compare import FedInputs
 
 DOCS = Path(__file__).parents[2] / "docs" / "ADVISOR.md"
 V = Verdict("P", available=True, fires=False, reason="r")
+FED = FedInputs({"x": [1, 3]}, None, 0, ("x: 1x3 float, random",), "grown x2", "too short")
 
 
 def full_report() -> AdviceReport:
@@ -58,6 +60,7 @@ def full_report() -> AdviceReport:
             [StepCommand("opfuse optimize m.onnx", ["-x"], "y", 0.9, 0.01, 5, "Mul -1", True)],
             True,
             [Dominant("Conv", 0.5, "s")],
+            FED,
         ),
         graph=GraphInfo("g", 3, 3, False, 0, False),
         profile=ProfileInfo(
@@ -77,6 +80,7 @@ def full_report() -> AdviceReport:
             "--input-shape x:1,3",
             [],
             ["n"],
+            FED,
         ),  # fmt: skip
         op_statistic=[OpTime("Conv", 1, 5.0, 5.0, 0.5)],
         top_nodes=[TopNode("c", "Conv", 5.0, 0.1, 0.5, "CPU", ["c"], PeakShare(0.1, 0.2))],
@@ -154,9 +158,11 @@ def test_every_section_gives_the_keys_the_docs_list() -> None:
         "hints", "graph_fusion",
     ]  # fmt: skip
     assert set(report) == set(docs)
-    # the keys a section gives, except the free-form ones (a target's ub_limits by class)
+    # the keys a section gives, except the free-form ones (a target's ub_limits by class,
+    # the inputs' shapes by name)
     for key, value in report.items():
         given = keys(value) - (set(load_target("cpu").ub_limits) if key == "target" else set())
+        given -= set(FED.shapes)  # the inputs' names
         verdict_keys = {"pass", "available", "fires", "reason"}  # "Recommendations and verdicts"
         assert given - verdict_keys <= docs[key], (key, given - verdict_keys - docs[key])
 

@@ -27,7 +27,8 @@ from opfuse.verification.compare import compare_files
 LIMITS = {"timeout": 6.0, "max_memory": 1 << 30}
 FIELDS = {
     "schema", "model", "relpath", "sha256", "options_key", "limits", "status", "error",
-    "nodes_before", "nodes_after", "passes", "verification", "latency_ratio", "tune", "output",
+    "nodes_before", "nodes_after", "passes", "verification", "latency_ratio", "latency_inputs",
+    "tune", "output",
     "reports", "started", "seconds", "optimize_seconds", "peak_memory", "versions",
 }  # fmt: skip
 

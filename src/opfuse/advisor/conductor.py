@@ -183,6 +183,7 @@ def profile_of(
         provider=o.provider,
         graph_opt=o.graph_opt or "disable",
         input_shapes=o.input_shapes,
+        inputs_npz=o.inputs,
         optimized_out=os.path.join(tmp, "profiled_ort.onnx"),
         progress=lambda done, total: step("profiling with onnxruntime", done, total),
         shown_as=loaded.path,

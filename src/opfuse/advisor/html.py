@@ -584,6 +584,8 @@ def _steps(steps: NextSteps, top: int) -> str:
         out.append('<ul class="steps">' + "".join(items) + "</ul>")
         out.append(_more(min(top, len(steps.commands)), len(steps.commands)))
         out.append(f'<p class="dim">{escape(str(steps.trial))}</p>')
+        if steps.inputs is not None:
+            out.append(f'<p class="dim">{escape(steps.inputs.line("timed"))}</p>')
     if not steps.helps:
         if steps.commands:
             out.append(

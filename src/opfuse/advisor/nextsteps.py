@@ -25,6 +25,7 @@ from opfuse.advisor.report_types import NO_CHANGE
 from opfuse.model import io
 from opfuse.runtime import Runtime
 from opfuse.tuning.variants import DEFAULT, Variant, build, probe
+from opfuse.verification.compare import FedInputs
 
 TRIAL_SECONDS = 3.0  # the measurement's budget (at least 5 interleaved rounds)
 DOMINANT_SHARE = 0.10  # op types above this share of the time are named when nothing helps
@@ -172,14 +173,16 @@ def trial(
     *,
     input_shapes: Mapping[str, list[int]] | None = None,
     changes: Changes | None = None,
-) -> list[dict[str, object]]:
+    inputs_npz: str | os.PathLike[str] | None = None,
+) -> tuple[list[dict[str, object]], FedInputs | None]:
     """Each candidate built (optimized and verified, as its command does) and measured
-    against the model in one paired, interleaved run, on inputs of ``input_shapes`` (the
-    shapes the advisor profiled). ``changes`` gets, per command, the nodes of the default
-    passes' output it changes (so a report can say which groups a command fuses). A
-    command whose output has the model's nodes (``same_nodes``) is not measured and never
-    helps: its ``effect`` is NO_CHANGE (``opfuse optimize`` would say "no pass changed the
-    model"; timing a file identical to the model only measures noise)."""
+    against the model in one paired, interleaved run, on the arrays of ``inputs_npz`` or
+    inputs of ``input_shapes`` (what the advisor profiled); also what they were (None when
+    nothing was measured). ``changes`` gets, per command, the nodes of the default passes'
+    output it changes (so a report can say which groups a command fuses). A command whose
+    output has the model's nodes (``same_nodes``) is not measured and never helps: its
+    ``effect`` is NO_CHANGE (``opfuse optimize`` would say "no pass changed the model";
+    timing a file identical to the model only measures noise)."""
     from opfuse.pipeline.conductor import op_counts
     from opfuse.tuning.measure import ORIGINAL, measure
 
@@ -209,7 +212,13 @@ def trial(
                 "error": None,
             }
             rows.append(row)
-            result = build(model_path, variant, Path(tmp) / f"{i}.onnx", input_shapes=input_shapes)
+            result = build(
+                model_path,
+                variant,
+                Path(tmp) / f"{i}.onnx",
+                input_shapes=input_shapes,
+                inputs_npz=inputs_npz,
+            )
             if not result.ok:
                 row["error"] = result.failure.splitlines()[0]
                 continue
@@ -229,8 +238,17 @@ def trial(
             for cmd, kept in names.items():
                 if cmd != rows[0]["command"]:
                     changes.nodes[cmd] = default - kept
+        fed = None
         if built:
-            m = measure(model_path, built, runtime, seconds=seconds, input_shapes=input_shapes)
+            m = measure(
+                model_path,
+                built,
+                runtime,
+                seconds=seconds,
+                input_shapes=input_shapes,
+                inputs_npz=inputs_npz,
+            )
+            fed = m.inputs
             labels = [v.label for v, _ in found]
             for row, label in zip(rows, labels, strict=True):
                 if label in built:
@@ -242,7 +260,7 @@ def trial(
                     )
         if step:
             step("next steps: measuring", 1, 1)
-    return rows
+    return rows, fed
 
 
 def dominant(

@@ -16,8 +16,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opfuse.errors import OpfuseError
+
+if TYPE_CHECKING:
+    from opfuse.verification.compare import FedInputs
 
 KERNEL_SUFFIX = "_kernel_time"
 GRAPH_OPT_LEVELS = ("disable", "basic", "extended", "all")
@@ -90,14 +94,29 @@ class Profile:
     ort_optimized_model: str | None = None  # graph onnxruntime ran (for name mapping)
     # the model inputs profiled: name, shape fed, declared dims (a name or "?" where dynamic)
     inputs: list[InputShape] = field(default_factory=list)
+    # what opfuse fed them (generated or the user's .npz); None: a profile read, not run here
+    fed: FedInputs | None = None
+    sized: tuple[str, ...] = ()  # the inputs whose dims the user gave (--input-shape)
 
     def input_shape_hint(self) -> str | None:
-        """``--input-shape`` options that give the dynamic inputs the shapes profiled (to
-        change them), or None when every input is static."""
-        dynamic = [i for i in self.inputs if i.dynamic]
+        """What to give instead of the sizes opfuse chose for the dynamic dims of generated
+        inputs: ``--inputs samples.npz``, or ``--input-shape`` with each dim the model
+        leaves free named (``x:N,3,H,W``, ``D2`` where unnamed); None when the inputs were
+        given or read from a profile, or no dim was opfuse's choice."""
+        if self.fed is None or not self.fed.generated:
+            return None
+        dynamic = [i for i in self.inputs if i.dynamic and i.name not in self.sized]
         if not dynamic:
             return None
-        return " ".join(f"--input-shape {i.name}:{','.join(map(str, i.shape))}" for i in dynamic)
+        shapes = " ".join(
+            f"--input-shape {i.name}:"
+            + ",".join(
+                str(d) if isinstance(d, int) else (d if d != "?" else f"D{k}")
+                for k, d in enumerate(i.declared)
+            )
+            for i in dynamic
+        )
+        return f"--inputs samples.npz, or {shapes} with your sizes"
 
     @property
     def total_us(self) -> float:
@@ -215,15 +234,24 @@ def run_onnxruntime(
     optimized_out: str | os.PathLike[str] | None = None,
     progress: Callable[[int, int], None] | None = None,
     shown_as: str | os.PathLike[str] | None = None,
+    inputs_npz: str | os.PathLike[str] | None = None,
 ) -> Profile:
-    """Profile ``runs`` inferences after ``warmup`` ones on seeded random inputs. A model
-    they cannot run is ``optimize``'s one-line error naming ``shown_as`` (the user's model
-    when ``model_path`` is a working copy) with the ``--input-shape`` hint."""
+    """Profile ``runs`` inferences after ``warmup`` ones on the arrays of ``inputs_npz``,
+    else on seeded random inputs (the sizes opfuse chose grown where onnxruntime refuses
+    them, as the verifier's). A model they cannot run is ``optimize``'s one-line error
+    naming ``shown_as`` (the user's model when ``model_path`` is a working copy) with the
+    ``--inputs``/``--input-shape`` hint."""
     import onnxruntime as ort
 
     from opfuse.model.io import check_output_path, write_text
     from opfuse.model.sessions import open_session
-    from opfuse.verification.compare import make_inputs, run_model
+    from opfuse.verification.compare import (
+        FedInputs,
+        make_inputs_and_plan,
+        run_model,
+        runnable_inputs,
+        session,
+    )
 
     if profile_out is not None:  # before the runs
         check_output_path(profile_out, [model_path])
@@ -234,21 +262,40 @@ def run_onnxruntime(
             f"--provider {provider}: not available here "
             f"({', '.join(ort.get_available_providers())})"
         )
+    shown = shown_as or model_path
+    hint = "" if inputs_npz is not None else GENERATED_HINT
     with tempfile.TemporaryDirectory(prefix="opfuse-profile-") as tmp:
-        sess = open_session(
-            model_path,
-            provider=provider,
-            cpu_fallback=True,
-            threads=threads,
-            graph_opt=graph_opt,
-            profile_prefix=os.path.join(tmp, "ort"),
-            optimized_path=optimized_out if graph_opt != "disable" else None,
-            name=shown_as or model_path,
-        )
-        feeds = make_inputs(sess, input_shapes, model=model_path)
+
+        def profiling() -> ort.InferenceSession:
+            return open_session(
+                model_path,
+                provider=provider,
+                cpu_fallback=True,
+                threads=threads,
+                graph_opt=graph_opt,
+                profile_prefix=os.path.join(tmp, "ort"),
+                optimized_path=optimized_out if graph_opt != "disable" else None,
+                name=shown,
+            )
+
+        sess = profiling()
+        feeds, plan = make_inputs_and_plan(sess, input_shapes, inputs_npz, model=model_path)
+        try:
+            run_model(sess, feeds, shown, hint)
+        except OpfuseError:
+            if plan is None or not plan.free:
+                raise
+            # sizes onnxruntime refuses grow (or the refusal is raised); a fresh profile
+            feeds, plan, _ = runnable_inputs(
+                session(model_path), input_shapes, None, 0, model_path, shown, hint
+            )
+            sess.end_profiling()
+            sess = profiling()
+            run_model(sess, feeds, shown, hint)
         total = warmup + runs
         for i in range(total):
-            run_model(sess, feeds, shown_as or model_path, GENERATED_HINT)
+            if i:  # the first ran above
+                run_model(sess, feeds, shown, hint)
             if progress:
                 progress(i + 1, total)
         raw = sess.end_profiling()
@@ -268,13 +315,15 @@ def run_onnxruntime(
     ]
     if optimized_out is not None and graph_opt != "disable":
         profile.ort_optimized_model = str(optimized_out)
+    profile.fed = FedInputs.of(feeds, plan, inputs_npz, 0)
+    profile.sized = tuple(input_shapes or ())
     return profile
 
 
-# the inputs are generated (seeded random values, the sizes --input-shape gives or 1/32)
+# the inputs are generated (seeded random values, the sizes --input-shape gives or opfuse's)
 GENERATED_HINT = (
-    " (the inputs were generated; give the sizes you run the model with, --input-shape "
-    "NAME:D0,D1,...)"
+    " (the inputs were generated; give the inputs you run the model on, --inputs "
+    "samples.npz, or their sizes, --input-shape NAME:D0,D1,...)"
 )
 
 

@@ -25,6 +25,7 @@ from opfuse.advisor.profile_readers import (
 from opfuse.advisor.report import (
     CAPTION,
     ORIGINAL,
+    inputs_line,
     nodes_text,
     op_statistic_table,
     plain_text,
@@ -64,6 +65,8 @@ class ProfileReport:
             "runs": p.runs,
             "warmup": p.warmup,
             "total_us": p.total_us,
+            "inputs": [i.to_json() for i in p.inputs],
+            "inputs_fed": None if p.fed is None else p.fed.to_json(),
             "op_statistic": [
                 {
                     "op_type": s.op_type,
@@ -118,6 +121,7 @@ def profile(
             provider=settings.provider,
             graph_opt=graph_opt,
             input_shapes=settings.input_shapes,
+            inputs_npz=settings.inputs,
             profile_out=profile_out,
             optimized_out=Path(tmp) / "ort_optimized.onnx",
             progress=lambda done, total: step("profiling", done, total),
@@ -181,6 +185,8 @@ def render_profile(report: ProfileReport, console: Console, model: str, provider
         f"({provider}, onnxruntime graph optimization level {report.graph_opt})",
         markup=False,
     )
+    if prof.inputs:
+        console.print(inputs_line(prof.inputs, prof.input_shape_hint(), prof.fed), markup=False)
     # per run, as advise prints it: counts per run, each node's median time over the runs
     console.print(op_statistic_table(report.op_statistic))
     columns = (

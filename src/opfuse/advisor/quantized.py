@@ -321,6 +321,7 @@ def int8_pays(
     cpu: CpuFeatures,
     measure: MeasurePair | None = None,
     input_shapes: Mapping[str, list[int]] | None = None,
+    inputs_npz: str | os.PathLike[str] | None = None,
 ) -> list[dict[str, object]]:
     """Measure the QDQ model against its float twin (paired, the original twice); a
     finding when int8 is not faster beyond the noise."""
@@ -333,7 +334,12 @@ def int8_pays(
         twin = Path(tmp) / "float.onnx"
         onnx.save_model(dequantized_float(model), str(twin))
         m = measure(
-            twin, {"int8": str(model_path)}, runtime, seconds=seconds, input_shapes=input_shapes
+            twin,
+            {"int8": str(model_path)},
+            runtime,
+            seconds=seconds,
+            input_shapes=input_shapes,
+            inputs_npz=inputs_npz,
         )
     ratio = m.ratio("int8")
     noise = m.threshold
@@ -373,6 +379,7 @@ def quantized_findings(
     seconds: float = 0.0,
     cost_of: Callable[[list[str]], float] | None = None,
     input_shapes: Mapping[str, list[int]] | None = None,
+    inputs_npz: str | os.PathLike[str] | None = None,
 ) -> list[dict[str, object]]:
     """Every finding on the QDQ model at ``model_path`` ([] for a float model).
     ``times_us``: the profile's time per model node name; ``cost_of``: the time of a set
@@ -390,5 +397,12 @@ def quantized_findings(
     if runtime is not None and seconds > 0:
         # a twin the runtime refuses (e.g. integer-only ops): no verdict
         with contextlib.suppress(OpfuseError):
-            out += int8_pays(model_path, runtime, seconds, cpu, input_shapes=input_shapes)
+            out += int8_pays(
+                model_path,
+                runtime,
+                seconds,
+                cpu,
+                input_shapes=input_shapes,
+                inputs_npz=inputs_npz,
+            )
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -15,6 +16,9 @@ from rich.table import Table
 from opfuse.advisor.l2 import ABOVE_PEAK, RATIO_KEYS
 from opfuse.advisor.pass_verdict import Verdict
 from opfuse.advisor.profile_readers import InputShape, OpStat
+
+if TYPE_CHECKING:
+    from opfuse.verification.compare import FedInputs
 from opfuse.advisor.report_types import (
     AdviceReport,
     Finding,
@@ -201,7 +205,7 @@ def header_lines(report: AdviceReport) -> list[str]:
         ),
     ]
     if prof.inputs:
-        lines.append(inputs_line(prof.inputs, prof.input_shape_hint))
+        lines.append(inputs_line(prof.inputs, prof.input_shape_hint, prof.inputs_fed))
     if prof.variance_warning:
         lines.append(f"warning: {prof.variance_warning}")
     if prof.unmapped_us:
@@ -213,9 +217,12 @@ def header_lines(report: AdviceReport) -> list[str]:
     return lines
 
 
-def inputs_line(inputs: Sequence[InputShape], hint: str | None) -> str:
-    """The input shapes profiled (every per-op figure depends on them) and, where a dim is
-    dynamic, the options that set it."""
+def inputs_line(
+    inputs: Sequence[InputShape], hint: str | None, fed: FedInputs | None = None
+) -> str:
+    """The input shapes profiled (every per-op figure depends on them), where they came
+    from (generated, or the user's .npz; ``fed`` None: a profile read, as it recorded
+    them) and, where opfuse chose a dynamic dim, what to give instead."""
 
     def dims(values: Sequence[object]) -> str:
         return "[" + ", ".join(str(v) for v in values) + "]"
@@ -225,8 +232,12 @@ def inputs_line(inputs: Sequence[InputShape], hint: str | None) -> str:
         for i in inputs
     )
     line = f"inputs profiled: {shown}"
+    if fed is not None and fed.npz is not None:
+        line += f", from {fed.npz}"
+    elif fed is not None:
+        line += f", generated (seed {fed.seed}" + (f"; {fed.grown}" if fed.grown else "") + ")"
     if hint:
-        line += "; dynamic dims were set by opfuse: give the shapes you run with, e.g. " + hint
+        line += "; opfuse chose the dynamic dims: give the inputs you run with, " + hint
     return line
 
 
@@ -307,6 +318,8 @@ def steps_text(report: AdviceReport, console: Console, top: int) -> None:
         p(f"  {step_text(c)}", markup=False)
     if (line := more(top, len(steps.commands))) is not None:
         p(f"  {line}")
+    if steps.inputs is not None:
+        p(steps.inputs.line("timed"), markup=False)
     if steps.commands and not steps.helps:
         p("Nothing opfuse does makes this model faster here. Where the time goes:")
     if not steps.helps:

@@ -15,6 +15,7 @@ from opfuse.advisor.l2 import RATIO_KEYS
 from opfuse.advisor.pass_verdict import Verdict
 from opfuse.advisor.profile_readers import InputShape
 from opfuse.runtime.targets import Target
+from opfuse.verification.compare import FedInputs
 
 # a Next steps command whose output has the model's nodes (its ``effect``): not measured,
 # never recommended
@@ -81,6 +82,7 @@ class ProfileInfo:
     input_shape_hint: str | None
     missing_columns: list[str]
     notes: list[str]
+    inputs_fed: FedInputs | None = None  # what opfuse fed (None: a profile read)
 
     def to_json(self) -> Json:
         return {
@@ -100,6 +102,7 @@ class ProfileInfo:
             "input_shape_hint": self.input_shape_hint,
             "missing_columns": list(self.missing_columns),
             "notes": list(self.notes),
+            "inputs_fed": None if self.inputs_fed is None else self.inputs_fed.to_json(),
         }
 
 
@@ -179,6 +182,7 @@ class NextSteps:
     commands: list[StepCommand]
     helps: bool
     dominant: list[Dominant]
+    inputs: FedInputs | None = None  # what the trial timed on (None: no trial)
 
     def to_json(self) -> Json:
         return {
@@ -187,6 +191,7 @@ class NextSteps:
             "commands": [c.to_json() for c in self.commands],
             "helps": self.helps,
             "dominant": [d.to_json() for d in self.dominant],
+            "inputs": None if self.inputs is None else self.inputs.to_json(),
         }
 
 

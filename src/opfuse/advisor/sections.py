@@ -310,10 +310,11 @@ def next_steps_section(
         skipped = f"{o.provider} is not available on this machine"
     commands: list[StepCommand] = []
     runtime: Runtime | None = None
+    fed = None
     if skipped is None:
         assert model_path is not None and a.original is not None
         runtime = o.runtime or get_runtime(provider=o.provider, threads=o.threads or 1)
-        rows = trial(
+        rows, fed = trial(
             model_path,
             a.original,
             runtime,
@@ -321,6 +322,7 @@ def next_steps_section(
             a.step,
             input_shapes=o.input_shapes,
             changes=changes,
+            inputs_npz=o.inputs,
         )
         commands = [step_command_of(r) for r in rows]
         commands.sort(key=lambda c: c.ratio if isinstance(c.ratio, float) else 9e9)
@@ -338,6 +340,7 @@ def next_steps_section(
         commands=commands,
         helps=helps,
         dominant=[dominant_of(d) for d in dominant([s.to_json() for s in stats], a.quantized)],
+        inputs=fed,
     )
 
 
@@ -399,6 +402,7 @@ def quantized_section(a: Analysis) -> list[Finding]:
         times_us=times,
         cost_of=cost_of,
         input_shapes=o.input_shapes,
+        inputs_npz=o.inputs,
         total_us=a.profile.total_us,
         providers=[o.provider] if o.provider in ort_providers() else None,
         runtime=runtime,
@@ -597,6 +601,7 @@ def report(a: Analysis) -> AdviceReport:
             input_shape_hint=p.input_shape_hint(),
             missing_columns=list(p.missing_columns),
             notes=list(p.notes),
+            inputs_fed=p.fed,
         ),
         op_statistic=stats,
         top_nodes=[top_node(a, r, total) for r in top_nodes(p.records, len(p.records))],

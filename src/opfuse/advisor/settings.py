@@ -4,11 +4,13 @@ line's one option group (``cli.options.profile_options``)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from opfuse.advisor.profile_readers import GRAPH_OPT_LEVELS
 from opfuse.errors import SettingsError
+from opfuse.verification.settings import check_inputs
 
 
 def _count(field: str, value: object, least: int) -> None:
@@ -23,8 +25,10 @@ def _count(field: str, value: object, least: int) -> None:
 class ProfileSettings:
     """The profiling settings ``opfuse.profile`` and ``opfuse.advise`` share (the options
     ``--runs``, ``--warmup``, ``--threads``, ``--provider``, ``--graph-opt``,
-    ``--input-shape`` of both commands). A bad value is a ``SettingsError`` on
-    construction (``threads=-1: must be 0 or more``)."""
+    ``--input-shape``, ``--inputs`` of both commands). ``inputs``: an .npz of arrays named
+    after the model's inputs to profile (and time advise's trial) on, instead of generated
+    ones (not with ``input_shapes``). A bad value is a ``SettingsError`` on construction
+    (``threads=-1: must be 0 or more``)."""
 
     runs: int = 10  # profiled inference runs
     warmup: int = 2  # runs dropped before profiling
@@ -34,6 +38,7 @@ class ProfileSettings:
     # (profile: all; advise: disable, a time per node, or all for a QDQ model)
     graph_opt: str | None = None
     input_shapes: Mapping[str, list[int]] | None = None  # dims for dynamic inputs
+    inputs: str | os.PathLike[str] | None = None  # an .npz of input arrays
 
     def __post_init__(self) -> None:
         _count("runs", self.runs, 1)
@@ -47,9 +52,16 @@ class ProfileSettings:
             raise SettingsError(
                 "graph_opt", self.graph_opt, f"expected one of {', '.join(GRAPH_OPT_LEVELS)}"
             )
+        check_inputs(self.inputs, None, self.input_shapes, "input_shapes")
 
     def profiling(self) -> ProfileSettings:
         """These settings alone (an ``AdviseOptions`` without what advise adds)."""
         return ProfileSettings(
-            self.runs, self.warmup, self.threads, self.provider, self.graph_opt, self.input_shapes
+            self.runs,
+            self.warmup,
+            self.threads,
+            self.provider,
+            self.graph_opt,
+            self.input_shapes,
+            self.inputs,
         )

@@ -21,9 +21,12 @@ from opfuse.pipeline.settings import OptimizeSettings
 from opfuse.rewrite.context import DEFAULT_FOLD_SIZE_LIMIT
 from opfuse.verification.settings import VerifySettings
 
-# per-model options a .jsonl manifest line may set, with the type each takes
+# per-model options a .jsonl manifest line may set, with the type each takes (``inputs``:
+# the .npz of the model's input arrays, verified and timed on; ``verify_inputs``: its older
+# name; both are the task's ``verify_inputs``)
 MANIFEST_KEYS = {
     "input_shape": dict,
+    "inputs": str,
     "verify_inputs": str,
     "switch_file": str,
     "rtol": float,
@@ -45,7 +48,7 @@ class TaskOptions:
     rtol: float = 1e-4
     atol: float = 1e-5
     input_shape: Mapping[str, list[int]] | None = None
-    verify_inputs: str | None = None
+    verify_inputs: str | None = None  # .npz of input arrays: verification, timing, advice
     switch_file: str | None = None
     enable: tuple[str, ...] = ()
     disable: tuple[str, ...] = ()
@@ -104,7 +107,7 @@ class TaskOptions:
                 rtol=checks.rtol,
                 atol=checks.atol,
                 input_shape=checks.shapes or None,
-                verify_inputs=str(checks.verify_inputs) if checks.verify_inputs else None,
+                verify_inputs=str(checks.inputs_npz) if checks.inputs_npz else None,
             )
         for name in sorted(set(given) & set(options)):
             raise SettingsError(name, options[name], "give it in the settings or as a keyword")
@@ -198,6 +201,18 @@ def _manifest_entries(path: Path) -> Iterable[tuple[Path, dict[str, Any]]]:
 
 def _manifest_options(extra: dict[str, Any], base: Path, where: str) -> dict[str, Any]:
     options = dict(extra)
+    if "inputs" in options:
+        if "verify_inputs" in options:
+            raise OpfuseError(
+                f"{where}: inputs and verify_inputs (its older name) both give the input "
+                "arrays; give inputs alone"
+            )
+        options["verify_inputs"] = options.pop("inputs")
+    if "verify_inputs" in options and "input_shape" in options:
+        raise OpfuseError(
+            f"{where}: input_shape and inputs both give the input shapes (the .npz arrays' "
+            "shapes are used); drop input_shape"
+        )
     for key in ("verify_inputs", "switch_file"):  # relative to the manifest, as the paths
         if key in options:
             options[key] = str(base / options[key])
@@ -209,6 +224,9 @@ def _manifest_options(extra: dict[str, Any], base: Path, where: str) -> dict[str
         ):
             raise OpfuseError(f'{where}: input_shape must map names to dims: {{"x": [1, 3]}}')
         options["input_shape"] = {k: list(v) for k, v in shapes.items()}
+        options["verify_inputs"] = None  # the model's own shapes over the run's arrays
+    elif "verify_inputs" in options:
+        options["input_shape"] = None  # the model's own arrays over the run's shapes
     return options
 
 

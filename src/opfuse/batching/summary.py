@@ -58,10 +58,22 @@ document.querySelectorAll("#models th[data-sort]").forEach((th, col) => {{
 """
 
 
-def _num(value: Any, fmt: str = "{}") -> str:
+def _num(value: Any, fmt: str = "{}", title: str = "") -> str:
     if value is None:
         return '<td class="num" data-value=""></td>'
-    return f'<td class="num" data-value="{value}">{html.escape(fmt.format(value))}</td>'
+    hover = f' title="{html.escape(title)}"' if title else ""
+    return f'<td class="num" data-value="{value}"{hover}>{html.escape(fmt.format(value))}</td>'
+
+
+def _timed_on(record: dict[str, Any]) -> str:
+    """``timed on inputs x[1,3,224,224] (generated)``: what the latency ratio was timed on."""
+    fed = record.get("latency_inputs")
+    if not isinstance(fed, dict):
+        return ""
+    shapes = ", ".join(
+        f"{k}[{','.join(map(str, v))}]" for k, v in (fed.get("shapes") or {}).items()
+    )
+    return f"timed on inputs {shapes} ({'generated' if fed.get('generated') else fed.get('npz')})"
 
 
 def _links(record: dict[str, Any]) -> str:
@@ -83,7 +95,8 @@ def _row(record: dict[str, Any]) -> str:
         f"<tr><td>{html.escape(record['relpath'])}</td>"
         f'<td class="{"ok" if status == "ok" else "bad"}">{html.escape(status)}</td>'
         f"{_num(before)}{_num(after)}{_num(removed)}"
-        f"{_num(record.get('latency_ratio'), '{:.3f}')}{_num(record.get('seconds'), '{:.1f}')}"
+        f"{_num(record.get('latency_ratio'), '{:.3f}', _timed_on(record))}"
+        f"{_num(record.get('seconds'), '{:.1f}')}"
         f"<td>{_links(record)}</td>"
         f"<td>{html.escape(record.get('error') or '')}</td></tr>"
     )

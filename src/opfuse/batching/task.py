@@ -69,6 +69,7 @@ def base_record(job: Job) -> dict[str, Any]:
         "passes": {},
         "verification": None,
         "latency_ratio": None,
+        "latency_inputs": None,
         "tune": None,
         "output": None,
         "reports": {},
@@ -136,7 +137,7 @@ def run_task(job: Job, outdir: str) -> dict[str, Any]:
             record["reports"]["advise_json"] = _sibling(job.relpath, ".advise.json")
             record["reports"]["advise_html"] = _sibling(job.relpath, ".advise.html")
         if job.options.benchmark:
-            record["latency_ratio"] = latency_ratio(job, output)
+            record["latency_ratio"], record["latency_inputs"] = latency(job, output)
         if job.options.tune:
             record["tune"] = _tune(job, output)
             record["reports"]["tune"] = _sibling(job.relpath, ".tune.json")
@@ -167,7 +168,10 @@ def _advise(job: Job, output: Path) -> None:
     from opfuse.advisor.render import render_html
     from opfuse.model.io import write_text
 
-    report = advise(job.model, options=AdviseOptions(input_shapes=job.options.input_shape))
+    o = job.options
+    report = advise(
+        job.model, options=AdviseOptions(input_shapes=o.input_shape, inputs=o.verify_inputs)
+    )
     text = json.dumps(report.to_json(), indent=2) + "\n"
     write_text(output.with_suffix(".advise.json"), text, inputs=[job.model])
     write_text(output.with_suffix(".advise.html"), render_html(report), inputs=[job.model])
@@ -206,9 +210,12 @@ def _tune(job: Job, output: Path) -> dict[str, Any]:
     }
 
 
-def latency_ratio(job: Job, output: Path, seconds: float = BENCH_SECONDS) -> float:
+def latency(
+    job: Job, output: Path, seconds: float = BENCH_SECONDS
+) -> tuple[float, dict[str, object] | None]:
     """The optimized model's latency over the original's under onnxruntime (default
-    optimizations, one thread), measured paired and interleaved by opfuse.tuning.measure."""
+    optimizations, one thread), measured paired and interleaved by opfuse.tuning.measure,
+    and the inputs it was timed on (the model's ``inputs`` .npz, else generated: said)."""
     from opfuse.runtime import get_runtime
     from opfuse.tuning.measure import measure
 
@@ -220,4 +227,4 @@ def latency_ratio(job: Job, output: Path, seconds: float = BENCH_SECONDS) -> flo
         input_shapes=job.options.input_shape,
         inputs_npz=job.options.verify_inputs,
     )
-    return round(found.ratio("opfuse"), 4)
+    return round(found.ratio("opfuse"), 4), found.inputs.to_json() if found.inputs else None

@@ -1,11 +1,12 @@
 """What ``optimize --benchmark`` adds to the summary: the latency line measured on the
-runtime, the fused kernels onnxruntime lost, and the opset upgrades that would let a pass
-fire."""
+runtime, the inputs it timed on (the user's --inputs, or generated: said), the fused
+kernels onnxruntime lost, and the opset upgrades that would let a pass fire."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from opfuse.errors import OpfuseError
@@ -13,6 +14,8 @@ from opfuse.runtime.settings import RuntimeSettings
 
 if TYPE_CHECKING:
     import onnx_ir as ir
+
+    from opfuse.tuning.measure import Measurement
 
 
 def opset_hints(model: ir.Model) -> list[str]:
@@ -25,15 +28,41 @@ def opset_hints(model: ir.Model) -> list[str]:
     ]
 
 
-def benchmark_lines(
+@dataclass
+class Benchmark:
+    """What ``optimize --benchmark`` measured: the latency of the output against the
+    original, the inputs it timed on, and the warnings (lost kernels, generated inputs)."""
+
+    measurement: Measurement
+    warnings: list[str]
+
+    def lines(self) -> list[str]:
+        """The latency line and the inputs it was timed on."""
+        lines = [self.measurement.line("opfuse")]
+        if self.measurement.inputs is not None:
+            lines.append(self.measurement.inputs.line("timed"))
+        return lines
+
+    def to_json(self) -> dict[str, object]:
+        m = self.measurement
+        return {
+            **m.to_json(),
+            "ratio": m.ratio("opfuse"),
+            "line": m.line("opfuse"),
+            "warnings": self.warnings,
+        }
+
+
+def benchmark_of(
     original: str | os.PathLike[str],
     output: str | os.PathLike[str],
     settings: RuntimeSettings,
     input_shapes: Mapping[str, list[int]] | None = None,
     inputs_npz: str | os.PathLike[str] | None = None,
-) -> tuple[list[str], list[str]]:
-    """(summary lines, warnings) of ``optimize --benchmark``: the latency line, and the
-    fused kernels onnxruntime made from the original but not from the output."""
+) -> Benchmark:
+    """``optimize --benchmark``: the output against the original on the runtime, on the
+    user's inputs or generated ones (named), and the fused kernels onnxruntime made from
+    the original but not from the output."""
     from opfuse.runtime.fused import lost_fusions, lost_text, runtime_kernels
     from opfuse.tuning.measure import measure
 
@@ -61,4 +90,4 @@ def benchmark_lines(
                     "onnxruntime fuses fewer kernels from the output than from the original: "
                     f"{lost_text(lost)}"
                 )
-    return [found.line("opfuse")], warnings
+    return Benchmark(found, warnings)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.table import Table
 
-from opfuse.cli.benchmark import benchmark_lines, opset_hints
+from opfuse.cli.benchmark import benchmark_of, opset_hints
 from opfuse.cli.console import deprecated, err, out, print_wrapped, progress, size
 from opfuse.cli.options import (
     PathArg,
@@ -46,7 +46,6 @@ LOG_LEVELS = ("error", "warning", "info", "debug")
     multiple=True,
     help="Keep only what these tensors need; they become the outputs (names). [default: none]",
 )
-@click.option("--inputs", "old_inputs", multiple=True, hidden=True)
 @click.option("--outputs", "old_outputs", multiple=True, hidden=True)
 @click.option("--fusion-result", type=PathArg, help="Write CANN's fusion_result.json here.")
 @click.option(
@@ -63,7 +62,15 @@ LOG_LEVELS = ("error", "warning", "info", "debug")
     show_default=True,
     help="Compare outputs with the input model before writing.",
 )
-@verifier_options
+@verifier_options.only("rtol", "atol", "input_shape")
+@click.option(
+    "--inputs",
+    "inputs",
+    multiple=True,
+    help="An .npz of arrays named after the model's inputs: verification and --benchmark "
+    "run on them. [default: generated]",
+)
+@verifier_options.only("verify_inputs", "seed", "save_failing_inputs")
 @click.option(
     "--bisect/--no-bisect",
     default=True,
@@ -82,7 +89,7 @@ LOG_LEVELS = ("error", "warning", "info", "debug")
 def optimize(
     model: Path,
     output: Path,
-    old_inputs: tuple[str, ...],
+    inputs: tuple[str, ...],
     old_outputs: tuple[str, ...],
     fusion_result: Path | None,
     log_level: str,
@@ -97,17 +104,20 @@ def optimize(
     from opfuse.pipeline.settings import OptimizeSettings
     from opfuse.verification.settings import VerifySettings
 
-    for old, new, values in (
-        ("--inputs", "--keep-inputs", old_inputs),
-        ("--outputs", "--keep-outputs", old_outputs),
-    ):
-        if values:
-            deprecated(old, new)
+    params["inputs"], old_inputs = _samples_or_names(inputs)
+    if old_inputs:
+        err.print(
+            "opfuse: warning: --inputs with tensor names is deprecated; use --keep-inputs "
+            "(--inputs takes an .npz of input arrays)",
+            markup=False,
+        )
+    if old_outputs:
+        deprecated("--outputs", "--keep-outputs")
     params["keep_inputs"] += old_inputs
     params["keep_outputs"] += old_outputs
     if params["static_shapes"] and not verify:
         raise OpfuseError("--static-shapes changes the model's inputs: drop --no-verify")
-    refuse_without_verify(verify)
+    refuse_without_verify(verify, benchmark)
     checks = settings_from(params, VerifySettings)
     refuse_without_benchmark(benchmark)
     runtime = settings_from(params)
@@ -117,7 +127,7 @@ def optimize(
         runtime.make()  # a bad --runtime/--provider fails before the work
         # as does a model the measurement's inputs cannot run (optimize's one-line error
         # and hint, exit 2): before the output is written, not after (--no-verify)
-        feeds_for(model, checks.shapes, checks.verify_inputs)
+        feeds_for(model, checks.shapes, checks.inputs_npz)
     with progress() as phases:
         result = api.optimize(
             model,
@@ -130,20 +140,32 @@ def optimize(
             verify_settings=checks,
         )
     _print_logs(result, log_level)
+    measured = None
+    if benchmark:
+        measured = benchmark_of(model, output, runtime, checks.shapes, checks.inputs_npz)
     if fmt == "json":
-        click.echo(json.dumps(result.to_json(), indent=2))
+        data = result.to_json()
+        if measured is not None:
+            data["benchmark"] = measured.to_json()
+        click.echo(json.dumps(data, indent=2))
     else:
         _print_summary(result, model, output)
         for line in opset_hints(result.model):
             out.print(f"note: {line}", markup=False)
-    if benchmark:
-        lines, warnings = benchmark_lines(
-            model, output, runtime, checks.shapes, checks.verify_inputs
-        )
-        for line in lines:  # on stderr under --format json, which owns stdout
+    if measured is not None:
+        for line in measured.lines():  # on stderr under --format json, which owns stdout
             print_wrapped(err if fmt == "json" else out, line)
-        for warning in warnings:
+        for warning in measured.warnings:
             err.print(f"opfuse: warning: {warning}", markup=False, soft_wrap=True)
+
+
+def _samples_or_names(values: tuple[str, ...]) -> tuple[Path | None, tuple[str, ...]]:
+    """--inputs: the .npz of input arrays (a value ending in .npz, or a file), and the
+    tensor names of its deprecated meaning (--keep-inputs)."""
+    samples = [v for v in values if v.endswith(".npz") or Path(v).is_file()]
+    if len(samples) > 1:
+        raise OpfuseError(f"--inputs {samples[1]}: give one .npz of input arrays")
+    return (Path(samples[0]) if samples else None), tuple(v for v in values if v not in samples)
 
 
 def _print_logs(result: OptimizeResult[Any], log_level: str) -> None:
@@ -195,7 +217,8 @@ def _print_summary(result: OptimizeResult[Any], model: Path, output: Path) -> No
         out.print(f"verification: ok on inputs {inputs_text(report)}", markup=False)
         _print_outputs(report, indent="  ")
         if report.inputs:
-            out.print("generated inputs: " + "; ".join(report.inputs), markup=False)
+            grown = [f"{report.grown} ({report.refused})"] if report.grown else []
+            out.print("generated inputs: " + "; ".join([*report.inputs, *grown]), markup=False)
     out.print(f"{result.rounds} rounds; time: {timings_text(result.timings)}")
     for note in result.notes:
         out.print(f"note: {note}", markup=False)

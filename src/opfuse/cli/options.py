@@ -119,8 +119,8 @@ graph_options = Group(
         "help": "Runtime whose UBFusion passes may run. [default: none]",
     },
 )
-# --rtol, --atol, --input-shape, --verify-inputs, --seed, --save-failing-inputs (optimize,
-# verify; batch some of them)
+# --rtol, --atol, --input-shape, --inputs, --verify-inputs, --seed, --save-failing-inputs
+# (optimize, verify; tune and batch some of them)
 verifier_options = Group(
     rtol={"default": 1e-4, "show_default": True, "help": "Relative tolerance."},
     atol={
@@ -133,15 +133,17 @@ verifier_options = Group(
         "help": "Dims for dynamic inputs: NAME:1,3,224,224 (repeatable). "
         "[default: 1 for the first dynamic axis, 32 for the others]",
     },
-    verify_inputs={
+    inputs={
         "type": PathArg,
-        "help": ".npz of input arrays for the verifier (instead of random inputs).",
+        "help": ".npz of arrays named after the model's inputs, run instead of generated "
+        "inputs. [default: generated]",
     },
+    verify_inputs={"type": PathArg, "help": "The older name of --inputs."},
     seed={"default": 0, "show_default": True, "help": "Seed of the random inputs."},
     save_failing_inputs={
         "type": PathArg,
         "help": "On a failed verification, write its inputs to this .npz "
-        "(replay them with --verify-inputs).",
+        "(replay them with --inputs).",
     },
 )
 # --runtime, --provider, --threads, --graph-opt, --bench-seconds (optimize --benchmark,
@@ -241,10 +243,12 @@ quantize_options = Group(
 )
 
 
-def refuse_without_verify(verify: bool) -> None:
-    """Verifier options with --no-verify would be ignored: refuse them."""
+def refuse_without_verify(verify: bool, benchmark: bool = False) -> None:
+    """Verifier options with --no-verify would be ignored: refuse them (but the inputs and
+    their shapes with --benchmark, which times on them)."""
+    timing = () if benchmark else ("inputs", "verify_inputs", "input_shape")
     _refuse_ignored(
-        ("verify_inputs", "input_shape", "rtol", "atol", "seed", "save_failing_inputs"),
+        (*timing, "rtol", "atol", "seed", "save_failing_inputs"),
         not verify,
         "{flags} {has} no effect with --no-verify (no verification runs); drop {it} or --no-verify",
     )
@@ -292,6 +296,10 @@ def settings_from(params: dict[str, Any], kind: type[Any] = RuntimeSettings) -> 
     return kind(**picked)
 
 
+# a setting whose option's parameter has another name (ProfileSettings' input_shapes)
+ALIASES = {"input_shapes": "input_shape"}
+
+
 def flag_error(exc: SettingsError) -> OpfuseError:
     """The API's ``SettingsError`` (``bench_seconds=0: must be more than 0``) said with
     the running command's flags (``--bench-seconds 0: must be more than 0``): each setting
@@ -300,7 +308,7 @@ def flag_error(exc: SettingsError) -> OpfuseError:
     params = {p.name: p for p in ctx.command.params} if ctx is not None else {}
 
     def flag(name: str) -> str:
-        param = params.get(name)
+        param = params.get(name) or params.get(ALIASES.get(name, ""))
         if not isinstance(param, click.Option):
             return name
         return next((o for o in param.opts if o.startswith("--")), param.opts[0])
@@ -335,12 +343,12 @@ def refuse_without_benchmark(benchmark: bool) -> None:
 
 # -- the profiling options of opfuse profile and opfuse advise
 
-PROFILE_OPTIONS = ("runs", "warmup", "threads", "provider", "graph_opt", "input_shape")
+PROFILE_OPTIONS = ("runs", "warmup", "threads", "provider", "graph_opt", "input_shape", "inputs")
 
 
 def profile_options(graph_opt_default: str | None, graph_opt_help: str) -> Callable[[F], F]:
-    """--runs, --warmup, --threads, --provider, --graph-opt, --input-shape: the profiling
-    options of ``profile`` and ``advise``, declared once with ``ProfileSettings``'s
+    """--runs, --warmup, --threads, --provider, --graph-opt, --input-shape, --inputs: the
+    profiling options of ``profile`` and ``advise``, declared once with ``ProfileSettings``'s
     defaults (``profile_settings`` makes the object). Only --graph-opt's default is the
     command's own: profile shows the graph onnxruntime deploys (all), advise a time per
     node (disable, all for a QDQ model)."""
@@ -368,6 +376,12 @@ def profile_options(graph_opt_default: str | None, graph_opt_help: str) -> Calla
         ),
         click.option(
             "--input-shape", multiple=True, help="Dims for dynamic inputs: NAME:1,3,224,224."
+        ),
+        click.option(
+            "--inputs",
+            type=PathArg,
+            help=".npz of arrays named after the model's inputs, profiled (and timed) instead "
+            "of generated inputs. [default: generated]",
         ),
     ]
 

@@ -54,10 +54,12 @@ _SEARCH_OPTIONS = [
         "rtol",
         "atol",
         "input_shape",
+        "inputs",
         "verify_inputs",
         atol="Absolute tolerance (scaled).",
         input_shape="Dims for dynamic inputs: NAME:1,3,224,224.",
-        verify_inputs=".npz of inputs (verification and timing).",
+        inputs=".npz of arrays named after the model's inputs: every variant is verified and "
+        "timed on them. [default: generated]",
     ),
     click.option(
         "--static-shapes",
@@ -196,7 +198,10 @@ def _wrapped_command(command: str, width: int) -> str:
 
 def _print_tune(result: TuneResult, command: str, switch_file: Path) -> None:
     out = console()  # COLUMNS on and off a terminal, else the terminal's width, else 100
-    table = Table(title=f"tune on {result.runtime}", title_justify="left")
+    title = f"tune on {result.runtime}"
+    if result.inputs is not None:
+        title += f"; inputs {result.inputs.text()}"
+    table = Table(title=title, title_justify="left")
     for col in ("#", "settings", "nodes", "verification", "latency", "noise", "kept", "note"):
         table.add_column(
             col,
@@ -233,6 +238,8 @@ def _print_tune(result: TuneResult, command: str, switch_file: Path) -> None:
         out.print(
             f"best variant: {result.searched.label}: {result.final.line('best')}", markup=False
         )
+    if result.inputs is not None:
+        out.print(result.inputs.line("timed"), markup=False)
     if result.best.original:
         out.print(
             "nothing beat the original beyond the noise: the output is the original unchanged",

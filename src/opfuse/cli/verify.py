@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.table import Table
 
-from opfuse.cli.console import deprecated, err, out, progress
+from opfuse.cli.console import err, out, progress
 from opfuse.cli.options import PathArg, format_option, settings_from, verifier_options
-from opfuse.errors import EXIT_STATUSES, OpfuseError
+from opfuse.errors import EXIT_STATUSES
 
 if TYPE_CHECKING:
     from opfuse.verification.compare import VerifyReport
@@ -23,11 +23,8 @@ if TYPE_CHECKING:
 @click.argument("original", type=PathArg)
 @click.argument("optimized", type=PathArg)
 @verifier_options
-@click.option("--inputs", "old_inputs", type=PathArg, hidden=True)
 @format_option("A table per output, or JSON.")
-def verify(
-    original: Path, optimized: Path, old_inputs: Path | None, fmt: str, **params: Any
-) -> None:
+def verify(original: Path, optimized: Path, fmt: str, **params: Any) -> None:
     """Run both models under onnxruntime (its optimizations off) and compare outputs.
 
     An output passes when every element is within atol * max(1, max|ref|) + rtol * |ref|;
@@ -36,11 +33,6 @@ def verify(
     from opfuse.verification.messages import failure_message
     from opfuse.verification.settings import VerifySettings
 
-    if old_inputs is not None:
-        if params["verify_inputs"] is not None:
-            raise OpfuseError("--inputs is the old name of --verify-inputs; give only one")
-        deprecated("--inputs", "--verify-inputs")
-        params["verify_inputs"] = old_inputs
     checks = settings_from(params, VerifySettings)
     with progress() as phases, phases("verify"):
         report = api.verify(original, optimized, verify_settings=checks)

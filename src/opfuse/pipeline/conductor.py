@@ -190,7 +190,7 @@ def _check(
 ) -> Job:
     """Step 1: the output paths (none over the input), the switches (the passes selected
     once, from the switch file's table when one is given), the user's verification inputs
-    (``feeds``: --input-shape, --verify-inputs), the static shapes."""
+    (``feeds``: --input-shape, --inputs), the static shapes."""
     io.check_output_path(output_path, [input_path])
     for extra in side_files:
         if extra is not None:
@@ -199,9 +199,9 @@ def _check(
     if switch_file is not None:
         switch_table = parse_switch_file(switch_file)
     selection = select(switch_table, enable, disable, where=str(switch_file or "switch file"))
-    if feeds.input_shape or feeds.verify_inputs is not None:
+    if feeds.input_shape or feeds.inputs_npz is not None:
         check_feeds(
-            input_path, feeds.shapes, feeds.verify_inputs, lambda: converted_if_old(input_path)
+            input_path, feeds.shapes, feeds.inputs_npz, lambda: converted_if_old(input_path)
         )
     if static_shapes is not None and not static_shapes:
         raise SettingsError(

@@ -61,7 +61,7 @@ class Verification:
             rtol=self.settings.rtol,
             atol=self.settings.atol,
             input_shapes=self.settings.shapes,
-            inputs_npz=self.settings.verify_inputs,
+            inputs_npz=self.settings.inputs_npz,
             seed=self.settings.seed,
         )
 

@@ -3,7 +3,8 @@ per-op-type costs over its nodes, read from the file, and its clock advances onl
 (by that latency, or by it times seeded random noise when asked). It can also have the
 order effects a real machine has: a slot of the round that is slower, a run right after
 the same session's that is faster (its weights still in the caches), the first sessions
-loaded slower for their whole life."""
+loaded slower for their whole life. It remembers the shapes it was fed
+(``FakeRuntime.fed``)."""
 
 from __future__ import annotations
 
@@ -49,13 +50,17 @@ class FakeSession:
         seconds: float,
         jitter: Callable[[], float] = lambda: 1.0,
         effects: OrderEffects = OrderEffects(),
+        fed: set[tuple[tuple[str, tuple[int, ...]], ...]] | None = None,
     ) -> None:
         self.clock = clock
         self.seconds = seconds
         self.jitter = jitter
         self.effects = effects
+        self.fed = fed
 
     def run(self, feeds: dict[str, np.ndarray]) -> object:
+        if self.fed is not None:
+            self.fed.add(tuple((k, tuple(np.shape(v))) for k, v in sorted(feeds.items())))
         factor = self.jitter()
         if self.effects.slots:
             factor *= self.effects.slots[self.clock.runs % len(self.effects.slots)]
@@ -99,6 +104,8 @@ class FakeRuntime:
         self.removes = frozenset(removes)
         self.effects = effects
         self.loaded: list[str] = []
+        # the shapes of every feed run: ((input name, shape), ...) per distinct feed
+        self.fed: set[tuple[tuple[str, tuple[int, ...]], ...]] = set()
 
     def jitter(self) -> float:
         return 1.0 + self.noise * (2 * float(self.rng.random()) - 1) if self.noise else 1.0
@@ -112,7 +119,7 @@ class FakeRuntime:
         seconds = self.latency(path)
         if len(self.loaded) <= self.effects.slow_first:
             seconds *= self.effects.slow_by
-        return FakeSession(self.clock, seconds, self.jitter, self.effects)
+        return FakeSession(self.clock, seconds, self.jitter, self.effects, self.fed)
 
     def optimized_ops(self, path: str | os.PathLike[str]) -> Counter[str]:
         """The op types the "runtime" runs: the file's, less those in ``removes``."""

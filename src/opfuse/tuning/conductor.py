@@ -113,10 +113,10 @@ def _check(
         ],
     )
     io.read_proto(model)
-    if settings.input_shape or settings.verify_inputs is not None:
+    if settings.input_shape or settings.inputs_npz is not None:
         check_feeds(
             model,
             settings.input_shapes,
-            settings.verify_inputs,
+            settings.inputs_npz,
             lambda: converted_if_old(model),
         )

@@ -10,7 +10,9 @@ depends on, so that it deploys as measured.
   shapes), or ``original: true`` when the tuned model is the input unchanged;
 - ``model`` and ``source``: the file names and SHA-256 of the tuned model and of the
   model tune read, so that ``opfuse.InferenceSession`` can tell which one it is given:
-  the tuned model runs as written, any other (the original) is rebuilt with ``graph``.
+  the tuned model runs as written, any other (the original) is rebuilt with ``graph``;
+- ``measured``: the figures (``graph``, ``session``) and the ``inputs`` they were timed on
+  (shapes, generated or the user's .npz: a speed measured on toy shapes says so).
 """
 
 from __future__ import annotations

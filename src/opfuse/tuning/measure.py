@@ -31,19 +31,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from opfuse.runtime import Runtime, Session
-from opfuse.verification.compare import (
-    GENERATED_HINT,
-    input_permutations,
-    make_inputs_and_plan,
-    run_model,
-    session,
-)
+from opfuse.verification.compare import FedInputs, input_permutations, runnable_inputs, session
 
 ORIGINAL = "original"
 AGAIN = "original (again)"
 WARMUP = 3  # untimed rounds before a set of sessions' timed rounds, in their slot order
 MIN_ROUNDS, MAX_ROUNDS = 5, 1000  # before rounding up to whole periods of the schedule
 SESSION_SETS = 3  # fresh sessions of every model this many times, as loading time allows
+SET_MIN_ROUNDS = 10  # rounds a set needs before its copies' apartness counts as noise
 # a flip must beat the best by more than this even when the original's copies agree closely
 NOISE_FLOOR = 0.02
 
@@ -60,6 +55,7 @@ class Measurement:
     times: dict[str, list[float]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # about the generated inputs
     sets: list[int] = field(default_factory=list)
+    inputs: FedInputs | None = None  # what the models were fed (shapes, generated or given)
 
     @property
     def medians(self) -> dict[str, float]:
@@ -72,14 +68,20 @@ class Measurement:
     @property
     def noise(self) -> float:
         """The original's second copy against the original on the same rounds: how far
-        their paired ratio is from 1, its confidence half-width, or how far they are
-        apart within one set of sessions, the largest."""
-        return max(abs(self.ratio(AGAIN) - 1.0), self.spread(AGAIN), self.sessions_apart())
+        their paired ratio is from 1 plus its confidence half-width (how far two copies
+        of one file can be apart on these rounds, slots and sessions included), or how far
+        they are apart within one set of sessions, the larger."""
+        copies = abs(self.ratio(AGAIN) - 1.0) + self.spread(AGAIN)
+        return max(copies, self.sessions_apart())
 
     def sessions_apart(self) -> float:
         """How far the paired ratio of the original's two copies is from 1 within one set
         of sessions, in the set where it is farthest (0 with one set): what a session's
-        own speed, which lasts its whole life, adds to the noise."""
+        own speed, which lasts its whole life, adds to the noise. Only from
+        SET_MIN_ROUNDS rounds a set on: the median of a few noisy rounds is far from 1 by
+        chance (the spread already counts that), not by the sessions."""
+        if not self.sets or min(self.sets) < SET_MIN_ROUNDS:
+            return 0.0
         return max((abs(r - 1.0) for r in self.set_ratios(AGAIN)), default=0.0)
 
     @property
@@ -113,14 +115,14 @@ class Measurement:
 
     def spread(self, label: str, to: str = ORIGINAL) -> float:
         """Half-width of the ~95% confidence interval of ``ratio(label, to)``: the notch
-        of a box plot, 1.58 IQR / sqrt(n), n the rounds of one set of sessions (the
-        median over sets is about as sure as one set's median)."""
+        of a box plot, 1.58 IQR / sqrt(n), n the rounds (what the sets of sessions add is
+        the copies' apartness, ``sessions_apart``: counting each set's rounds alone would
+        take a third of the rounds for a noise the runs do not have)."""
         values = self.ratios(label, to)
         if len(values) < 2:
             return 0.0
         q1, _, q3 = statistics.quantiles(values, n=4)
-        n = len(values) / len(self.sets) if len(self.sets) > 1 else len(values)
-        return 1.58 * (q3 - q1) / n**0.5
+        return 1.58 * (q3 - q1) / len(values) ** 0.5
 
     def faster(self, label: str, than: str) -> bool:
         """``label`` beats ``than`` by more than the noise measured on these rounds and by
@@ -162,6 +164,7 @@ class Measurement:
             "session_sets": max(1, len(self.sets)),
             "medians_s": self.medians,
             "ratios": {label: self.ratio(label) for label in self.times},
+            "inputs": None if self.inputs is None else self.inputs.to_json(),
         }
 
 
@@ -192,13 +195,26 @@ def feeds_and_warnings(
     seed: int = 0,
 ) -> tuple[dict[str, np.ndarray], list[str]]:
     """``feeds_for`` and the warnings about generated inputs that decide a branch (the
-    measurement may time a branch real inputs never take). The original is run once on
-    them first: a model they cannot run is the one-line error ``optimize`` gives (with its
-    hint when the inputs were generated), not a runtime's failure in the middle of timing."""
+    measurement may time a branch real inputs never take)."""
+    feeds, _, warnings = timing_inputs(original, input_shapes, inputs_npz, seed)
+    return feeds, warnings
+
+
+def timing_inputs(
+    original: str | os.PathLike[str],
+    input_shapes: Mapping[str, list[int]] | None = None,
+    inputs_npz: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+) -> tuple[dict[str, np.ndarray], FedInputs, list[str]]:
+    """The feeds, what they are (shapes, generated or the user's .npz: every latency
+    report names them) and the warnings about generated inputs. The original is run once on
+    them first (generated sizes it refuses grow, as the verifier's do): a model they cannot
+    run is the one-line error ``optimize`` gives (with its hint when the inputs were
+    generated), not a runtime's failure in the middle of timing."""
     sess = session(original)
-    feeds, plan = make_inputs_and_plan(sess, input_shapes, inputs_npz, seed, model=original)
-    run_model(sess, feeds, original, "" if plan is None else GENERATED_HINT)
-    return feeds, [] if plan is None else plan.warnings
+    feeds, plan, _ = runnable_inputs(sess, input_shapes, inputs_npz, seed, model=original)
+    fed = FedInputs.of(feeds, plan, inputs_npz, seed)
+    return feeds, fed, [] if plan is None else plan.warnings
 
 
 def _feeds_of(path: str | os.PathLike[str], feeds: dict[str, np.ndarray]) -> dict:
@@ -229,13 +245,16 @@ def measure(
     if ORIGINAL in variants or AGAIN in variants:
         raise ValueError(f"variant labels {ORIGINAL!r} and {AGAIN!r} are reserved")
     warnings: list[str] = []
+    fed = None
     if feeds is None:
-        feeds, warnings = feeds_and_warnings(original, input_shapes, inputs_npz)
+        feeds, fed, warnings = timing_inputs(original, input_shapes, inputs_npz)
     paths = {ORIGINAL: original, AGAIN: original, **variants}
     loaders = {label: functools.partial(runtime.load, path) for label, path in paths.items()}
     feed_sets = {label: _feeds_of(path, feeds) for label, path in paths.items()}
     timed = _interleaved(loaders, feed_sets, runtime.clock, seconds, progress, reverse)
-    return Measurement(runtime.describe(), timed.rounds, timed.times, warnings, timed.sets)
+    return Measurement(
+        runtime.describe(), timed.rounds, timed.times, warnings, timed.sets, inputs=fed
+    )
 
 
 def measure_sessions(

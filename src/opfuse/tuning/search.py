@@ -30,7 +30,7 @@ from opfuse.runtime import Runtime
 from opfuse.runtime.settings import SessionSettings
 from opfuse.tuning.deployment import deployment_json
 from opfuse.tuning.measure import ORIGINAL as ORIGINAL_LABEL
-from opfuse.tuning.measure import Measurement, feeds_and_warnings, measure
+from opfuse.tuning.measure import Measurement, measure, timing_inputs
 from opfuse.tuning.session_search import SessionSearch, search_sessions
 from opfuse.tuning.variants import (
     DEFAULT,
@@ -43,6 +43,7 @@ from opfuse.tuning.variants import (
     interface_changes,
     probe,
 )
+from opfuse.verification.compare import FedInputs
 
 BEST, CANDIDATE = "best", "candidate"
 SAME_AT_RUNTIME = "not measured: the runtime optimizes it into the best's graph"
@@ -94,6 +95,7 @@ class TuneResult:
     # how the written model's inputs/outputs differ from the original's (only when allowed)
     interface_changed: list[str] = field(default_factory=list)
     session_start: SessionSettings | None = None  # the settings the graph search measured at
+    inputs: FedInputs | None = None  # what every trial was timed on (shapes, generated or given)
 
     @property
     def session_settings(self) -> SessionSettings | None:
@@ -123,6 +125,8 @@ class TuneResult:
             lines = [f"best variant: {self.searched.label}: {self.final.line(BEST)}"]
         else:
             lines = [f"best variant: {self.best.label} (not measured) on {self.runtime}"]
+        if self.inputs is not None:
+            lines.append(self.inputs.line("timed"))
         if self.best.original:
             lines.append("nothing beat the original beyond the noise: the output is the original")
         elif not self.beat_original:
@@ -150,6 +154,7 @@ class TuneResult:
             "trials": [t.to_json() for t in self.trials],
             "warnings": self.warnings,
             "session": None if self.session is None else self.session.to_json(),
+            "inputs": None if self.inputs is None else self.inputs.to_json(),
         }
 
 
@@ -194,7 +199,7 @@ class Search:
         self.clock = clock
         self.deadline = clock() + settings.budget_s
         self.built: dict[Variant, Built] = {}
-        self.feeds, self.input_warnings = feeds_and_warnings(
+        self.feeds, self.inputs, self.input_warnings = timing_inputs(
             model_path, settings.input_shapes, settings.inputs_npz
         )
         self.runtime_ops: dict[Variant, Counter[str] | None] = {}
@@ -276,7 +281,7 @@ def _search(s: Search) -> TuneResult:
         layouts=LAYOUTS if allow else tuple(x for x in s.settings.layouts if x in LAYOUTS),
     )
     found.static_shapes = (s.settings.static_shapes or allow) and bool(s.settings.input_shapes)
-    result = TuneResult(s.runtime.describe(), found, warnings=s.input_warnings)
+    result = TuneResult(s.runtime.describe(), found, warnings=s.input_warnings, inputs=s.inputs)
     result.session_start = s.settings.session_start
     original = s.build(ORIGINAL)
     result.trials.append(Trial(ORIGINAL, original.nodes, "ok", 1.0, note="the input"))
@@ -404,6 +409,8 @@ def write_outputs(
                 "interface_changed": result.interface_changed,
             },
             "session": None if result.session is None else result.session.to_json(),
+            # what the graph and the session settings were timed on
+            "inputs": None if result.inputs is None else result.inputs.to_json(),
         }
         data = deployment_json(
             settings, result.best, shapes, output, model_path, switch_file, command, measured

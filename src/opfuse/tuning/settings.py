@@ -13,7 +13,7 @@ from opfuse.runtime import RUNTIMES
 from opfuse.runtime.settings import RuntimeSettings, SessionSettings
 from opfuse.tuning.search import SearchSettings
 from opfuse.tuning.variants import LAYOUTS
-from opfuse.verification.settings import check_tolerances
+from opfuse.verification.settings import check_inputs, check_tolerances
 
 
 @dataclass(frozen=True)
@@ -26,19 +26,22 @@ class TuneSettings:
     re-declared with the ``input_shape`` dims) or ``allow_interface_change`` (all of them).
     ``session_search``: after the graph, search the session settings (threads up to
     ``max_threads``, default the machine's cores; the ``runtimes``, default the one
-    measured on)."""
+    measured on). ``inputs``: an .npz of arrays named after the model's inputs, which
+    every variant is verified and timed on (``verify_inputs``: its older name); without
+    it, generated inputs (the result names their shapes)."""
 
     budget: float = 120.0  # seconds of search (trials in progress end)
     rtol: float = 1e-4
     atol: float = 1e-5
     input_shape: Mapping[str, Sequence[int]] | None = None  # dims for dynamic inputs
-    verify_inputs: str | os.PathLike[str] | None = None  # .npz: verification and timing
+    verify_inputs: str | os.PathLike[str] | None = None  # the older name of ``inputs``
     static_shapes: bool = False
     layout: Sequence[str] = ()
     allow_interface_change: bool = False
     session_search: bool = True
     max_threads: int | None = None
     runtimes: Sequence[str] | None = None
+    inputs: str | os.PathLike[str] | None = None  # .npz: verification and timing
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layout", tuple(self.layout))
@@ -47,13 +50,7 @@ class TuneSettings:
         if not self.budget > 0:
             raise SettingsError("budget", float(self.budget), "must be more than 0")
         check_tolerances(self.rtol, self.atol)
-        if self.verify_inputs is not None and self.input_shape:
-            raise SettingsError(
-                "verify_inputs",
-                self.verify_inputs,
-                "both it and {input_shape} give the input shapes (the .npz arrays' shapes are "
-                "used); drop {input_shape}",
-            )
+        check_inputs(self.inputs, self.verify_inputs, self.input_shape)
         if self.static_shapes and not self.input_shape:
             raise SettingsError(
                 "static_shapes",
@@ -70,6 +67,11 @@ class TuneSettings:
                 raise SettingsError("runtimes", name, f"expected some of {', '.join(RUNTIMES)}")
 
     @property
+    def inputs_npz(self) -> str | os.PathLike[str] | None:
+        """The .npz of input arrays: ``inputs``, or its older name ``verify_inputs``."""
+        return self.inputs if self.inputs is not None else self.verify_inputs
+
+    @property
     def input_shapes(self) -> dict[str, list[int]]:
         """``input_shape`` as the engine takes it (name -> a list of ints)."""
         return {k: [int(d) for d in v] for k, v in (self.input_shape or {}).items()}
@@ -80,7 +82,7 @@ class TuneSettings:
             budget_s=self.budget,
             bench_seconds=runtime.bench_seconds,
             input_shapes=self.input_shapes,
-            inputs_npz=self.verify_inputs,
+            inputs_npz=self.inputs_npz,
             rtol=self.rtol,
             atol=self.atol,
             static_shapes=self.static_shapes,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,8 +125,10 @@ def make_inputs_and_plan(
     inputs_npz: str | os.PathLike[str] | None = None,
     seed: int = 0,
     model: str | os.PathLike[str] | onnx.ModelProto | None = None,
+    grow: int = 1,
 ) -> tuple[dict[str, np.ndarray], InputPlan | None]:
-    """make_inputs and how each input was generated (None for an ``.npz``)."""
+    """make_inputs and how each input was generated (None for an ``.npz``); ``grow``: the
+    sizes opfuse chooses multiplied by it (``verification.inputs.generate``)."""
     specs = sess.get_inputs()
     names = [i.name for i in specs]
     for name in input_shapes or {}:
@@ -139,8 +142,168 @@ def make_inputs_and_plan(
     if inputs_npz is not None:
         return _load_npz(inputs_npz, specs), None
     proto = None if model is None else _proto(model)
-    feeds, plan = verify_inputs.generate(specs, input_shapes, proto, seed)
+    feeds, plan = verify_inputs.generate(specs, input_shapes, proto, seed, grow)
     return cast(dict[str, np.ndarray], feeds), plan  # a sequence input is a list of arrays
+
+
+# the factors the sizes opfuse chose grow by when onnxruntime refuses generated inputs
+# (doubling, with a factor of 3 and of 15 for a reshape that must divide), while no input
+# exceeds MAX_GROWN_ELEMENTS
+GROWTH = (2, 3, 4, 8, 15, 16)
+MAX_GROWN_ELEMENTS = 1 << 24
+# (model file, shapes, seed) -> the factor that ran, and the note saying why
+_GROWN: dict[tuple[object, ...], tuple[int, str, str]] = {}
+
+
+@dataclass(frozen=True)
+class FedInputs:
+    """What a model was fed, as every report names it: each input's shape, and where the
+    values came from (``npz``: the user's file; else generated with ``seed``, ``how``
+    each input was made, ``grown``: the sizes opfuse chose grown after onnxruntime
+    refused the first ones)."""
+
+    shapes: dict[str, list[int]]
+    npz: str | None = None
+    seed: int | None = 0
+    how: tuple[str, ...] = ()
+    grown: str | None = None
+    refused: str | None = None  # onnxruntime's refusal of the sizes before they grew
+
+    @property
+    def generated(self) -> bool:
+        return self.npz is None
+
+    @classmethod
+    def of(
+        cls,
+        feeds: Mapping[str, object],
+        plan: InputPlan | None,
+        npz: str | os.PathLike[str] | None = None,
+        seed: int | None = 0,
+    ) -> FedInputs:
+        shapes = {k: list(np.shape(v)) for k, v in feeds.items() if isinstance(v, np.ndarray)}
+        if plan is None:
+            return cls(shapes, str(npz) if npz is not None else None, None)
+        return cls(shapes, None, seed, tuple(plan.lines()), plan.grown, plan.refused)
+
+    def shapes_text(self) -> str:
+        """``x[1,3,224,224], mask[1,32]``"""
+        return ", ".join(f"{k}[{','.join(map(str, v))}]" for k, v in self.shapes.items())
+
+    def text(self) -> str:
+        """``x[1,3,224,224] (generated, seed 0)`` or ``x[8,3,640,640] (from samples.npz)``."""
+        if self.npz is not None:
+            origin = f"from {self.npz}"
+        else:
+            origin = f"generated, seed {self.seed}" + (f"; {self.grown}" if self.grown else "")
+        return f"{self.shapes_text() or 'no inputs'} ({origin})"
+
+    def line(self, verb: str) -> str:
+        """``timed on inputs x[1,3,224,224] (generated, seed 0): ...`` (``verb``: what was
+        done on them), with what to give when they were generated."""
+        text = f"{verb} on inputs {self.text()}"
+        if self.generated:
+            text += ": give the shapes and values you run with: --inputs samples.npz"
+        return text
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "shapes": self.shapes,
+            "generated": self.generated,
+            "npz": self.npz,
+            "seed": self.seed,
+            "how": list(self.how),
+            "grown": self.grown,
+            "refused": self.refused,
+        }
+
+
+def runnable_inputs(
+    sess: ort.InferenceSession,
+    input_shapes: Mapping[str, list[int]] | None = None,
+    inputs_npz: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+    model: str | os.PathLike[str] | onnx.ModelProto | None = None,
+    shown_as: str | os.PathLike[str] | None = None,
+    hint: str | None = None,
+) -> tuple[dict[str, np.ndarray], InputPlan | None, list[np.ndarray]]:
+    """``make_inputs_and_plan``, run once on ``sess``: the feeds, how they were made and the
+    outputs. Generated inputs onnxruntime refuses (a reflect pad longer than the input, a
+    reshape that does not divide) are made again with the sizes opfuse chose grown by each
+    factor of GROWTH in turn before the refusal is raised (``optimize``'s one-line error
+    naming ``shown_as``, ending in ``hint``, by default GENERATED_HINT for generated
+    inputs). The factor that ran is remembered for the file (tune's variants and the
+    bisection verify against it again)."""
+    feeds, plan = make_inputs_and_plan(sess, input_shapes, inputs_npz, seed, model)
+    name = shown_as or (model if not isinstance(model, onnx.ModelProto | None) else "the model")
+    if plan is None:
+        return feeds, None, run_model(sess, feeds, name, "" if hint is None else hint)
+    key = _growth_key(model, input_shapes, seed)
+    if key is not None and key in _GROWN:
+        factor, note, reason = _GROWN[key]
+        grown, grown_plan = make_inputs_and_plan(sess, input_shapes, None, seed, model, factor)
+        outputs, _ = _try_run(sess, grown)
+        if outputs is not None and grown_plan is not None:
+            grown_plan.grown, grown_plan.refused = note, reason
+            return grown, grown_plan, outputs
+        del _GROWN[key]
+    outputs, refused = _try_run(sess, feeds)
+    if outputs is not None:
+        return feeds, plan, outputs
+    for factor in GROWTH if plan.free else ():
+        grown, grown_plan = make_inputs_and_plan(sess, input_shapes, None, seed, model, factor)
+        if grown_plan is None or any(np.size(v) > MAX_GROWN_ELEMENTS for v in grown.values()):
+            break
+        outputs, _ = _try_run(sess, grown)
+        if outputs is not None:
+            grown_plan.grown = f"free dims grown x{factor}: onnxruntime refused {_shapes_of(feeds)}"
+            grown_plan.refused = _reason(refused or "")
+            if key is not None:
+                _GROWN[key] = (factor, grown_plan.grown, grown_plan.refused)
+            return grown, grown_plan, outputs
+    raise _cannot_run(name, feeds, refused or "", GENERATED_HINT if hint is None else hint)
+
+
+def _growth_key(
+    model: str | os.PathLike[str] | onnx.ModelProto | None,
+    input_shapes: Mapping[str, list[int]] | None,
+    seed: int,
+) -> tuple[object, ...] | None:
+    """The file's identity (path, size, modification time), the shapes given, the seed:
+    a file verified again (tune's variants, the bisection) starts from the factor that ran."""
+    if model is None or isinstance(model, onnx.ModelProto):
+        return None
+    try:
+        stat = os.stat(model)
+    except OSError:
+        return None
+    shapes = tuple(sorted((k, tuple(v)) for k, v in (input_shapes or {}).items()))
+    return (os.path.abspath(model), stat.st_size, stat.st_mtime_ns, shapes, seed)
+
+
+def _try_run(
+    sess: ort.InferenceSession, feeds: dict[str, np.ndarray]
+) -> tuple[list[np.ndarray] | None, str | None]:
+    """The outputs, or None and onnxruntime's first line when it refuses the inputs."""
+    quiet = ort.RunOptions()
+    quiet.log_severity_level = 4
+    try:
+        return list(sess.run(None, feeds, quiet)), None
+    except Exception as exc:  # onnxruntime raises its own exception types
+        return None, first_line(exc)
+
+
+def _reason(text: str) -> str:
+    """onnxruntime's message without its status prefix, cut short."""
+    text = text.rpartition("Status Message: ")[2] or text
+    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _shapes_of(feeds: Mapping[str, object]) -> str:
+    return ", ".join(
+        f"{k}[{','.join(map(str, np.shape(v)))}]" for k, v in feeds.items() if hasattr(v, "shape")
+    )
 
 
 def _load_npz(path: str | os.PathLike[str], specs: list) -> dict[str, np.ndarray]:
@@ -180,22 +343,23 @@ def run_model(
 ) -> list[np.ndarray]:
     """One inference; a model that cannot run on these inputs (dims that contradict each
     other or the model) is a one-line error naming the file, ending in ``hint``."""
-    quiet = ort.RunOptions()
-    quiet.log_severity_level = 4  # the failure is reported once, below, not logged too
-    try:
-        return list(sess.run(None, feeds, quiet))
-    except Exception as exc:  # onnxruntime raises its own exception types
-        first = first_line(exc)
-        shapes = ", ".join(  # a sequence input is a list of arrays
-            f"{k} {list(v.shape) if hasattr(v, 'shape') else 'sequence'}" for k, v in feeds.items()
-        )
-        raise OpfuseError(
-            f"{path}: onnxruntime cannot run the model on inputs {shapes}: {first}{hint}"
-        ) from None
+    outputs, refused = _try_run(sess, feeds)  # the failure is reported once, not logged too
+    if outputs is None:
+        raise _cannot_run(path, feeds, refused or "", hint)
+    return outputs
+
+
+def _cannot_run(
+    path: str | os.PathLike[str], feeds: Mapping[str, object], why: str, hint: str
+) -> OpfuseError:
+    shapes = ", ".join(  # a sequence input is a list of arrays
+        f"{k} {list(v.shape) if hasattr(v, 'shape') else 'sequence'}" for k, v in feeds.items()
+    )
+    return OpfuseError(f"{path}: onnxruntime cannot run the model on inputs {shapes}: {why}{hint}")
 
 
 GENERATED_HINT = (
-    " (the inputs were generated; give realistic ones with --verify-inputs inputs.npz,"
+    " (the inputs were generated; give realistic ones with --inputs samples.npz,"
     " or sizes with --input-shape)"
 )
 
@@ -226,6 +390,16 @@ class VerifyReport:
     input_warnings: list[str] = field(default_factory=list)
     # where the inputs of a failed comparison were written (``save_failing_inputs``)
     saved_inputs: Path | None = None
+    npz: str | None = None  # the .npz the inputs came from (None: generated with ``seed``)
+    grown: str | None = None  # generated sizes grown after onnxruntime refused the first
+    refused: str | None = None  # ... and onnxruntime's reason
+
+    @property
+    def fed(self) -> FedInputs:
+        """The inputs both models ran on, as every report names them."""
+        return FedInputs(
+            self.input_shapes, self.npz, self.seed, tuple(self.inputs), self.grown, self.refused
+        )
 
     @property
     def ok(self) -> bool:
@@ -259,6 +433,10 @@ class VerifyReport:
             "seed": self.seed,
             "outputs": [o.__dict__ for o in self.outputs],
             "inputs": self.inputs,
+            "inputs_generated": self.npz is None,
+            "inputs_npz": self.npz,
+            "inputs_grown": self.grown,
+            "inputs_refused": self.refused,
             "input_warnings": self.input_warnings,
         }
 
@@ -292,10 +470,8 @@ def output_line(o: OutputDiff, rtol: float) -> str:
 
 
 def inputs_text(report: VerifyReport) -> str:
-    """``x[1,3,224,224] (seed 0)``: what both models ran on."""
-    shapes = ", ".join(f"{k}[{','.join(map(str, v))}]" for k, v in report.input_shapes.items())
-    origin = f"seed {report.seed}" if report.seed is not None else "from the .npz"
-    return f"{shapes or 'no inputs'} ({origin})"
+    """``x[1,3,224,224] (generated, seed 0)``: what both models ran on."""
+    return report.fed.text()
 
 
 def compare_arrays(
@@ -427,19 +603,15 @@ def compare_files(
         got_sess = session(optimized)
     except OpfuseError as exc:
         raise OptimizedModelError(str(exc)) from None
-    feeds, plan = make_inputs_and_plan(ref_sess, input_shapes, inputs_npz, seed, model=original)
+    feeds, plan, ref_values = runnable_inputs(
+        ref_sess, input_shapes, inputs_npz, seed, model=original
+    )
     perms = input_permutations(optimized)
     got_feeds = {
         k: (np.ascontiguousarray(v.transpose(perms[k])) if k in perms else v)
         for k, v in feeds.items()
     }
-    ref_out = dict(
-        zip(
-            [o.name for o in ref_sess.get_outputs()],
-            run_model(ref_sess, feeds, original, "" if plan is None else GENERATED_HINT),
-            strict=True,
-        )
-    )
+    ref_out = dict(zip([o.name for o in ref_sess.get_outputs()], ref_values, strict=True))
     wanted = [i.name for i in got_sess.get_inputs()]
     missing = [n for n in wanted if n not in got_feeds]
     if missing:
@@ -472,6 +644,9 @@ def compare_files(
         feeds=dict(feeds),
         inputs=plan.lines() if plan is not None else [],
         input_warnings=plan.warnings if plan is not None else [],
+        npz=str(inputs_npz) if inputs_npz is not None else None,
+        grown=plan.grown if plan is not None else None,
+        refused=plan.refused if plan is not None else None,
     )
 
 

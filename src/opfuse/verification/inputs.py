@@ -3,7 +3,12 @@ input saying how it was made.
 
 - Dims: a symbolic dim gets one size wherever it appears (``batch`` in two inputs is the
   same batch; a size given with ``--input-shape`` for one input holds for the others);
-  a free dim is 1 on the first axis and 32 elsewhere.
+  a free dim is 1 on the first axis and 32 elsewhere, but the free height and width of an
+  image (a 4-D float input with 1 or 3 channels, NCHW or NHWC) get a size images have:
+  224, or the size the model's metadata gives (``imgsz``, ``image_size``...).
+- Growth: ``generate(grow=k)`` multiplies every size opfuse chose (not the batch, not a
+  size given) by ``k``; the verifier grows them when onnxruntime refuses the inputs (a
+  reflect pad longer than the input, a reshape that does not divide: ``GROWTH``).
 - Floats: standard normal. Strings: short random words. Sequences: one element.
   Optionals: present.
 - Numbers that feed a position whose values must fit the model (a shape, axes, indices,
@@ -13,7 +18,7 @@ input saying how it was made.
   graph, through data movement) is where generated values mislead most: a sample-rate input
   compared with 16000 selects the branch real audio takes only at 16000. Compared for
   equality with a constant, it gets that constant; otherwise (Less, Greater, a flag) the
-  plan carries a warning naming the input and the node, and that ``--verify-inputs`` fixes it.
+  plan carries a warning naming the input and the node, and that ``--inputs`` fixes it.
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ from opfuse.model.graphs import proto_graphs
 T = TypeVar("T")
 DEFAULT_BATCH = 1
 DEFAULT_DIM = 32  # sequence length and other symbolic dims
+IMAGE_DIM = 224  # the free height and width of an image input
+IMAGE_CHANNELS = (1, 3)
+# metadata keys that give an image model's input size (ultralytics writes imgsz "[640, 640]")
+_IMAGE_SIZE_KEY = re.compile(r"(img|image|input)_?(size|sz|shape)", re.IGNORECASE)
 
 ORT_DTYPES: dict[str, type] = {
     "float": np.float32,
@@ -103,7 +112,7 @@ _COMPARISONS = frozenset({"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrE
 _LOGIC = frozenset({"Not", "And", "Or", "Xor"})  # a condition behind these is still one
 # data movement: a value behind these is still the input's value
 _CARRIES = _PASS_THROUGH | {"Reshape", "Squeeze", "Unsqueeze", "Flatten"}
-BRANCH_HINT = "give real inputs with --verify-inputs inputs.npz"
+BRANCH_HINT = "give real inputs with --inputs samples.npz"
 
 
 @dataclass
@@ -112,6 +121,9 @@ class InputPlan:
 
     how: dict[str, str]
     warnings: list[str] = field(default_factory=list)  # inputs that decide a branch
+    free: bool = False  # some size was opfuse's choice (growing it may change the inputs)
+    grown: str | None = None  # the sizes grown after onnxruntime refused the first ones
+    refused: str | None = None  # onnxruntime's reason
 
     def lines(self) -> list[str]:
         return [f"{name}: {how}" for name, how in self.how.items()]
@@ -284,26 +296,69 @@ def _parse_type(text: str) -> tuple[list[str], str]:
     return wrappers, (m.group(1) if m else text)
 
 
-class Dims:
-    """Sizes for declared dims: a symbol keeps the first size it gets."""
+def _fixed(d: object) -> bool:
+    return isinstance(d, int) and d >= 0
 
-    def __init__(self) -> None:
+
+def image_axes(declared: Sequence[object] | None, elem: str) -> tuple[int, int] | None:
+    """The (height, width) axes of an image input (4-D float with 1 or 3 channels, NCHW or
+    NHWC) whose height or width is free; None for any other input."""
+    dims = list(declared or [])
+    if elem not in ("float", "float16", "double") or len(dims) != 4:
+        return None
+    for channels, axes in ((1, (2, 3)), (3, (1, 2))):
+        if dims[channels] in IMAGE_CHANNELS and not all(_fixed(dims[a]) for a in axes):
+            return axes
+    return None
+
+
+def image_size(proto: onnx.ModelProto | None) -> tuple[tuple[int, int], str] | None:
+    """The input size the model's metadata gives (``imgsz: [640, 640]``, ``image_size:
+    224``...) and its key; None when it gives none."""
+    for prop in proto.metadata_props if proto is not None else []:
+        if not _IMAGE_SIZE_KEY.fullmatch(prop.key.strip()):
+            continue
+        sizes = [int(n) for n in re.findall(r"\d+", prop.value) if 4 < int(n) <= 16384]
+        if sizes:
+            return ((sizes[-2], sizes[-1]) if len(sizes) > 1 else (sizes[0], sizes[0])), prop.key
+    return None
+
+
+class Dims:
+    """Sizes for declared dims: a symbol keeps the first size it gets; the sizes opfuse
+    chooses (not the first axis's) are multiplied by ``grow``."""
+
+    def __init__(self, grow: int = 1) -> None:
         self.symbols: dict[str, int] = {}
+        self.grow = grow
+        self.chosen = False  # some non-batch size was chosen here, not given
 
     def bind(self, declared: Sequence[object], given: Sequence[int]) -> None:
         for d, g in zip(declared, given, strict=False):
             if isinstance(d, str) and d:
                 self.symbols.setdefault(d, g)
 
-    def sizes(self, declared: Sequence[object] | None) -> list[int]:
+    def sizes(
+        self, declared: Sequence[object] | None, defaults: Mapping[int, int] | None = None
+    ) -> list[int]:
+        """``declared`` with its free dims sized: ``defaults`` by axis (an image's height
+        and width), else 1 on the first axis and DEFAULT_DIM elsewhere."""
         shape = []
         for i, d in enumerate(declared or []):
-            if isinstance(d, int) and d >= 0:
+            if _fixed(d):
+                assert isinstance(d, int)
                 shape.append(d)
-            elif isinstance(d, str) and d:
-                shape.append(self.symbols.setdefault(d, DEFAULT_BATCH if i == 0 else DEFAULT_DIM))
+                continue
+            default = DEFAULT_BATCH if i == 0 else (defaults or {}).get(i, DEFAULT_DIM)
+            if i > 0:
+                default *= self.grow
+            if isinstance(d, str) and d:
+                if d not in self.symbols and i > 0:
+                    self.chosen = True
+                shape.append(self.symbols.setdefault(d, default))
             else:
-                shape.append(DEFAULT_BATCH if i == 0 else DEFAULT_DIM)
+                self.chosen = self.chosen or i > 0
+                shape.append(default)
         return shape
 
 
@@ -352,21 +407,46 @@ class InputSpec(Protocol):
     def shape(self) -> Any: ...
 
 
+def _image_defaults(
+    specs: Sequence[InputSpec], given: Mapping[str, list[int]], proto: onnx.ModelProto | None
+) -> tuple[dict[str, dict[int, int]], str]:
+    """The height and width each image input's free dims get, by input name, and how that
+    size was chosen (said in the plan)."""
+    from_metadata = image_size(proto)
+    (height, width), why = (
+        (from_metadata[0], f"the model's metadata {from_metadata[1]!r}")
+        if from_metadata is not None
+        else ((IMAGE_DIM, IMAGE_DIM), "a size images have")
+    )
+    found = {}
+    for spec in specs:
+        axes = image_axes(spec.shape, _parse_type(spec.type)[1])
+        if axes is not None and spec.name not in given and not _parse_type(spec.type)[0]:
+            found[spec.name] = {axes[0]: height, axes[1]: width}
+    return found, f"image: free height and width from {why}"
+
+
 def generate(
     specs: Sequence[InputSpec],
     input_shapes: Mapping[str, list[int]] | None,
     proto: onnx.ModelProto | None,
     seed: int = 0,
+    grow: int = 1,
 ) -> tuple[dict[str, object], InputPlan]:
     """Inputs for onnxruntime ``specs`` (NodeArgs); ``proto``: the model (its graph's
-    uses of integer inputs, the element shapes of sequences). Raises OpfuseError naming
-    an input whose type it cannot make."""
+    uses of integer inputs, the element shapes of sequences, its metadata's image size);
+    ``grow``: the sizes opfuse chooses multiplied by it. Raises OpfuseError naming an
+    input whose type it cannot make."""
     rng = np.random.default_rng(seed)
-    dims = Dims()
+    dims = Dims(grow)
     given = input_shapes or {}
     for spec in specs:
         if spec.name in given:
             dims.bind(spec.shape or [], given[spec.name])
+    images, image_note = _image_defaults(specs, given, proto)
+    for spec in specs:  # an image's height and width hold for the inputs sharing them
+        if spec.name in images:
+            dims.sizes(spec.shape, images[spec.name])
     uses = integer_uses(proto)
     branches = branch_uses(proto)
     feeds: dict[str, object] = {}
@@ -379,10 +459,10 @@ def generate(
         if dtype is None:
             raise OpfuseError(
                 f"input {name!r} has type {type_text}, which verify cannot generate; "
-                "give the inputs with --verify-inputs inputs.npz"
+                "give the inputs with --inputs samples.npz"
             )
         declared = _element_shape(proto, name) if wrappers else spec.shape
-        shape = list(given[name]) if name in given else dims.sizes(declared)
+        shape = list(given[name]) if name in given else dims.sizes(declared, images.get(name))
         numeric = dtype not in (np.str_, np.bool_)
         use = uses.get(name) if numeric and not wrappers else None
         branch = branches.get(name) if not wrappers else None
@@ -408,6 +488,8 @@ def generate(
             text = f"{shape_text} {elem}, {text}"
         if "optional" in wrappers:
             text = f"present, {text}"
+        if name in images:
+            text += f" ({image_note})"
         feeds[name] = value
         how[name] = text
-    return feeds, InputPlan(how, warnings)
+    return feeds, InputPlan(how, warnings, free=dims.chosen)

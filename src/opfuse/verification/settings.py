@@ -20,10 +20,11 @@ class VerifySettings:
     """The verifier's settings, checked when made (a ``SettingsError`` names the field).
 
     ``input_shape``: dims for the dynamic inputs (``{"x": [1, 3, 224, 224]}``);
-    ``verify_inputs``: an .npz of input arrays instead of random ones (its arrays give the
-    shapes: not with ``input_shape``); ``seed``: of the random inputs;
-    ``save_failing_inputs``: where a failed verification writes its inputs (an .npz
-    ``verify_inputs`` reads back)."""
+    ``inputs``: an .npz of input arrays named after the model's inputs, instead of
+    generated ones (its arrays give the shapes: not with ``input_shape``; ``optimize
+    --benchmark`` times on them too); ``verify_inputs``: its older name (not both);
+    ``seed``: of the generated inputs; ``save_failing_inputs``: where a failed
+    verification writes its inputs (an .npz ``inputs`` reads back)."""
 
     rtol: float = 1e-4
     atol: float = 1e-5
@@ -31,18 +32,18 @@ class VerifySettings:
     verify_inputs: PathLike | None = None
     seed: int = 0
     save_failing_inputs: PathLike | None = None
+    inputs: PathLike | None = None
 
     def __post_init__(self) -> None:
         check_tolerances(self.rtol, self.atol)
         shapes = {str(k): [int(d) for d in v] for k, v in (self.input_shape or {}).items()}
         object.__setattr__(self, "input_shape", shapes)
-        if self.verify_inputs is not None and shapes:
-            raise SettingsError(
-                "verify_inputs",
-                Path(self.verify_inputs),
-                sentence="{input_shape} and {verify_inputs} {value} both give the input "
-                "shapes (the .npz arrays' shapes are used); drop {input_shape}",
-            )
+        check_inputs(self.inputs, self.verify_inputs, shapes)
+
+    @property
+    def inputs_npz(self) -> PathLike | None:
+        """The .npz of input arrays: ``inputs``, or its older name ``verify_inputs``."""
+        return self.inputs if self.inputs is not None else self.verify_inputs
 
     @property
     def shapes(self) -> dict[str, list[int]]:
@@ -58,3 +59,29 @@ def check_tolerances(rtol: float, atol: float) -> None:
     for name, value in (("rtol", rtol), ("atol", atol)):
         if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
             raise SettingsError(name, value, "must be a finite number of 0 or more")
+
+
+def check_inputs(
+    inputs: PathLike | None,
+    verify_inputs: PathLike | None,
+    shapes: Mapping[str, object] | None,
+    shape_field: str = "input_shape",
+) -> None:
+    """``inputs`` or its older name ``verify_inputs``, not both; and not beside the input
+    shapes (``shape_field``: the .npz arrays' shapes are the ones used)."""
+    if inputs is not None and verify_inputs is not None:
+        raise SettingsError(
+            "inputs",
+            Path(inputs),
+            sentence="{inputs} {value} and {verify_inputs} both give the input arrays "
+            "({verify_inputs} is the older name of {inputs}); give {inputs} alone",
+        )
+    field_name = "inputs" if inputs is not None else "verify_inputs"
+    npz = inputs if inputs is not None else verify_inputs
+    if npz is not None and shapes:
+        raise SettingsError(
+            field_name,
+            Path(npz),
+            sentence=f"{{{shape_field}}} and {{{field_name}}} {{value}} both give the input "
+            f"shapes (the .npz arrays' shapes are used); drop {{{shape_field}}}",
+        )

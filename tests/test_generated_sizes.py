@@ -1,0 +1,174 @@
+"""The sizes of generated inputs: an image's free height and width get a size images have
+(224, or the model's metadata), and sizes onnxruntime refuses (a reflect pad longer than
+the input, a reshape that does not divide) grow before anything is refused (issue 41)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from opfuse import cli
+from opfuse.errors import OpfuseError
+from opfuse.verification.compare import compare_files, make_inputs_and_plan, session
+
+
+def save(model: onnx.ModelProto, path: Path) -> Path:
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save_model(model, str(path))
+    return path
+
+
+def relu_model(
+    dims: list[object], elem: int = TensorProto.FLOAT, **metadata: str
+) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", elem, dims)],
+        [helper.make_tensor_value_info("y", elem, dims)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    helper.set_model_props(model, metadata)
+    return model
+
+
+def reflect_pad_model(pad: int = 40) -> onnx.ModelProto:
+    """A VAD-like front end: a reflect pad of ``pad`` on each side of a [1, N] signal, which
+    onnxruntime refuses on a signal no longer than the pad (silero-vad's, issue 41)."""
+    pads = helper.make_tensor("pads", TensorProto.INT64, [4], [0, pad, 0, pad])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Pad", ["x", "pads"], ["p"], mode="reflect"),
+            helper.make_node("Relu", ["p"], ["r"]),
+            helper.make_node("Identity", ["r"], ["y"]),  # a pass fires: the model changes
+        ],
+        "vad",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "N"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, None])],
+        [pads],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def shape_of(path: Path) -> tuple[int, ...]:
+    feeds, _ = make_inputs_and_plan(session(path), model=path)
+    return feeds["x"].shape
+
+
+@pytest.mark.parametrize(
+    ("dims", "expected"),
+    [
+        (["N", 3, "H", "W"], (1, 3, 224, 224)),  # NCHW
+        (["N", "H", "W", 3], (1, 224, 224, 3)),  # NHWC
+        (["N", 1, "H", "W"], (1, 1, 224, 224)),  # grey
+        (["N", 3, 48, "W"], (1, 3, 48, 224)),  # a text line: the free width only
+        (["N", 5, "H", "W"], (1, 5, 32, 32)),  # not an image: 5 channels
+        (["N", "C", "H", "W"], (1, 32, 32, 32)),  # channels unknown
+        (["N", 3, 32, 32], (1, 3, 32, 32)),  # nothing free
+    ],
+)
+def test_an_image_inputs_free_height_and_width_get_a_size_images_have(tmp_path, dims, expected):
+    assert shape_of(save(relu_model(dims), tmp_path / "m.onnx")) == expected
+
+
+def test_an_integer_4d_input_is_not_an_image(tmp_path):
+    model = relu_model(["N", 3, "H", "W"], TensorProto.INT32)
+    model.graph.node[0].op_type = "Abs"
+    assert shape_of(save(model, tmp_path / "m.onnx")) == (1, 3, 32, 32)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "expected"),
+    [
+        ({"imgsz": "[640, 640]"}, (640, 640)),  # ultralytics
+        ({"image_size": "384"}, (384, 384)),
+        ({"input_shape": "1,3,256,192"}, (256, 192)),
+    ],
+)
+def test_the_models_metadata_gives_the_image_size(tmp_path, metadata, expected):
+    path = save(relu_model(["N", 3, "H", "W"], **metadata), tmp_path / "m.onnx")
+    feeds, plan = make_inputs_and_plan(session(path), model=path)
+    assert feeds["x"].shape[2:] == expected
+    assert repr(next(iter(metadata))) in plan.how["x"]  # the plan names the key
+
+
+def test_a_given_size_holds_over_the_image_size(tmp_path):
+    path = save(relu_model(["N", 3, "H", "W"]), tmp_path / "m.onnx")
+    feeds, _ = make_inputs_and_plan(session(path), {"x": [2, 3, 64, 48]}, model=path)
+    assert feeds["x"].shape == (2, 3, 64, 48)
+
+
+def test_a_refused_reflect_pad_grows_the_free_dims(tmp_path):
+    path = save(reflect_pad_model(), tmp_path / "vad.onnx")
+    report = compare_files(path, path)
+    assert report.ok and report.input_shapes == {"x": [1, 64]}
+    assert report.grown == "free dims grown x2: onnxruntime refused x[1,32]"
+    assert "pre-pad (40)" in (report.refused or "")
+    assert "grown x2" in report.fed.text() and report.to_json()["inputs_generated"] is True
+
+
+def test_a_reshape_that_does_not_divide_grows_the_free_dims(tmp_path):
+    """[1, N] reshaped into rows of 3: 32 and 64 do not divide, 96 does."""
+    shape = helper.make_tensor("s", TensorProto.INT64, [2], [-1, 3])
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "s"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "N"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["R", 3])],
+        [shape],
+    )
+    path = save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), tmp_path / "m.onnx"
+    )
+    report = compare_files(path, path)
+    assert report.ok and report.input_shapes == {"x": [1, 96]}
+
+
+def test_nothing_to_grow_raises_the_first_refusal(tmp_path):
+    """Fixed dims: the refusal of the first inputs, with its hint."""
+    path = save(reflect_pad_model(), tmp_path / "vad.onnx")
+    proto = onnx.load(str(path))
+    proto.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 16
+    fixed = save(proto, tmp_path / "fixed.onnx")
+    with pytest.raises(OpfuseError, match=r"inputs x \[1, 16\]: .*pre-pad.*--inputs samples.npz"):
+        compare_files(fixed, fixed)
+
+
+def test_given_sizes_never_grow(tmp_path):
+    path = save(reflect_pad_model(), tmp_path / "vad.onnx")
+    with pytest.raises(OpfuseError, match=r"inputs x \[1, 20\]"):
+        compare_files(path, path, input_shapes={"x": [1, 20]})
+
+
+def test_optimize_of_a_model_whose_generated_input_fails_a_reflect_pad_exits_0(
+    tmp_path, monkeypatch, capsys
+):
+    """issue 41's acceptance test: `opfuse optimize silero_vad.onnx -o out.onnx` without
+    options ended in exit 2 (the generated input of length 32 was shorter than the pad)."""
+    path = save(reflect_pad_model(), tmp_path / "vad.onnx")
+    out = tmp_path / "out.onnx"
+    monkeypatch.setattr(sys, "argv", ["opfuse", "optimize", str(path), "-o", str(out)])
+    status = 0
+    try:
+        cli.main()
+    except SystemExit as exc:
+        status = int(exc.code or 0)
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    text = " ".join(captured.out.split())
+    assert "verification: ok on inputs x[1,64] (generated, seed 0; free dims grown x2" in text
+    assert "pre-pad (40)" in text
+    assert out.exists()
+    x = np.random.default_rng(0).standard_normal((1, 100)).astype(np.float32)
+    assert compare_files(path, out, inputs_npz=_npz(tmp_path, x)).ok
+
+
+def _npz(tmp_path: Path, x: np.ndarray) -> Path:
+    path = tmp_path / "x.npz"
+    np.savez(path, x=x)
+    return path
