@@ -137,8 +137,9 @@ def optimize(
         for line in opset_hints(result.model):
             out.print(f"note: {line}", markup=False)
     if benchmark:
+        effected = {name: result.log.effected(name) for name in result.passes}
         lines, warnings = benchmark_lines(
-            model, output, runtime, checks.shapes, checks.verify_inputs
+            model, output, runtime, checks.shapes, checks.verify_inputs, effected
         )
         for line in lines:  # on stderr under --format json, which owns stdout
             print_wrapped(err if fmt == "json" else out, line)
