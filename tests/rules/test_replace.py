@@ -309,3 +309,12 @@ def test_gelu_pow_numbers_match_onnxruntime():
     want, got = run_model(model, feeds), run_model(optimized, feeds)
     for name in want:
         assert same_bits(want[name], got[name]).all(), name
+
+
+def test_tune_measures_the_gelu_pow_rewrite():
+    """Off by default, the rewrite is one of the flips opfuse tune measures on the runtime."""
+    from opfuse.tuning.variants import DEFAULT, Variant, probe
+
+    found = probe(gpt2_gelu())
+    assert IN_GELU in found.matched
+    assert Variant(switches=((IN_GELU, True),)) in found.flips(DEFAULT)

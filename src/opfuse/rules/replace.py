@@ -16,7 +16,7 @@ turns INT64_MAX into INT64_MIN. So exponent 1 on int64 input is left alone.
 A Pow(x, 3) that is the x^3 of GPT-2's tanh GELU, 0.5 * x * (1 + Tanh(sqrt(2/pi) * (x +
 0.044715 * x^3))), is left alone: onnxruntime fuses that GELU into one FastGelu kernel only
 while x^3 is a Pow (its session's fusion at ORT_ENABLE_ALL and its transformers optimizer
-alike), and the two Muls would cost it (12 FastGelu -> 0 on GPT-2 small).
+alike), and the two Muls would cost it (a 4-layer GPT-2 dynamo export: FastGelu 4 -> 0).
 PowToMulInGeluFusionPass (off by default) rewrites those too, for a runtime without that
 fusion, where a measurement (``opfuse tune`` tries it) says it pays.
 
@@ -167,7 +167,7 @@ register(
         rules=(PowToMulInGeluRule(),),
         note="off by default: onnxruntime fuses 0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + "
         "0.044715 * x^3))) into one FastGelu kernel only while x^3 is a Pow (at ORT_ENABLE_ALL "
-        "and in its transformers optimizer: GPT-2 small's 12 FastGelu became 0 with it); for "
+        "and in its transformers optimizer: a 4-layer GPT-2 export's FastGelu 4 -> 0 with it); for "
         "a runtime without that fusion, where a measurement says it pays (opfuse tune tries "
         "it); optimize --benchmark names the FastGelu it costs",
     )
