@@ -1,11 +1,13 @@
-"""PowToMulFusionPass (exponents 2, 3, 1, -1; on by default) and PowToSqrtFusionPass
-(0.5, -0.5; off by default): each exponent's replacement, the exponents and inputs they
-leave alone (with their reasons), numeric against onnxruntime (special values included),
-idempotent, and the default switches."""
+"""PowToMulFusionPass (exponents 2, 3, 1, -1; on by default), PowToMulInGeluFusionPass
+(the x^3 of a tanh GELU, which the first leaves alone; off by default) and
+PowToSqrtFusionPass (0.5, -0.5; off by default): each exponent's replacement, the exponents
+and inputs they leave alone (with their reasons), numeric against onnxruntime (special
+values included), idempotent, and the default switches."""
 
 from __future__ import annotations
 
 import numpy as np
+import onnx_ir as ir
 import pytest
 
 from helpers import (
@@ -20,8 +22,10 @@ from helpers import (
 )
 from opfuse.pipeline.conductor import optimize_model
 from opfuse.rules import get_pass
+from transformer_models import gpt2_mlp
 
 PASS = "PowToMulFusionPass"
+IN_GELU = "PowToMulInGeluFusionPass"
 SQRT = "PowToSqrtFusionPass"
 SPECIAL = [np.inf, -np.inf, np.nan, -0.0, 0.0, 1e30, -1e30, 1e-39, -1e-39, 1e13, -1e13, 2.5]
 
@@ -237,3 +241,80 @@ def test_sqrt_pass_is_off_by_default():
         result = optimize_model(pow_model(exponent), enable=[SQRT])
         assert "Pow" not in op_types(result.model)
         assert effected(result, SQRT, "pow_to_sqrt") == 1
+
+
+def gpt2_gelu():
+    """GPT-2's MLP: Linear -> 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3))))
+    -> Linear, then a lone pow(y, 3) (output ``cube``) that is no GELU's."""
+    return ir.from_proto(gpt2_mlp())
+
+
+def pow_nodes(model) -> list[str]:
+    return sorted(n.name or "" for n in model.graph if n.op_type == "Pow")
+
+
+def test_pow_of_a_tanh_gelu_is_left_alone():
+    optimized, result = check_rule(gpt2_gelu(), PASS)
+    assert pow_nodes(optimized) == ["b0/pow"]  # the GELU's; the lone x^3 became Muls
+    assert effected(result, PASS, "pow_to_mul") == 1
+    assert any(
+        r.startswith("the Pow is the x^3 of a tanh GELU, which onnxruntime fuses into FastGelu")
+        for r in reasons(result, PASS)
+    ), reasons(result, PASS)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        ("b0.c", 0.05),  # not GELU's coefficient
+        ("b0.s", 0.8),  # not sqrt(2/pi)
+        ("b0.one", 2.0),  # 2 + tanh
+        ("b0.half", 0.25),  # 0.25 * x * (...)
+    ],
+)
+def test_a_pow_in_a_near_gelu_is_replaced(change):
+    """The chain must be the GELU's, constants included, for the Pow to be left alone."""
+    model = gpt2_gelu()
+    name, value = change
+    model.graph.initializers[name].const_value = ir.tensor(np.array(value, np.float32), name=name)
+    optimized, result = check_rule(model, PASS)
+    assert pow_nodes(optimized) == []
+    assert effected(result, PASS, "pow_to_mul") == 2
+
+
+def test_gelu_pass_rewrites_only_the_gelu_pow():
+    optimized, result = check_rule(gpt2_gelu(), IN_GELU)
+    assert pow_nodes(optimized) == ["cube"]  # the lone x^3 is PowToMulFusionPass's
+    assert effected(result, IN_GELU, "pow_to_mul_in_gelu") == 1
+    assert "not the x^3 of a tanh GELU (PowToMulFusionPass rewrites it)" in reasons(result, IN_GELU)
+    both, _ = check_rule(gpt2_gelu(), PASS, IN_GELU)
+    assert pow_nodes(both) == []
+    assert op_types(both)["Mul"] == op_types(gpt2_gelu())["Mul"] + 4
+
+
+def test_gelu_pow_is_rewritten_only_when_asked():
+    info = get_pass(IN_GELU)
+    assert not info.default
+    assert "only while x^3 is a Pow" in info.note
+    assert "tanh GELU (GPT-2's) is left alone" in get_pass(PASS).note
+    assert pow_nodes(optimize_model(gpt2_gelu()).model) == ["b0/pow"]
+    assert pow_nodes(optimize_model(gpt2_gelu(), enable=[IN_GELU]).model) == []
+
+
+def test_gelu_pow_numbers_match_onnxruntime():
+    """Mul(Mul(x, x), x) is onnxruntime's own Pow(x, 3): the same bits on the GELU."""
+    model = gpt2_gelu()
+    feeds = {"x": np.random.default_rng(1).standard_normal((2, 5, 32)).astype(np.float32) * 3}
+    optimized, _ = check_rule(model, IN_GELU, PASS, feeds=feeds)
+    want, got = run_model(model, feeds), run_model(optimized, feeds)
+    for name in want:
+        assert same_bits(want[name], got[name]).all(), name
+
+
+def test_tune_measures_the_gelu_pow_rewrite():
+    """Off by default, the rewrite is one of the flips opfuse tune measures on the runtime."""
+    from opfuse.tuning.variants import DEFAULT, Variant, probe
+
+    found = probe(gpt2_gelu())
+    assert IN_GELU in found.matched
+    assert Variant(switches=((IN_GELU, True),)) in found.flips(DEFAULT)

@@ -142,7 +142,8 @@ def optimize(
     _print_logs(result, log_level)
     measured = None
     if benchmark:
-        measured = benchmark_of(model, output, runtime, checks.shapes, checks.inputs_npz)
+        effected = {name: result.log.effected(name) for name in result.passes}
+        measured = benchmark_of(model, output, runtime, checks.shapes, checks.inputs_npz, effected)
     if fmt == "json":
         data = result.to_json()
         if measured is not None:

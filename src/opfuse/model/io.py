@@ -29,6 +29,7 @@ from opfuse.model.set_aside import (
     to_proto as to_proto,  # the set-aside-aware one, for callers of io
 )
 from opfuse.model.shapes import infer_proto, negative_dims_dynamic
+from opfuse.model.value_info import DECLARED_KEY, declared, remember_declared
 
 MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -154,9 +155,11 @@ def load_model(
     negative_dims_dynamic(proto)  # -1 is dynamic (onnxruntime reads it so)
     # lifted first: inference then writes no value_info for them (the tensor says it)
     lifted = lift_constants(proto, merge=merge) if lift else Lifted(0)
+    described = proto  # what the file said, before inference says more
     if infer:
         proto = infer_proto(proto)
     model = from_proto(proto)
+    remember_declared(model, described)
     if lifted.constants:
         model.meta[LIFTED_KEY] = lifted.constants
     if lifted.merged:
@@ -171,6 +174,7 @@ def read_model(path: str | os.PathLike[str]) -> ir.Model:
     proto = onnx.load_model(str(path), load_external_data=False)
     negative_dims_dynamic(proto)
     model = from_proto(proto)
+    remember_declared(model, proto)
     ir.external_data.set_base_dir(model.graph, os.path.dirname(os.path.abspath(path)))
     return model
 
@@ -191,9 +195,9 @@ def set_aside_notes(model: ir.Model) -> list[str]:
 def copy_model(model: ir.Model) -> ir.Model:
     """An independent copy (through the protobuf), keeping what the loader set aside."""
     copy = ir.from_proto(ir.to_proto(model))
-    aside = model.meta.get(META_KEY)
-    if aside:
-        copy.meta[META_KEY] = aside
+    for key in (META_KEY, DECLARED_KEY):
+        if key in model.meta:
+            copy.meta[key] = model.meta[key]
     return copy
 
 
@@ -401,13 +405,19 @@ def staged_save(
 @contextlib.contextmanager
 def _without_derivable_value_info(model: ir.Model) -> Iterator[None]:
     """Save without value_info that only repeats what a reader derives: onnx-ir writes one
-    for every typed initializer (the tensor says it) and for every inferred intermediate
-    (shape inference says it), so even a model nothing changed would grow on disk.
-    Graph inputs and outputs, and outputs of non-default-domain ops, keep theirs."""
+    for every typed initializer (the tensor says it) and for every inferred intermediate,
+    so even a model nothing changed would grow on disk. Graph inputs and outputs, outputs
+    of non-default-domain ops, and the values the input file described (and, in a model
+    that described its values, the ones the passes made: ``value_info.Declared.keeps``)
+    keep theirs: a runtime's fusions read them (onnxruntime's SkipLayerNormalization
+    needs the shapes of its Add's inputs, which a dynamo export's value_info gives)."""
+    seen = declared(model)
     saved = []
     for graph in all_graphs(model.graph):
         values = [v for v in graph.initializers.values() if not v.is_graph_input()]
-        values += [out for node in graph if node.domain in DEFAULT_DOMAINS for out in node.outputs]
+        for node in graph:
+            if node.domain in DEFAULT_DOMAINS:
+                values += [o for o in node.outputs if seen is None or not seen.keeps(o.name)]
         for value in values:
             if not value.is_graph_output() and (value.type or value.shape):
                 saved.append((value, value.type, value.shape))

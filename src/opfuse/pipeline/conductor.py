@@ -19,6 +19,7 @@ import onnx_ir as ir
 from opfuse.errors import OpfuseError, SettingsError
 from opfuse.model import io
 from opfuse.model.shapes import declare_static_inputs
+from opfuse.model.value_info import untyped_declared
 from opfuse.pipeline.gcpause import paused_gc
 from opfuse.pipeline.opset import convert_opset, converted_if_old, default_opset
 from opfuse.pipeline.optimizer import MAX_ROUNDS, op_counts, optimize_model
@@ -221,7 +222,20 @@ def _optimize(job: Job, model: ir.Model, phases: Phases) -> OptimizeResult[ir.Mo
         raise type(exc)(f"{job.input_path}: {exc}") from None
     for name, dims in (job.static_shapes or {}).items():
         result.notes.append(f"input {name!r} is now static {list(dims)}: feed only that shape")
+    untyped = untyped_declared(result.model)
+    if untyped:  # every other value the input described keeps its value_info
+        result.notes.append(_untyped_note(untyped))
     return result
+
+
+def _untyped_note(names: list[str]) -> str:
+    """Why the value_info of ``names``, values the input described, is not written."""
+    shown = ", ".join(repr(name) for name in names[:3]) + (", ..." if len(names) > 3 else "")
+    plural = "" if len(names) == 1 else "s"
+    return (
+        f"{len(names)} shape annotation{plural} (value_info) of the input not written: the "
+        f"optimized graph no longer knows the type of {shown}"
+    )
 
 
 def _written(

@@ -12,6 +12,7 @@ import onnx_ir as ir
 from opfuse.errors import OpfuseError, first_line
 from opfuse.model import io
 from opfuse.model.graphs import DEFAULT_DOMAINS
+from opfuse.model.value_info import DECLARED_KEY
 
 
 def default_opset(model: ir.Model) -> int | None:
@@ -48,6 +49,8 @@ def convert_opset(model: ir.Model, target: int) -> ir.Model:
         raise OpfuseError(f"cannot convert the model to opset {target}: {first}") from None
     raise_ir_version(converted)
     new = io.from_proto(converted)
+    if DECLARED_KEY in model.meta:  # the values the input file described keep that
+        new.meta[DECLARED_KEY] = model.meta[DECLARED_KEY]
     base_dirs = {
         v.name: v.const_value.base_dir
         for v in model.graph.initializers.values()

@@ -5,6 +5,7 @@ other pass module). What builds or evaluates is the engine's: ``opfuse.rewrite.b
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -141,3 +142,69 @@ def gelu_product(mul: ir.Node) -> bool:
     if _times_act_sum(mul):
         return True
     return any((p := _producer_op(v)) is not None and _times_act_sum(p) for v in mul.inputs)
+
+
+GELU_CUBE_COEFFICIENT = 0.044715
+SQRT_2_OVER_PI = 0.7978845608028654  # math.sqrt(2 / math.pi)
+_CONST_RTOL = 1e-5  # a float32 constant carries ~1e-7 relative error
+
+
+def _is_about(value: ir.Value | None, target: float) -> bool:
+    """Whether ``value`` is a constant whose elements all equal ``target`` (to float32)."""
+    array = const_array(value)
+    found = None if array is None else scalar_value(array)
+    return found is not None and abs(found - target) <= _CONST_RTOL * abs(target)
+
+
+def _consumers(value: ir.Value | None, op_type: str) -> list[ir.Node]:
+    if value is None:
+        return []
+    return [node for node in value.consumers() if node.op_type == op_type]
+
+
+def _times(node: ir.Node, value: ir.Value, target: float) -> bool:
+    """``node`` is Mul(value, c) or Mul(c, value) with c about ``target``."""
+    a, b = node.inputs[0], node.inputs[1]
+    return (a is value and _is_about(b, target)) or (b is value and _is_about(a, target))
+
+
+def _plus(node: ir.Node, value: ir.Value, other: ir.Value | None = None, c: float = 0.0) -> bool:
+    """``node`` is Add(value, other) in either order (``other`` None: a constant about c)."""
+    a, b = node.inputs[0], node.inputs[1]
+    for mine, theirs in ((a, b), (b, a)):
+        if mine is value and (theirs is other if other is not None else _is_about(theirs, c)):
+            return True
+    return False
+
+
+def _halves_product(mul: ir.Node, x: ir.Value, act_sum: ir.Value) -> bool:
+    """``mul`` reads ``act_sum`` and makes ``0.5 * x * act_sum``: Mul(Mul(x, 0.5), act_sum),
+    or Mul(x, act_sum) then times 0.5."""
+    other = mul.inputs[1] if mul.inputs[0] is act_sum else mul.inputs[0]
+    if other is x:
+        return any(_times(m, mul.outputs[0], 0.5) for m in _consumers(mul.outputs[0], "Mul"))
+    half = _producer_op(other)
+    return half is not None and half.op_type == "Mul" and _times(half, x, 0.5)
+
+
+def _then(
+    values: Sequence[ir.Value], op_type: str, test: Callable[[ir.Node, ir.Value], bool]
+) -> list[ir.Value]:
+    """The outputs of the ``op_type`` nodes reading one of ``values`` that pass ``test``."""
+    return [n.outputs[0] for v in values for n in _consumers(v, op_type) if test(n, v)]
+
+
+def tanh_gelu_cube(pow_node: ir.Node) -> bool:
+    """Whether ``pow_node`` is the ``x^3`` of GPT-2's tanh GELU,
+    ``0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))``, which onnxruntime fuses
+    into one FastGelu only while x^3 is a Pow (its session's fusion at ORT_ENABLE_ALL and
+    its transformers optimizer both match the Pow, not Mul(Mul(x, x), x))."""
+    x = pow_node.inputs[0]
+    if x is None:
+        return False
+    values = _then(pow_node.outputs, "Mul", lambda n, v: _times(n, v, GELU_CUBE_COEFFICIENT))
+    values = _then(values, "Add", lambda n, v: _plus(n, v, x))
+    values = _then(values, "Mul", lambda n, v: _times(n, v, SQRT_2_OVER_PI))
+    values = _then(values, "Tanh", lambda n, v: True)
+    values = _then(values, "Add", lambda n, v: _plus(n, v, c=1.0))
+    return any(_halves_product(m, x, v) for v in values for m in _consumers(v, "Mul"))

@@ -13,6 +13,13 @@ NaN, -0 and overflow (onnxruntime itself computes x*x and x*x*x for 2 and 3):
 onnxruntime computes Pow(int64, 1) through double: above 2**53 it rounds x, and it
 turns INT64_MAX into INT64_MIN. So exponent 1 on int64 input is left alone.
 
+A Pow(x, 3) that is the x^3 of GPT-2's tanh GELU, 0.5 * x * (1 + Tanh(sqrt(2/pi) * (x +
+0.044715 * x^3))), is left alone: onnxruntime fuses that GELU into one FastGelu kernel only
+while x^3 is a Pow (its session's fusion at ORT_ENABLE_ALL and its transformers optimizer
+alike), and the two Muls would cost it (a 4-layer GPT-2 dynamo export: FastGelu 4 -> 0).
+PowToMulInGeluFusionPass (off by default) rewrites those too, for a runtime without that
+fusion, where a measurement (``opfuse tune`` tries it) says it pays.
+
 PowToSqrtFusionPass (off by default): the results differ on special values.
 
     Pow(x, 0.5)  ==> Sqrt(x)                   pow(-inf, 0.5) = +inf, Sqrt(-inf) = NaN;
@@ -30,9 +37,13 @@ import onnx_ir as ir
 
 from opfuse.rewrite import Builder, Match, Op, PassContext, Rule, Var
 from opfuse.rewrite.registry import PassInfo, register
-from opfuse.rules._util import rank
+from opfuse.rules._util import rank, tanh_gelu_cube
 
 MUL_EXPONENTS = (2.0, 3.0, 1.0, -1.0)
+IN_GELU = (
+    "the Pow is the x^3 of a tanh GELU, which onnxruntime fuses into FastGelu only while it "
+    "is a Pow (PowToMulInGeluFusionPass rewrites it)"
+)
 SQRT_EXPONENTS = (0.5, -0.5)
 FLOAT_ONLY = {-1.0, *SQRT_EXPONENTS}  # their replacements are float-only ops
 
@@ -81,6 +92,12 @@ class PowToMulRule(_PowRule):
         for c in SQRT_EXPONENTS
     }
 
+    def check(self, m: Match, ctx: PassContext) -> str | None:
+        reason = super().check(m, ctx)
+        if reason is None and float(m["e"].reshape(-1)[0]) == 3.0 and tanh_gelu_cube(m.root):
+            return IN_GELU
+        return reason
+
     def rewrite(self, m: Match, b: Builder, ctx: PassContext):
         x = m.value("x")
         value = float(m["e"].reshape(-1)[0])
@@ -90,9 +107,29 @@ class PowToMulRule(_PowRule):
         if value == 2.0:
             return [b.op("Mul", [x, x], like=pow_node)]
         if value == 3.0:
-            square = b.op("Mul", [x, x], name=_name(pow_node, "square"))
-            return [b.op("Mul", [square, x], like=pow_node)]
+            return [_cube(x, pow_node, b)]
         return [b.op("Reciprocal", [x], like=pow_node)]
+
+
+def _cube(x: ir.Value, pow_node: ir.Node, b: Builder) -> ir.Value:
+    square = b.op("Mul", [x, x], name=_name(pow_node, "square"))
+    return b.op("Mul", [square, x], like=pow_node)
+
+
+class PowToMulInGeluRule(_PowRule):
+    """Pow(x, 3) that is the x^3 of a tanh GELU ==> Mul(Mul(x, x), x)"""
+
+    name = "pow_to_mul_in_gelu"
+    exponents = (3.0,)
+
+    def check(self, m: Match, ctx: PassContext) -> str | None:
+        reason = super().check(m, ctx)
+        if reason is None and not tanh_gelu_cube(m.root):
+            return "not the x^3 of a tanh GELU (PowToMulFusionPass rewrites it)"
+        return reason
+
+    def rewrite(self, m: Match, b: Builder, ctx: PassContext):
+        return [_cube(m.value("x"), m.root, b)]
 
 
 class PowToSqrtRule(_PowRule):
@@ -116,7 +153,23 @@ register(
         "Replace Pow with a constant exponent 2, 3, 1, -1 by Mul, Reciprocal or nothing",
         rules=(PowToMulRule(),),
         note="exponent -1: Reciprocal is correctly rounded where onnxruntime's pow is "
-        "sometimes 1 ulp off",
+        "sometimes 1 ulp off. A Pow(x, 3) that is the x^3 of a tanh GELU (GPT-2's) is left "
+        "alone: onnxruntime fuses that GELU into FastGelu only while x^3 is a Pow "
+        "(PowToMulInGeluFusionPass rewrites it)",
+    )
+)
+
+register(
+    PassInfo(
+        "PowToMulInGeluFusionPass",
+        "Replace the Pow(x, 3) of a tanh GELU (GPT-2's) by Mul(Mul(x, x), x)",
+        default=False,
+        rules=(PowToMulInGeluRule(),),
+        note="off by default: onnxruntime fuses 0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + "
+        "0.044715 * x^3))) into one FastGelu kernel only while x^3 is a Pow (at ORT_ENABLE_ALL "
+        "and in its transformers optimizer: a 4-layer GPT-2 export's FastGelu 4 -> 0 with it); for "
+        "a runtime without that fusion, where a measurement says it pays (opfuse tune tries "
+        "it); optimize --benchmark names the FastGelu it costs",
     )
 )
 

@@ -77,10 +77,16 @@ def _kernel(node: onnx.NodeProto) -> str | None:
     return None
 
 
+# kernels that hold another op besides the one they count as (the Add of the residual):
+# fewer of them is a fusion lost even where their kind is not
+ABSORBING = ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization")
+
+
 def lost_fusions(before: Counter[str], after: Counter[str]) -> dict[str, tuple[int, int]]:
     """Kernel kinds the output has fewer of than the original: kind -> (before, after).
     Kernels that absorb one another (SkipLayerNormalization holds a LayerNormalization)
-    count as their kind."""
+    count as their kind, and SkipLayerNormalization on its own too: fewer of it means
+    onnxruntime no longer fuses the Add before the LayerNormalization."""
 
     def kinds(counts: Counter[str]) -> Counter[str]:
         merged: Counter[str] = Counter()
@@ -89,7 +95,11 @@ def lost_fusions(before: Counter[str], after: Counter[str]) -> dict[str, tuple[i
         return merged
 
     b, a = kinds(before), kinds(after)
-    return {op: (b[op], a[op]) for op in sorted(b) if a[op] < b[op]}
+    lost = {op: (b[op], a[op]) for op in sorted(b) if a[op] < b[op]}
+    for op in ABSORBING:
+        if after[op] < before[op] and SAME_KERNEL[op] not in lost:
+            lost[op] = (before[op], after[op])
+    return lost
 
 
 def lost_text(lost: dict[str, tuple[int, int]]) -> str:
