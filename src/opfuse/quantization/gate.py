@@ -269,31 +269,20 @@ class Gate:
         """1: ``a``'s lowest map IoU is higher than ``b``'s by more than MAP_IOU_TIE; -1:
         lower; 0: within it, or no output is a map. The pixels of a map are not independent
         samples (a text line is thousands of them), so no binomial noise: a fixed margin."""
-        iou_a = [o.map_iou for o in a if o.map_iou is not None]
-        iou_b = [o.map_iou for o in b if o.map_iou is not None]
-        if not iou_a or not iou_b:
-            return 0
-        return (min(iou_a) > min(iou_b) + MAP_IOU_TIE) - (min(iou_b) > min(iou_a) + MAP_IOU_TIE)
+        return _higher([o.map_iou for o in a], [o.map_iou for o in b], MAP_IOU_TIE)
 
     @staticmethod
     def _task_verdict(a: Sequence[OutputAccuracy], b: Sequence[OutputAccuracy]) -> int:
         """1: ``a``'s lowest task figure is higher than ``b``'s by more than TASK_TIE; -1:
         lower; 0: within it, or no task figure."""
-        task_a = [o.task for o in a if o.task is not None]
-        task_b = [o.task for o in b if o.task is not None]
-        if not task_a or not task_b:
-            return 0
-        return (min(task_a) > min(task_b) + TASK_TIE) - (min(task_b) > min(task_a) + TASK_TIE)
+        return _higher([o.task for o in a], [o.task for o in b], TASK_TIE)
 
     @staticmethod
     def _cosine_verdict(a: Sequence[OutputAccuracy], b: Sequence[OutputAccuracy]) -> int:
         """1: ``a``'s lowest mean embedding cosine is higher than ``b``'s by more than
         COSINE_TIE; -1: lower; 0: within it, or no output is an embedding."""
-        cos_a = [o.embedding_cosine for o in a if o.embedding_cosine is not None]
-        cos_b = [o.embedding_cosine for o in b if o.embedding_cosine is not None]
-        if not cos_a or not cos_b:
-            return 0
-        return (min(cos_a) > min(cos_b) + COSINE_TIE) - (min(cos_b) > min(cos_a) + COSINE_TIE)
+        cos_a, cos_b = [o.embedding_cosine for o in a], [o.embedding_cosine for o in b]
+        return _higher(cos_a, cos_b, COSINE_TIE)
 
     @staticmethod
     def _cer_verdict(a: Sequence[OutputAccuracy], b: Sequence[OutputAccuracy]) -> int:
@@ -462,6 +451,16 @@ def sqnr_verdict(
     if strict:
         return int(bool(pairs) and all(ahead)) - int(any(behind))
     return int(any(ahead) and not any(behind)) - int(any(behind) and not any(ahead))
+
+
+def _higher(a: Sequence[float | None], b: Sequence[float | None], tie: float) -> int:
+    """1: the lowest of ``a`` is higher than the lowest of ``b`` by more than ``tie``; -1:
+    lower; 0: within it, or either has no figure (None: the output has none)."""
+    low_a = min((x for x in a if x is not None), default=None)
+    low_b = min((x for x in b if x is not None), default=None)
+    if low_a is None or low_b is None:
+        return 0
+    return (low_a > low_b + tie) - (low_b > low_a + tie)
 
 
 def _judged_by_iou(o: OutputAccuracy, by_iou: bool) -> bool:

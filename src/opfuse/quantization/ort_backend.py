@@ -7,10 +7,12 @@ kernels. No other module of ``quantization/`` calls onnxruntime's quantizer."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -227,8 +229,6 @@ def _quantize_once(
     extra_options: dict[str, object],
     cache: os.PathLike[str] | None = None,
 ) -> onnx.ModelProto:
-    import tempfile
-    from pathlib import Path
 
     import onnx
     from onnxruntime import quantization as q
@@ -246,22 +246,10 @@ def _quantize_once(
             self.it = iter(samples)
 
     reader = Reader()
-    from opfuse.model.io import STAGING_PREFIX
-    from opfuse.runtime.ort import quiet as quiet_onnxruntime
-
-    quiet_onnxruntime()  # the quantizer's own sessions log through its default logger
-    quiet = logging.getLogger()  # the quantizer logs "consider pre-processing" on the root
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    try:
-        with tempfile.TemporaryDirectory(prefix=STAGING_PREFIX + "q-") as tmp:
-            src, out = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
-            onnx.save_model(model, str(src))  # a ModelProto given to it loses large tensors
-            with ort_speedups.faster_quantizer():
-                _quantize_static(q, src, out, reader, options, exclude, extra_options, cache)
-            return onnx.load_model(str(out))
-    finally:
-        quiet.setLevel(level)
+    with _quiet_files(model, "q-") as (src, out):
+        with ort_speedups.faster_quantizer():
+            _quantize_static(q, src, out, reader, options, exclude, extra_options, cache)
+        return onnx.load_model(str(out))
 
 
 def _quantize_static(
@@ -304,32 +292,43 @@ def quantize_dynamic_proto(
     symmetric, per output channel with ``per_channel``; activations quantized at run time:
     onnxruntime fuses each into a DynamicQuantizeMatMul); a MatMul of two activations
     (attention's Q.K^T and P.V) stays float (``MatMulConstBOnly``)."""
-    import tempfile
-    from pathlib import Path
-
     import onnx
     from onnxruntime import quantization as q
+
+    with _quiet_files(model, "dq-") as (src, out):
+        q.quantize_dynamic(
+            str(src),
+            str(out),
+            per_channel=per_channel,
+            weight_type=q.QuantType.QInt8,
+            op_types_to_quantize=["MatMul"],
+            nodes_to_quantize=list(nodes),
+            extra_options={"MatMulConstBOnly": True, "WeightSymmetric": True},
+        )
+        return onnx.load_model(str(out))
+
+
+@contextlib.contextmanager
+def _quiet_files(model: onnx.ModelProto, prefix: str) -> Iterator[tuple[Path, Path]]:
+    """The model saved in a staging folder (a ModelProto given to onnxruntime's quantizer
+    loses large tensors) and where it writes its output; its logging quiet meanwhile (its
+    sessions log through onnxruntime's default logger, it says "consider pre-processing"
+    on the root logger)."""
+    import tempfile
+
+    import onnx
 
     from opfuse.model.io import STAGING_PREFIX
     from opfuse.runtime.ort import quiet as quiet_onnxruntime
 
     quiet_onnxruntime()
-    root = logging.getLogger()  # the quantizer logs "consider pre-processing" on the root
+    root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)
     try:
-        with tempfile.TemporaryDirectory(prefix=STAGING_PREFIX + "dq-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=STAGING_PREFIX + prefix) as tmp:
             src, out = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
             onnx.save_model(model, str(src))
-            q.quantize_dynamic(
-                str(src),
-                str(out),
-                per_channel=per_channel,
-                weight_type=q.QuantType.QInt8,
-                op_types_to_quantize=["MatMul"],
-                nodes_to_quantize=list(nodes),
-                extra_options={"MatMulConstBOnly": True, "WeightSymmetric": True},
-            )
-            return onnx.load_model(str(out))
+            yield src, out
     finally:
         root.setLevel(level)
