@@ -382,6 +382,12 @@ def test_the_dynamic_recipe_quantizes_the_matmuls_at_run_time(tmp_path):
     ops = [n.op_type for n in forced.model.graph.node]
     assert ops.count("MatMulInteger") == 2 and "QuantizeLinear" not in ops
     assert forced.recipe == "minmax,dynamic"
+    from opfuse.model.sessions import open_session
+
+    onnx.save(forced.model, str(tmp_path / "dyn.onnx"))  # onnxruntime fuses each MatMul
+    open_session(tmp_path / "dyn.onnx", graph_opt="all", optimized_path=tmp_path / "ran.onnx")
+    ran = [n.op_type for n in onnx.load(str(tmp_path / "ran.onnx")).graph.node]
+    assert ran.count("DynamicQuantizeMatMul") == 2 and "MatMulInteger" not in ran
     [figures] = forced.accuracy
     assert figures.embedding_cosine is not None and figures.embedding_cosine > 0.99
     auto = quantize_file(model, None, tmp_path / "c.npz", **options)
