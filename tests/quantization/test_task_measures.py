@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
 import pytest
 from test_quantize import sensitive_mlp
 
@@ -111,12 +112,19 @@ def test_a_ctc_output_is_judged_by_the_cer_of_its_decoded_text():
         Gate.parse("cer=60%")
 
 
-def test_a_classifier_per_step_is_not_ctc():
-    """No class holds most steps: per-step top-1 stays the measure."""
+def test_a_classifier_per_step_is_not_ctc(tmp_path):
+    """No class holds the steps a blank would (20 classes, none above 30%): per-step
+    top-1 stays the measure; nor does a model that reads token ids spell text."""
     rng = np.random.default_rng(0)
-    scores = rng.uniform(0, 1, (4, 10, 5)).astype(np.float32)
+    scores = rng.uniform(0, 1, (4, 10, 20)).astype(np.float32)
     figures = compare_output("steps", scores, scores + 0.01)
     assert figures.cer is None and figures.top1 is not None
+    from opfuse.quantization.accuracy import text_outputs
+
+    assert text_outputs(onnx.load(str(_ctc_model(tmp_path / "ctc.onnx")))) == {"probs"}
+    tokens = onnx.load(str(_ctc_model(tmp_path / "ctc.onnx")))
+    tokens.graph.input[0].type.tensor_type.elem_type = onnx.TensorProto.INT64
+    assert text_outputs(tokens) == set()
 
 
 def test_a_missed_cer_is_loosened_to_the_figure_reached():

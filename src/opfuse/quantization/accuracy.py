@@ -246,8 +246,10 @@ def compare_output(
     probability_map: bool = False,
     threshold: float = MAP_THRESHOLD,
     labels: bool = False,
+    text: bool = True,
 ) -> OutputAccuracy:
-    """``probability_map``: a Sigmoid makes the output (``probability_maps``); when it is a
+    """``text``: the output may be a CTC text (``text_outputs``), decoded where its data
+    says so. ``probability_map``: a Sigmoid makes the output (``probability_maps``); when it is a
     map (``is_map``), its map IoU at ``threshold`` is measured instead of top-1.
     ``labels``: the output holds labels, indices or counts (integers, booleans, strings:
     ``compare_outputs``), judged by the share of its elements that agree exactly (as
@@ -285,20 +287,41 @@ def compare_output(
         figures = OutputAccuracy(
             name, sqnr, cosine, max_abs, top1, top5, len(want), samples_sqnr_db
         )
-        return _with_ctc(figures, ref, got)
+        return _with_ctc(figures, ref, got) if text else figures
     return OutputAccuracy(name, sqnr, cosine, max_abs, top1, top5, 0, samples_sqnr_db)
 
 
-# a [N, T, C] output is CTC-like where one class (the blank) is the float model's argmax
-# on more than this share of the steps: a recognizer's blank fills the gaps between
-# characters (PP-OCRv4's: 80-95% of the steps of a text line); a per-step classifier's
-# most frequent class rarely holds a majority
-CTC_BLANK_SHARE = 0.5
+# a [N, T, C] output of a model that reads no token ids (``text_outputs``) is CTC-like
+# where one class (the blank) is the float model's argmax on more than this share of the
+# steps: a recognizer's blank fills the gaps between characters (PP-OCRv4's: 80-95% of
+# the steps of a sparse line, 49% of dense English lines of stdlib docstrings); a token
+# classifier's "outside" class can hold as much, hence the token-id condition
+CTC_BLANK_SHARE = 0.3
+
+
+def text_outputs(model: onnx.ModelProto) -> set[str]:
+    """The outputs that may be a CTC text: the main graph's rank-3 class scores
+    (``scoring_outputs``) of a model whose inputs are all floats (an image, a sound: a
+    model that reads token ids classifies tokens, it does not spell)."""
+    ints = any(
+        i.type.tensor_type.elem_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+        for i in model.graph.input
+    )
+    if ints:
+        return set()
+    ranks = {
+        o.name: len(o.type.tensor_type.shape.dim)
+        for o in model.graph.output
+        if o.type.tensor_type.HasField("shape")
+    }
+    return {name for name in scoring_outputs(model) if ranks.get(name) == 3}
 
 
 def _with_ctc(figures: OutputAccuracy, ref: np.ndarray, got: np.ndarray) -> OutputAccuracy:
     """``figures`` with the decoded text's measures where ``ref`` is CTC-like."""
     if ref.ndim != 3 or ref.shape[0] == 0 or ref.shape[1] < 2 or ref.shape != got.shape:
+        return figures
+    if ref.shape[2] < 3:  # a blank and one symbol: a per-frame yes/no, not a text
         return figures
     steps_ref, steps_got = ref.argmax(axis=2), got.argmax(axis=2)
     counts = np.bincount(steps_ref.ravel(), minlength=ref.shape[2])
@@ -415,6 +438,7 @@ def compare_outputs(
     threshold: float = MAP_THRESHOLD,
     embeddings: Collection[str] = (),
     masks: Sequence[np.ndarray | None] = (),
+    texts: Collection[str] | None = None,
 ) -> list[OutputAccuracy]:
     """``ref``/``got``: per sample, the outputs in ``names`` order; joined along axis 0
     (each sample's own SQNR kept beside). ``scoring``: the outputs that may score classes
@@ -428,7 +452,8 @@ def compare_outputs(
         each = tuple(sqnr_db(r, g) for r, g in pairs)
         r, g = _joined([r for r, _ in pairs]), _joined([g for _, g in pairs])
         scores = scoring is None or name in scoring
-        figures = compare_output(name, r, g, scores, each, name in maps, threshold, labels)
+        text = texts is None or name in texts
+        figures = compare_output(name, r, g, scores, each, name in maps, threshold, labels, text)
         if figures.top1 is not None and any(r.shape != g.shape for r, g in raw):
             top1, rows = _agreement(pairs, [r.shape != g.shape for r, g in raw], labels)
             figures = replace(figures, top1=top1, top5=None, rows=rows)

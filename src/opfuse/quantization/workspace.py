@@ -25,6 +25,7 @@ from opfuse.quantization.accuracy import (
     mask_input,
     probability_maps,
     scoring_outputs,
+    text_outputs,
 )
 
 Sample = dict[str, np.ndarray]
@@ -170,6 +171,7 @@ class Workspace:
             self.maps,
             embeddings=self.embeddings,
             masks=masks,
+            texts=self._outputs_of("texts", text_outputs),
         )
         if task is None:
             return figures
