@@ -372,7 +372,7 @@ def test_a_missed_gate_is_said_in_at_most_six_lines(tmp_path):
 def test_the_dynamic_recipe_quantizes_the_matmuls_at_run_time(tmp_path):
     """``dynamic``: the MatMuls with constant weights dynamic int8 (onnxruntime fuses each
     into a DynamicQuantizeMatMul), no Q/DQ left where there is no convolution; tried by
-    ``--recipe auto`` where there are two such MatMuls or more, and not on a CNN."""
+    ``--recipe auto`` where there is attention and two such MatMuls or more, not on a CNN."""
     import onnx
     from test_quantize import small_cnn
 
@@ -406,7 +406,7 @@ def test_the_dynamic_recipe_quantizes_the_matmuls_at_run_time(tmp_path):
 
 
 def _two_layer_encoder(path):  # type: ignore[no-untyped-def]
-    """The built encoder with two dense layers (MatMul, Tanh, MatMul, Tanh)."""
+    """The built encoder with a self-attention between two dense layers."""
     import onnx
     from onnx import numpy_helper
 
@@ -417,10 +417,15 @@ def _two_layer_encoder(path):  # type: ignore[no-untyped-def]
     model.graph.initializer.append(numpy_helper.from_array(w2, "w2"))
     act = next(n for n in model.graph.node if n.name == "act")
     act.output[0] = "h1"
+    make = onnx.helper.make_node
     model.graph.node.extend(
-        [
-            onnx.helper.make_node("MatMul", ["h1", "w2"], ["mm2"], name="dense2"),
-            onnx.helper.make_node("Tanh", ["mm2"], ["last_hidden_state"], name="act2"),
+        [  # a self-attention (Q.K^T and P.V: MatMuls of two activations), then dense
+            make("Transpose", ["h1"], ["h1t"], name="keys", perm=[0, 2, 1]),
+            make("MatMul", ["h1", "h1t"], ["scores"], name="qk"),
+            make("Softmax", ["scores"], ["probs"], name="softmax", axis=-1),
+            make("MatMul", ["probs", "h1"], ["attended"], name="pv"),
+            make("MatMul", ["attended", "w2"], ["mm2"], name="dense2"),
+            make("Tanh", ["mm2"], ["last_hidden_state"], name="act2"),
         ]
     )
     onnx.save(model, str(path))

@@ -261,6 +261,16 @@ def dynamic_nodes(model: onnx.ModelProto, exclude: Sequence[str] = ()) -> list[s
     ]
 
 
+def attention(model: onnx.ModelProto) -> bool:
+    """Has the model a MatMul of two activations (attention's Q.K^T or P.V)."""
+    constant = {t.name for t in model.graph.initializer}
+    constant |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    return any(
+        n.op_type == "MatMul" and len(n.input) == 2 and not set(n.input) & constant
+        for n in model.graph.node
+    )
+
+
 def static_part(model: onnx.ModelProto, exclude: Sequence[str] = ()) -> bool:
     """Has the model convolutions (STATIC_OPS) left for static int8 in a dynamic recipe."""
     return any(n.op_type in STATIC_OPS and n.name not in exclude for n in model.graph.node)
@@ -279,10 +289,18 @@ class Dynamic:
     name = DYNAMIC
 
     def applies(self, ws: Workspace) -> bool:
-        return len(dynamic_nodes(ws.float_model, ws.exclude)) >= DYNAMIC_MIN_MATMULS
+        """A transformer: attention (a MatMul of two activations) and MatMuls with
+        constant weights, DYNAMIC_MIN_MATMULS or more (an MLP or a CNN's dense head keeps
+        the static recipes)."""
+        model = ws.float_model
+        dense = len(dynamic_nodes(model, ws.exclude)) >= DYNAMIC_MIN_MATMULS
+        return dense and attention(model)
 
     def reason(self, ws: Workspace) -> str:
-        return f"nothing to change: fewer than {DYNAMIC_MIN_MATMULS} MatMuls with constant weights"
+        return (
+            f"nothing to change: no attention (a MatMul of two activations) with "
+            f"{DYNAMIC_MIN_MATMULS} or more MatMuls of constant weights"
+        )
 
     def run(self, ws: Workspace) -> StepReport:
         assert ws.int8_model is not None
