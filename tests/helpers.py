@@ -131,14 +131,23 @@ def names_of(values: Iterable[ir.Value]) -> list[str]:
 
 def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str]:
     """``opfuse ARGS`` in this process (``cli.main``): its exit status and its stderr."""
-    import sys
+    monkeypatch.delenv("OPFUSE_DEBUG", raising=False)
+    status, _, err = run_command(args, monkeypatch, capsys)
+    return status, err
 
-    import pytest
+
+def run_command(args: Iterable[object], monkeypatch, capsys) -> tuple[int, str, str]:  # type: ignore[no-untyped-def]
+    """``opfuse ARGS`` through the console entry point in this process: (exit status,
+    stdout, stderr)."""
+    import sys
 
     from opfuse import cli
 
-    monkeypatch.setattr(sys, "argv", ["opfuse", *args])
-    monkeypatch.delenv("OPFUSE_DEBUG", raising=False)
-    with pytest.raises(SystemExit) as exc:
+    monkeypatch.setattr(sys, "argv", ["opfuse", *map(str, args)])
+    status = 0
+    try:
         cli.main()
-    return int(exc.value.code or 0), capsys.readouterr().err
+    except SystemExit as exc:
+        status = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err

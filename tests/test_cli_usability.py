@@ -5,12 +5,12 @@ the old ones as deprecated aliases, validated --target, typo suggestions, compac
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from helpers import run_command
 from opfuse import cli
 from opfuse.cli import console
 from opfuse.pipeline.suggest import closest
@@ -20,14 +20,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "src" / "opfuse" / "examples" / 
 
 
 def run(args, monkeypatch, capsys) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["opfuse", *map(str, args)])
-    status = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        status = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return status, captured.out, captured.err
+    return run_command(args, monkeypatch, capsys)
 
 
 def test_json_summary_parses_and_info_logs_leave_stdout_clean(tmp_path, monkeypatch, capsys):

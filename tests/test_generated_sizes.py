@@ -4,7 +4,6 @@ the input, a reshape that does not divide) grow before anything is refused (issu
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from opfuse import cli
+from helpers import run_command
 from opfuse.errors import OpfuseError
 from opfuse.verification.compare import compare_files, make_inputs_and_plan, session
 
@@ -152,15 +151,9 @@ def test_optimize_of_a_model_whose_generated_input_fails_a_reflect_pad_exits_0(
     options ended in exit 2 (the generated input of length 32 was shorter than the pad)."""
     path = save(reflect_pad_model(), tmp_path / "vad.onnx")
     out = tmp_path / "out.onnx"
-    monkeypatch.setattr(sys, "argv", ["opfuse", "optimize", str(path), "-o", str(out)])
-    status = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        status = int(exc.code or 0)
-    captured = capsys.readouterr()
-    assert status == 0, captured.err
-    text = " ".join(captured.out.split())
+    status, printed, err = run_command(["optimize", path, "-o", out], monkeypatch, capsys)
+    assert status == 0, err
+    text = " ".join(printed.split())
     assert "verification: ok on inputs x[1,64] (generated, seed 0; free dims grown x2" in text
     assert "pre-pad (40)" in text
     assert out.exists()

@@ -7,7 +7,6 @@ the shapes it was fed."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import opfuse
-from opfuse import cli
+from helpers import run_command
 from opfuse.advisor.conductor import AdviseOptions, advise
 from opfuse.advisor.render import render_text
 from opfuse.advisor.report import plain_text
@@ -80,15 +79,9 @@ def fed(*shape: int) -> set[tuple[tuple[str, tuple[int, ...]], ...]]:
 
 
 def run(args: list[object], monkeypatch: pytest.MonkeyPatch, capsys) -> tuple[int, str, str]:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(sys, "argv", ["opfuse", *map(str, args)])
     monkeypatch.setenv("COLUMNS", "1000")  # a long path stays whole
-    status = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        status = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return status, " ".join(captured.out.split()), captured.err
+    status, out, err = run_command(args, monkeypatch, capsys)
+    return status, " ".join(out.split()), err
 
 
 # --- optimize --benchmark ------------------------------------------------------------------

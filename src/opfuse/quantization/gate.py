@@ -228,21 +228,17 @@ class Gate:
             )
         if misses_a != misses_b:
             return misses_a < misses_b
-        task = self._task_verdict(a, b)
-        if task:
-            return task > 0
-        text = self._cer_verdict(a, b) if judge.cer_ceiling() is not None else 0
-        if text:
-            return text > 0
-        embedded = self._cosine_verdict(a, b) if judge.cosine_floor() is not None else 0
-        if embedded:
-            return embedded > 0
-        top1 = self._top1_verdict(a, b)
-        if top1:
-            return top1 > 0
-        maps = self._map_verdict(a, b) if judge.map_floor() is not None else 0
-        if maps:
-            return maps > 0
+        # the task's own figure first, then each kind's measure where the gate judges by it
+        for verdict, judged in (
+            (self._task_verdict, True),
+            (self._cer_verdict, judge.cer_ceiling() is not None),
+            (self._cosine_verdict, judge.cosine_floor() is not None),
+            (self._top1_verdict, True),
+            (self._map_verdict, judge.map_floor() is not None),
+        ):
+            found = verdict(a, b) if judged else 0
+            if found:
+                return found > 0
         # the SQNR of the outputs the gate judges by it (those that score no classes): on
         # an output that scores classes, top-1 within its noise is a tie, not a contest of
         # the lowest SQNR (on PP-OCRv4's recognizer the SQNR of 4 validation windows rose
