@@ -390,6 +390,7 @@ def test_the_dynamic_recipe_quantizes_the_matmuls_at_run_time(tmp_path):
     ops = [n.op_type for n in forced.model.graph.node]
     assert ops.count("MatMulInteger") == 2 and "QuantizeLinear" not in ops
     assert forced.recipe == "minmax,dynamic"
+    assert not any("nothing was quantized" in w for w in forced.warnings)
     from opfuse.model.sessions import open_session
 
     onnx.save(forced.model, str(tmp_path / "dyn.onnx"))  # onnxruntime fuses each MatMul

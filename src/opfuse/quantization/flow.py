@@ -177,13 +177,20 @@ def quantized_nodes(qdq: str | os.PathLike[str] | onnx.ModelProto) -> list[str]:
     ]
 
 
+# what a quantized model holds: static QDQ's QuantizeLinear, dynamic int8's
+# DynamicQuantizeLinear (or MatMulInteger), weight-only int4's MatMulNBits
+QUANTIZING_OPS = frozenset(
+    {"QuantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "MatMulNBits"}
+)
+
+
 def nothing_quantized(qdq: onnx.ModelProto) -> str | None:
-    """Why a quantized model holds no QuantizeLinear at all (said in the summary), or None.
+    """Why a quantized model holds no quantizing op at all (said in the summary), or None.
     onnxruntime's QDQ quantizer does not enter If/Loop/Scan bodies."""
     from opfuse.model.graphs import proto_graphs
 
     graph = qdq.graph
-    if any(n.op_type == "QuantizeLinear" for g in proto_graphs(graph) for n in g.node):
+    if any(n.op_type in QUANTIZING_OPS for g in proto_graphs(graph) for n in g.node):
         return None
     inside = sum(1 for g in list(proto_graphs(graph))[1:] for n in g.node if n.op_type in WEIGHTED)
     if inside:
