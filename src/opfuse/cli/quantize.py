@@ -120,6 +120,6 @@ def _failed_lines(result: Any) -> list[str]:
     more = len(result.accuracy) - SHOWN_OUTPUTS
     figures += [f"  and {more} more outputs (--report)"] if more > 0 else []
     gate = "passed" if result.passed else "MISSED"
-    lines = [*figures, f"gate: {result.gate.describe()}: {gate}"]
+    lines = [*figures, f"gate: {result.gate.describe(result.measures)}: {gate}"]
     lines += [result.speed_verdict()] if result.speed is not None else []
     return lines + [w for w in result.lines() if w.startswith("warning:")]

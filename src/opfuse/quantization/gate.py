@@ -23,7 +23,7 @@ floor at or below 0 dB (noise as loud as the signal).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from opfuse.errors import OpfuseError
@@ -314,29 +314,37 @@ class Gate:
         noise = 2 * math.sqrt(max(p * (1 - p), 0.25 / max(rows, 1)) / rows) if rows else 0.0
         return (pa > pb) - (pb > pa) if abs(pa - pb) > noise else 0
 
-    def describe(self) -> str:
+    def describe(self, measures: Collection[str] | None = None) -> str:
+        """The gate in words; ``measures``: only the parts for outputs of those kinds
+        (``OutputAccuracy.measure``: the model's own; None: every part)."""
         if self.off:
             return "off"
+
+        def wanted(kind: str) -> bool:
+            return measures is None or kind in measures
+
         parts = []
-        if self.top1 is not None:
+        if self.top1 is not None and wanted("top1"):
             parts.append(
                 f"top-1 agreement >= {self.top1:.0%} where an output scores classes or holds labels"
             )
         iou = self.map_floor()
-        if iou is not None:
+        if iou is not None and wanted("map_iou"):
             parts.append(f"map IoU >= {iou:.0%} where a Sigmoid makes a map")
         cer = self.cer_ceiling()
-        if cer is not None:
+        if cer is not None and wanted("cer"):
             parts.append(f"CER <= {cer:.0%} of the decoded text where an output is CTC-like")
         cosine = self.cosine_floor()
-        if cosine is not None:
+        if cosine is not None and wanted("embedding_cosine"):
             parts.append(f"embedding cosine >= {cosine:g} (mean) where an output is an embedding")
-        if self.drop is not None:
-            parts.append(f"a drop of the task's figure <= {self.drop:g} where one is given")
-        parts.append(
-            f"SQNR >= {self.sqnr_db if self.sqnr_db is not None else DEFAULT_SQNR_DB:g} dB"
-            + ("" if self.sqnr_db is not None else " elsewhere")
-        )
+        if wanted("drop") and (self.drop is not None or measures is not None):
+            drop = self.drop if self.drop is not None else DEFAULT_DROP
+            parts.append(f"a drop of the task's figure <= {drop:g} where one is given")
+        if wanted("sqnr") or self.sqnr_db is not None:
+            parts.append(
+                f"SQNR >= {self.sqnr_db if self.sqnr_db is not None else DEFAULT_SQNR_DB:g} dB"
+                + ("" if self.sqnr_db is not None else " elsewhere")
+            )
         return "; ".join(parts)
 
     def loosened(self, outputs: Sequence[OutputAccuracy]) -> str | None:

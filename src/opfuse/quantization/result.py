@@ -96,6 +96,11 @@ class QuantizeResult:
     hardswish_written_out: int = 0  # x * HardSigmoid(x) below opset 14: --target-opset 14
 
     @property
+    def measures(self) -> set[str]:
+        """The measures the gate judged this model's outputs by (their kinds)."""
+        return {a.measure for a in self.accuracy}
+
+    @property
     def speedup(self) -> float | None:
         """The float original's latency over the int8 model's (paired)."""
         return None if self.speed is None else 1 / self.speed.ratio(INT8)
@@ -141,7 +146,7 @@ class QuantizeResult:
             "validation_apart": self.validation_apart,
             "eval_samples": self.eval_samples,
             "eval_source": self.eval_source,
-            "gate": self.gate.describe(),
+            "gate": self.gate.describe(self.measures),
             "recipe": self.recipe,
             "form": self.form,
             "recipes": self.recipes,
@@ -209,7 +214,8 @@ class QuantizeResult:
         if self.gate.off:
             out.append("gate: off")
         else:
-            out.append(f"gate: {self.gate.describe()}: " + ("passed" if self.passed else "MISSED"))
+            gate = self.gate.describe(self.measures)
+            out.append(f"gate: {gate}: " + ("passed" if self.passed else "MISSED"))
         if self.error_growth:
             grows = "; ".join(e.describe() for e in self.error_growth)
             out.append(f"the first int8 try's error grew most at: {grows}")
