@@ -1,4 +1,4 @@
-"""Where a detector's score map loses its map IoU (issue 31, docs/QUANTIZATION.md "Measured:
+"""Where a detector's score map loses its map IoU (issue 31, docs/QUANTIZATION_MEASUREMENTS.md "Measured:
 where the detector's map IoU is lost"): quantize parts of the fused model only, the rest
 kept in float, and score each model's map on the held-back samples (and on the calibration
 samples: "calib."):

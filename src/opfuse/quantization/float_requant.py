@@ -16,7 +16,7 @@ model not, and the producer's output took its name) keeps its pair: there the pa
 activation. So does a pair whose DequantizeLinear output is a graph output (the heads'
 business, ``heads.py``).
 
-Measured (docs/QUANTIZATION.md, "Fewer requantizations"): magika's byte classifier 96.1%
+Measured (docs/QUANTIZATION_MEASUREMENTS.md, "Measured: fewer requantizations"): magika's byte classifier 96.1%
 -> 100% top-1 and 19.5 -> 31.2 dB, and faster (0.73x -> 0.60x the float model); no gain
 on PP-OCRv4's recognizer and a collapse of the detector's score map (its evaluation images
 drive the neck beyond the calibrated ranges, which these requantizations clipped): a

@@ -4,8 +4,8 @@ quantization.
 
 A detector's stem runs at the highest resolutions (1/2 and 1/4 of the input) with few
 channels whose ranges differ by an order of magnitude, and what it rounds reaches the map
-the detector draws its boxes from. Measured on PP-OCRv4's text detector (docs/QUANTIZATION.md,
-"Measured: where the detector's map IoU is lost"): weights are not the cause (int8 weights
+the detector draws its boxes from. Measured on PP-OCRv4's text detector
+(docs/QUANTIZATION_MEASUREMENTS.md, "Measured: where the detector's map IoU is lost"): weights are not the cause (int8 weights
 with 16-bit activations keep 97.5% map IoU), the activations are, and the stem's most: its
 first Conv's output alone at uint8 takes the map IoU to 67%, the stem's tensors quantized per
 channel instead of per tensor take it from 73% to 94%; onnxruntime's int8 kernels take one

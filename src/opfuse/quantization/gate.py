@@ -56,7 +56,7 @@ LOWEST_TOP1 = 0.5  # below: the gate is off in effect
 # SQNR minus the other's, on at least CLASS_MIN_SAMPLES samples; the mean gain at least
 # CLASS_GAIN_DB and beyond twice its standard error, the candidate ahead on at least
 # CLASS_WINS of the samples where the two differ, and the output's SQNR over all samples
-# (the figure the gate reads) up CLASS_GAIN_DB too. Measured (docs/QUANTIZATION.md,
+# (the figure the gate reads) up CLASS_GAIN_DB too. Measured (docs/QUANTIZATION_MEASUREMENTS.md,
 # "Measured: float-requant in --recipe auto"): float-requant on magika's byte classifier,
 # cross-validated over the calibration files, +8.6 dB a file (SE 1.6, ahead on 38 of 50)
 # and +4.8 dB (SE 1.2, 27 of 35) on two data sets, gains that held on the evaluation
