@@ -177,13 +177,20 @@ def quantized_nodes(qdq: str | os.PathLike[str] | onnx.ModelProto) -> list[str]:
     ]
 
 
+# what a quantized model holds without a QuantizeLinear: dynamic int8 (the activations
+# quantized at run time), weight-only int4
+WITHOUT_QDQ = frozenset({"DynamicQuantizeLinear", "MatMulInteger", "MatMulNBits"})
+
+
 def nothing_quantized(qdq: onnx.ModelProto) -> str | None:
-    """Why a quantized model holds no QuantizeLinear at all (said in the summary), or None.
-    onnxruntime's QDQ quantizer does not enter If/Loop/Scan bodies."""
+    """Why a quantized model holds no QuantizeLinear at all (said in the summary), or None
+    (nor where it holds dynamic int8 or weight-only int4 ops: WITHOUT_QDQ). onnxruntime's
+    QDQ quantizer does not enter If/Loop/Scan bodies."""
     from opfuse.model.graphs import proto_graphs
 
     graph = qdq.graph
-    if any(n.op_type == "QuantizeLinear" for g in proto_graphs(graph) for n in g.node):
+    made = {"QuantizeLinear", *WITHOUT_QDQ}
+    if any(n.op_type in made for g in proto_graphs(graph) for n in g.node):
         return None
     inside = sum(1 for g in list(proto_graphs(graph))[1:] for n in g.node if n.op_type in WEIGHTED)
     if inside:
