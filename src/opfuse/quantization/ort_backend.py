@@ -1,4 +1,5 @@
-"""The backend of ``opfuse quantize``: onnxruntime's static QDQ quantizer, behind this
+"""The backend of ``opfuse quantize``: onnxruntime's quantizers (static QDQ, dynamic int8
+``quantize_dynamic_proto``, weight-only int4 ``quantize_int4_proto``), behind this
 one module (as NNCF keeps its backends' code in ``*_backend.py``): ``quantize_proto`` (the
 model in memory, what the quantizer is given by ``quantizer_input``), the workarounds for
 where it raises (read from its traceback), and its faster helpers (``ort_speedups``) in

@@ -6,7 +6,8 @@ most accurate kept, then built on the calibration part for the heads and the fal
 
 The search starts from ``minmax`` (onnxruntime's own MinMax calibration) and applies one
 change at a time to the best recipe so far, cheapest first (``CHANGES``): ``dynamic`` (the
-MatMuls with constant weights dynamic int8, where there are two or more), NNCF's
+MatMuls with constant weights dynamic int8, where there are two or more), ``int4`` (those
+weights weight-only int4, on a decoder only: ``_Search.decoder``), NNCF's
 ``mean-minmax`` ranges, the fast bias correction, ``float-requant`` (judged strictly:
 ``PAIRED``), ``mse`` ranges (each tensor's own quantization error), cross-layer
 equalization (``cle``) and ``smoothquant`` (each verified against the float model, dropped

@@ -11,7 +11,8 @@ way NNCF composes its algorithms in ``post_training/pipeline.py``):
 - ``ranges`` steps choose the activation ranges (ranges.py), given to onnxruntime's
   quantizer as per-tensor overrides: ``minmax`` (onnxruntime's own MinMax calibration:
   the global extremes), ``mean-minmax``, ``percentile``, ``mse``;
-- ``int8`` steps change the quantized model: ``float-requant`` (float_requant.py: drops the
+- ``int8`` steps change the quantized model: ``dynamic`` and ``int4`` (made by
+  ``recipes.build`` through ort_backend.py: dynamic int8, weight-only int4), ``float-requant`` (float_requant.py: drops the
   requantization of tensors an element-wise or data-moving op makes and no compute op
   reads; exact in float), then ``bias-correction`` (fast) or ``bias-correction-full``
   (bias_correction.py).
