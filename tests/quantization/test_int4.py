@@ -251,3 +251,26 @@ def test_int4_does_not_apply_to_a_cnn_and_says_why(tmp_path):
     assert once.model is not None
     again = Workspace("int4", once.model, once.model, [], [])
     assert not int4.applies(again)  # idempotent: its MatMulNBits are not MatMuls
+
+
+def test_accuracy_level_follows_vnni_and_an_encoder_is_no_decoder(tmp_path, monkeypatch):
+    """``accuracy_level`` 4 (int8 dot products) only where the CPU has VNNI, else 0 (left
+    out of the node); input_ids without a key/value cache (an encoder) is no decoder."""
+    from opfuse.quantization import steps
+    from opfuse.runtime.cpu import CpuFeatures
+
+    monkeypatch.setattr(steps, "cpu_features", lambda: CpuFeatures(frozenset({"avx512_vnni"})))
+    assert steps.int4_accuracy_level() == 4
+    monkeypatch.setattr(steps, "cpu_features", lambda: CpuFeatures(frozenset({"avx2"})))
+    assert steps.int4_accuracy_level() == 0
+    model = _attention_block(tmp_path / "block.onnx", d=32)
+    x = np.random.default_rng(49).normal(0, 1, (12, 8, 32)).astype(np.float32)
+    made = quantize_file(model, None, {"x": x}, recipe="int4", **OPTIONS)
+    assert made.model is not None
+    nbits = [n for n in made.model.graph.node if n.op_type == "MatMulNBits"]
+    assert nbits and not any(a.name == "accuracy_level" for n in nbits for a in n.attribute)
+    decoder = onnx.load(str(_decoder(tmp_path / "dec.onnx")))
+    assert steps.decoder_signs(decoder)
+    del decoder.graph.input[2:]  # input_ids and attention_mask only
+    del decoder.graph.output[1:]
+    assert steps.decoder_signs(decoder) == ""
