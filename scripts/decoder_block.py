@@ -11,7 +11,8 @@ Pre-LN layers (LayerNormalization; single-head attention over the past keys and 
 concatenated with the new ones, masked by attention_mask; an MLP of 4x the hidden size with
 Relu) -> LayerNormalization -> lm_head: inputs input_ids [1, T], attention_mask [1, P + T],
 past_key_values.L.key/value [1, P, hidden]; outputs logits [1, T, vocab],
-present.L.key/value [1, P + T, hidden]. The samples: one new token over a past of --past.
+present.L.key/value [1, P + T, hidden]. The samples: --new tokens (1: one decoding step)
+over a past of --past.
 """
 
 from __future__ import annotations
@@ -95,12 +96,15 @@ def build(layers: int, d: int, vocab: int, seed: int = 0) -> onnx.ModelProto:
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
 
 
-def samples(layers: int, d: int, vocab: int, past: int, count: int) -> dict[str, np.ndarray]:
-    """``count`` decoding steps (one new token each) stacked on the first axis."""
+def samples(
+    layers: int, d: int, vocab: int, past: int, count: int, new: int = 1
+) -> dict[str, np.ndarray]:
+    """``count`` decoding steps (``new`` tokens each: 1, one generated token; more, a
+    prompt's prefill) stacked on the first axis."""
     rng = np.random.default_rng(1)
     feeds: dict[str, np.ndarray] = {
-        "input_ids": rng.integers(0, vocab, (count, 1)).astype(np.int64),
-        "attention_mask": np.ones((count, past + 1), np.int64),
+        "input_ids": rng.integers(0, vocab, (count, new)).astype(np.int64),
+        "attention_mask": np.ones((count, past + new), np.int64),
     }
     for i in range(layers):
         for kind in ("key", "value"):
@@ -117,12 +121,13 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--past", type=int, default=127)
+    parser.add_argument("--new", type=int, default=1, help="new tokens a step (1: decoding)")
     parser.add_argument("--samples", type=int, default=24)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = build(args.layers, args.hidden, args.vocab)
     onnx.save(model, str(args.out / "decoder.onnx"))
-    feeds = samples(args.layers, args.hidden, args.vocab, args.past, args.samples)
+    feeds = samples(args.layers, args.hidden, args.vocab, args.past, args.samples, args.new)
     np.savez(args.out / "samples.npz", **feeds)  # type: ignore[arg-type]
     print(f"{args.out / 'decoder.onnx'}, {args.out / 'samples.npz'}")
 
