@@ -21,6 +21,7 @@ RECIPE_HELP = (
     "auto (try the recipes that apply, keep the most accurate on a validation part of the "
     "calibration data), or steps joined by commas: ranges minmax|mean-minmax|percentile|"
     "mse, cle, smoothquant, float-decomposed, float-requant, float-stem, dynamic (the MatMuls "
-    "with constant weights dynamic int8, convolutions static), "
-    "bias-correction|bias-correction-full"
+    "with constant weights dynamic int8, convolutions static), int4 (weight-only: the "
+    "MatMuls' constant weights 4-bit in blocks of 32, everything else float; tried by auto "
+    "on decoders only), bias-correction|bias-correction-full"
 )

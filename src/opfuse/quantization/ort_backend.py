@@ -1,4 +1,5 @@
-"""The backend of ``opfuse quantize``: onnxruntime's static QDQ quantizer, behind this
+"""The backend of ``opfuse quantize``: onnxruntime's quantizers (static QDQ, dynamic int8
+``quantize_dynamic_proto``, weight-only int4 ``quantize_int4_proto``), behind this
 one module (as NNCF keeps its backends' code in ``*_backend.py``): ``quantize_proto`` (the
 model in memory, what the quantizer is given by ``quantizer_input``), the workarounds for
 where it raises (read from its traceback), and its faster helpers (``ort_speedups``) in
@@ -306,6 +307,58 @@ def quantize_dynamic_proto(
             extra_options={"MatMulConstBOnly": True, "WeightSymmetric": True},
         )
         return onnx.load_model(str(out))
+
+
+INT4_BLOCK = 32  # the weights' block: one scale per 32 input channels of an output column
+
+
+def quantize_int4_proto(
+    model: onnx.ModelProto, nodes: Sequence[str], accuracy_level: int
+) -> onnx.ModelProto:
+    """onnxruntime's weight-only int4 quantization of the MatMuls ``nodes`` (constant 2-D
+    weights): each becomes a MatMulNBits (com.microsoft), its weight 4-bit, symmetric, in
+    blocks of INT4_BLOCK along the input channels, rounded to nearest (the quantizer's
+    DEFAULT algorithm); ``accuracy_level``: MatMulNBits' (4: the activations in int8 for
+    the dot products, where the CPU has VNNI; 0: unset, the weights dequantized to float).
+    Every other MatMul, ``nodes`` excludes (the user's --exclude, the fallback's parts),
+    is in ``nodes_to_exclude``; the activations stay float (no Q/DQ)."""
+    nbits = _nbits_quantizer()
+    wanted = set(nodes)
+    others = {n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in wanted}
+    with _quiet_files(model, "nb-") as (src, _out):
+        config = nbits.DefaultWeightOnlyQuantConfig(
+            block_size=INT4_BLOCK,
+            is_symmetric=True,
+            accuracy_level=accuracy_level,
+            bits=4,
+        )
+        quantizer = nbits.MatMulNBitsQuantizer(
+            str(src), nodes_to_exclude=sorted(others), algo_config=config
+        )
+        quantizer.process()
+        made: onnx.ModelProto = quantizer.model.model
+        return made
+
+
+def _nbits_quantizer() -> Any:
+    """onnxruntime's ``matmul_nbits_quantizer`` module, imported without its
+    ``logging.basicConfig(level=INFO)`` taking the root logger (it does so at import: a
+    handler on stderr and the root at INFO for the rest of the process); a handler on
+    the root meanwhile makes that call do nothing."""
+    import sys
+
+    name = "onnxruntime.quantization.matmul_nbits_quantizer"
+    if name in sys.modules:
+        return sys.modules[name]
+    root = logging.getLogger()
+    guard = logging.NullHandler()
+    root.addHandler(guard)
+    try:
+        import importlib
+
+        return importlib.import_module(name)
+    finally:
+        root.removeHandler(guard)
 
 
 @contextlib.contextmanager

@@ -6,7 +6,8 @@ most accurate kept, then built on the calibration part for the heads and the fal
 
 The search starts from ``minmax`` (onnxruntime's own MinMax calibration) and applies one
 change at a time to the best recipe so far, cheapest first (``CHANGES``): ``dynamic`` (the
-MatMuls with constant weights dynamic int8, on a transformer), NNCF's
+MatMuls with constant weights dynamic int8, on a transformer), ``int4`` (those weights
+weight-only int4, on a decoder only: ``_Search.decoder``), NNCF's
 ``mean-minmax`` ranges, the fast bias correction, ``float-requant`` (judged strictly:
 ``PAIRED``), ``mse`` ranges (each tensor's own quantization error), cross-layer
 equalization (``cle``) and ``smoothquant`` (each verified against the float model, dropped
@@ -32,9 +33,13 @@ from opfuse.quantization.accuracy import OutputAccuracy, brief
 from opfuse.quantization.gate import CLASS_MIN_SAMPLES, Gate
 from opfuse.quantization.steps import (
     DYNAMIC,
+    INT4,
     STEPS,
+    Int4,
     StepReport,
+    decoder_signs,
     dynamic_nodes,
+    int4_accuracy_level,
     recipe_name,
     recipe_steps,
     static_part,
@@ -47,6 +52,7 @@ from opfuse.quantization.workspace import QuantizeInternalError, Workspace, run_
 # one, or its paired look three: PAIRED)
 CHANGES = (
     "dynamic",
+    "int4",
     "float-decomposed",
     "mean-minmax",
     "bias-correction",
@@ -152,7 +158,11 @@ def build(
         made.reports.append(step.run(ws))
     in_float = ws.exclude if exclude is None else list(dict.fromkeys([*ws.exclude, *exclude]))
     dynamic = dynamic_nodes(ws.float_model, in_float) if DYNAMIC in steps else []
-    if dynamic and not static_part(ws.float_model, in_float):
+    if INT4 in steps:  # weight-only: the MatMuls' weights int4, everything else float
+        ws.int8_model = ort_backend.quantize_int4_proto(
+            ws.float_model, dynamic_nodes(ws.float_model, in_float), int4_accuracy_level()
+        )
+    elif dynamic and not static_part(ws.float_model, in_float):
         ws.int8_model = ws.float_model  # no convolution: the MatMuls alone, dynamic
     else:
         ws.int8_model = ort_backend.quantize_proto(
@@ -287,16 +297,24 @@ def cross_validated(
 
 def _kind(name: str) -> str:
     """Steps of one kind replace each other in a recipe: the ranges steps, the two bias
-    corrections; any other step is a kind of its own."""
+    corrections, the MatMuls' weights (dynamic int8, int4); any other step is a kind of
+    its own."""
     if STEPS[name].phase == "ranges":
         return "ranges"
+    if name in (DYNAMIC, INT4):
+        return "weights"
     return "bias" if name.startswith("bias-correction") else name
 
 
 def with_step(steps: tuple[str, ...], name: str) -> tuple[str, ...]:
     """``steps`` with ``name`` added: a ranges step or a bias correction replaces the one
-    of its kind, another step joins the others."""
+    of its kind, another step joins the others; ``int4`` (weight-only) keeps only the
+    float steps, and a step that quantizes activations replaces it."""
     kept = [s for s in steps if _kind(s) != _kind(name)]
+    if name == INT4:
+        kept = [s for s in kept if STEPS[s].phase == "float"]
+    elif STEPS[name].phase != "float":
+        kept = [s for s in kept if s != INT4]
     return recipe_steps([*kept, name])
 
 
@@ -356,6 +374,11 @@ def search(
     ``budget``: the recipes' cost in units of the first one's (default ``recipe_budget``
     of the fused model's nodes: the same recipes are tried on any machine, at any load)."""
     if forced is not None:
+        if INT4 in forced and not STEPS[INT4].applies(base):  # it alone quantizes
+            raise OpfuseError(
+                f"{base.name}: --recipe {recipe_name(forced)}: "
+                f"{Int4().reason(base)}; it would write the float model"
+            )
         made = scored(base, forced)
         if made.error:
             raise QuantizeInternalError(
@@ -409,6 +432,11 @@ class _Search:
                     f"{name} (kept only on a consistent gain over {CLASS_MIN_SAMPLES} samples "
                     f"or more; {pairable} to compare on)"
                 )
+                continue
+            if name == INT4 and not self.decoder(name):
+                continue
+            if INT4 in self.best.steps and STEPS[name].phase != "float":
+                self.skipped.append(f"{name} (the kept recipe is weight-only int4)")
                 continue
             steps = with_step(self.best.steps, name)
             if self.fits(steps) and self.applies(name):  # the budget first: applies() runs it
@@ -472,6 +500,20 @@ class _Search:
             or self.gate.better(made.accuracy, best.accuracy, strict=self.strict(steps))
         ):
             self.best = made
+
+    def decoder(self, name: str) -> bool:
+        """Is the model a decoder (``decoder_signs``), said either way: int4 trades
+        accuracy for size, which the search's measure cannot weigh, so it is tried only
+        where the weights are what a model's size and token-by-token latency are made of."""
+        signs = decoder_signs(self.base.fused_model)
+        if signs:
+            self.base.say(f"{signs}: weight-only {name} tried")
+        else:
+            self.skipped.append(
+                f"{name} (not a decoder: weight-only int4 trades accuracy for size; "
+                f"--recipe {name} forces it)"
+            )
+        return bool(signs)
 
     def applies(self, name: str) -> bool:
         step = STEPS[name]

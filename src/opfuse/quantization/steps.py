@@ -11,7 +11,8 @@ way NNCF composes its algorithms in ``post_training/pipeline.py``):
 - ``ranges`` steps choose the activation ranges (ranges.py), given to onnxruntime's
   quantizer as per-tensor overrides: ``minmax`` (onnxruntime's own MinMax calibration:
   the global extremes), ``mean-minmax``, ``percentile``, ``mse``;
-- ``int8`` steps change the quantized model: ``float-requant`` (float_requant.py: drops the
+- ``int8`` steps change the quantized model: ``dynamic`` and ``int4`` (made by
+  ``recipes.build`` through ort_backend.py: dynamic int8, weight-only int4), ``float-requant`` (float_requant.py: drops the
   requantization of tensors an element-wise or data-moving op makes and no compute op
   reads; exact in float), then ``bias-correction`` (fast) or ``bias-correction-full``
   (bias_correction.py).
@@ -36,8 +37,10 @@ from opfuse.quantization.equalize import equalizable_pairs, equalize
 from opfuse.quantization.float_requant import COMPUTE, drop_requant
 from opfuse.quantization.float_stem import STEM_SHARE, stem_nodes
 from opfuse.quantization.names import RECIPE_HELP
+from opfuse.quantization.ort_backend import INT4_BLOCK
 from opfuse.quantization.smooth import smooth, smoothable
 from opfuse.quantization.workspace import StepReport, Workspace
+from opfuse.runtime.cpu import cpu_features
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -308,6 +311,70 @@ class Dynamic:
         return StepReport(self.name, count, f"{count} MatMuls dynamic int8")
 
 
+INT4 = "int4"
+# the names that make a model a decoder: it reads token ids and carries a key/value cache
+DECODER_IDS = "input_ids"
+DECODER_PAST = ("past_key_values", "past")  # inputs' name prefixes
+DECODER_PRESENT = ("present",)  # outputs' name prefixes
+
+
+def decoder_signs(model: onnx.ModelProto) -> str:
+    """Why ``model`` is a decoder language model ('' when it is not): an ``input_ids``
+    input, and past key/value inputs (``past_key_values.*``, ``past*``) or ``present*``
+    outputs, as exporters (optimum, torch.onnx, onnxruntime-genai) name them."""
+    inputs = [i.name for i in model.graph.input]
+    if DECODER_IDS not in inputs:
+        return ""
+    past = [n for n in inputs if n.startswith(DECODER_PAST)]
+    present = [o.name for o in model.graph.output if o.name.startswith(DECODER_PRESENT)]
+    if not past and not present:
+        return ""
+    said = [DECODER_IDS]
+    for kind, names in (("past inputs", past), ("present outputs", present)):
+        if names:
+            more = f" and {len(names) - 2} more" if len(names) > 2 else ""
+            said.append(f"{len(names)} {kind} ({', '.join(names[:2])}{more})")
+    return "a decoder: " + ", ".join(said)
+
+
+class Int4:
+    """Weight-only int4 for the MatMuls with constant 2-D weights (onnxruntime's
+    MatMulNBits: 4-bit, symmetric, in blocks of ``ort_backend.INT4_BLOCK``, rounded to
+    nearest; ``accuracy_level`` 4 where the CPU has VNNI, else 0), everything else float:
+    no Q/DQ, no calibration (issue 42, item 3). It trades accuracy for size (a weight in
+    about a sixth of its float bytes, with a scale per block), which the search's measure
+    (accuracy alone) cannot weigh: ``--recipe auto`` tries it only on a decoder
+    (``decoder_signs``), whose weights are what its size and its memory-bound token-by-
+    token latency are made of; elsewhere it is forced (``--recipe int4``).
+    ``recipes.build`` makes the model; this step reports it."""
+
+    phase = "int8"
+    name = INT4
+
+    def applies(self, ws: Workspace) -> bool:
+        return bool(dynamic_nodes(ws.float_model, ws.exclude))
+
+    def reason(self, ws: Workspace) -> str:
+        return "nothing to change: no MatMul with a constant 2-D weight"
+
+    def run(self, ws: Workspace) -> StepReport:
+        assert ws.int8_model is not None
+        nodes = [n for n in ws.int8_model.graph.node if n.op_type == "MatMulNBits"]
+        level = next((a.i for n in nodes for a in n.attribute if a.name == "accuracy_level"), 0)
+        detail = (
+            f"{len(nodes)} MatMuls weight-only int4 (MatMulNBits, block "
+            f"{INT4_BLOCK}, accuracy_level {level})"
+        )
+        decoder = decoder_signs(ws.float_model)
+        return StepReport(self.name, len(nodes), f"{detail}; {decoder}" if decoder else detail)
+
+
+def int4_accuracy_level() -> int:
+    """MatMulNBits' ``accuracy_level``: 4 (int8 activations in its dot products) where
+    this CPU has VNNI, else 0 (unset: float dot products on dequantized weights)."""
+    return 4 if cpu_features().vnni else 0
+
+
 class BiasCorrection:
     """The mean output shift each quantized layer adds, folded into its bias."""
 
@@ -338,6 +405,7 @@ STEPS: dict[str, Step] = {
     "float-requant": FloatRequant(),
     "float-stem": FloatStem(),
     DYNAMIC: Dynamic(),
+    INT4: Int4(),
     "bias-correction": BiasCorrection(full=False),
     "bias-correction-full": BiasCorrection(full=True),
 }
@@ -358,13 +426,21 @@ def parse_recipe(text: str) -> tuple[str, ...] | None:
     ):
         if len(kind) > 1:
             raise OpfuseError(f"--recipe {text!r}: one of {', '.join(kind)}, not both")
+    if INT4 in names:
+        other = [n for n in names if n != INT4 and STEPS[n].phase != "float"]
+        if other:
+            raise OpfuseError(
+                f"--recipe {text!r}: int4 is weight-only (no activation is quantized): "
+                f"not with {', '.join(other)}"
+            )
     return recipe_steps(names)
 
 
 def recipe_steps(names: Sequence[str]) -> tuple[str, ...]:
-    """``names`` in the order they run (float, ranges, int8), minmax when no ranges step."""
+    """``names`` in the order they run (float, ranges, int8), minmax when no ranges step
+    (none in a weight-only int4 recipe: nothing is calibrated)."""
     names = list(dict.fromkeys(names))
-    if not any(STEPS[n].phase == "ranges" for n in names):
+    if INT4 not in names and not any(STEPS[n].phase == "ranges" for n in names):
         names.append("minmax")
     # float-requant before a bias correction (which measures the int8 model's shift)
     return tuple(sorted(names, key=lambda n: (PHASES.index(STEPS[n].phase), n.startswith("bias"))))
