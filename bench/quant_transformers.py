@@ -541,6 +541,7 @@ def quantize(tool: str, src: Path, out: Path, work: Path, config: dict) -> dict[
             row["passed"], row["int8_pays"] = rep.get("passed"), speed.get("int8_pays")
             row["default_exit"] = 0 if rep.get("passed") and speed.get("int8_pays") else 1
             row["recipe"] = rep.get("recipe")
+            row["cpu"] = rep.get("cpu")  # the CPU's int8 features, as opfuse reads them
             row["opfuse_ratio"] = speed.get("int8_ratio_to_original")
         if proc.returncode != 0:
             row["error"] = proc.failure()
@@ -611,6 +612,35 @@ def _f(x: float | None, fmt: str = ".3f") -> str:
     return "" if x is None else format(x, fmt)
 
 
+PEERS = ("ort-dynamic", "ort-dynamic-channel", "ort-transformers", "nncf")
+
+
+def goal_text(enc: dict[str, Any]) -> str:
+    """Issue 42's goal for opfuse's defaults in words: cosine mean >= 0.99, nearest
+    neighbours at least the best peer's, latency no worse than the best peer's (beyond
+    the noise)."""
+    rows, lat = enc["rows"], enc.get("latency") or {}
+    ours = rows.get("opfuse") or {}
+    peers = {t: r for t, r in rows.items() if t in PEERS and "cosine_mean" in r}
+    if "cosine_mean" not in ours or not peers:
+        return ""
+    ratios = lat.get("ratio") or {}
+    best_nn = max(r["same_neighbour"] for r in peers.values())
+    parts = [f"cosine mean {ours['cosine_mean']:.3f} "
+             + ("met (>= 0.99)" if ours["cosine_mean"] >= 0.99 else "missed (< 0.99)"),
+             f"same nearest neighbour {ours['same_neighbour']:.0%} against the best peer's "
+             f"{best_nn:.0%}: " + ("met" if ours["same_neighbour"] >= best_nn else "missed")]  # fmt: skip
+    peer_ratios = {t: ratios[t] for t in peers if ratios.get(t) is not None}
+    if ratios.get("opfuse") is not None and peer_ratios:
+        best = min(peer_ratios, key=lambda t: peer_ratios[t])
+        over = ratios["opfuse"] / peer_ratios[best] - 1
+        noise = lat.get("noise", 0.0)
+        verdict = "met" if over <= noise else f"missed by {over:.1%} (noise {noise:.1%})"
+        parts.append(f"latency {ratios['opfuse']:.3f} against the best peer's "
+                     f"{peer_ratios[best]:.3f} ({LABELS[best]}): {verdict}")  # fmt: skip
+    return "Issue 42's goal for `opfuse quantize` with its defaults: " + "; ".join(parts) + "."
+
+
 def table(results: dict[str, Any], command: str) -> str:
     lines = [MARK_BEGIN, HEADING, ""]
     for enc in results["encoders"].values():
@@ -635,10 +665,16 @@ def table(results: dict[str, Any], command: str) -> str:
             size = _f(row["size"] / 1e6, ".1f") if "size" in row else ""
             lines.append(f"| {LABELS.get(tool, tool)} | {cos} | {same} | {_f(ratio, '.2f')} | "
                          f"{secs} | {size} | {note.replace('|', '/')} |")  # fmt: skip
+        goal = goal_text(enc)
+        if goal:
+            lines += ["", goal]
         if lat:
             lines += ["", f"Latency: {lat.get('runtime')}; the float model {lat['float_ms']:.1f} ms "
                       f"at batch 1, {TOKENS} tokens; noise {lat['noise']:.1%}, {lat['rounds']} rounds."]  # fmt: skip
-    lines += ["", f"Measured with `{command}` on {results['cpus']} CPUs shared with other work "
+    cpu = next((r["cpu"] for e in results["encoders"].values() for r in e["rows"].values()
+                if r.get("cpu")), "")  # fmt: skip
+    lines += ["", f"Measured with `{command}` on {results['cpus']} CPUs"
+              + (f" ({cpu})" if cpu else "") + " shared with other work "
               f"(load average {results['load_before']} before, {results['load_after']} after; the "
               f"seconds to quantize are wall times under that load), onnxruntime "
               f"{results.get('onnxruntime')}; NNCF: {results.get('nncf', 'not installed')}. "

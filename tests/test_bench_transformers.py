@@ -209,3 +209,22 @@ def test_table_and_docs_section_replaced(tmp_path: Path) -> None:
     qt.write_docs(doc, section.replace("0.960", "0.970"))
     text = doc.read_text(encoding="utf-8")
     assert text.count(qt.MARK_BEGIN) == 1 and "0.970 / 0.910" in text and "before" in text
+
+
+def test_goal_text_judges_against_the_best_peer_and_the_noise() -> None:
+    row = {"cosine_mean": 0.995, "cosine_min": 0.98, "same_neighbour": 0.9}
+    enc: dict[str, Any] = {"rows": {"opfuse": row,
+                    "ort-dynamic": {**row, "same_neighbour": 0.8},
+                    "ort-dynamic-channel": {**row, "same_neighbour": 0.95}},
+           "latency": {"noise": 0.01, "ratio": {"opfuse": 0.43, "ort-dynamic": 0.42,
+                                                "ort-dynamic-channel": 0.428}}}  # fmt: skip
+    text = qt.goal_text(enc)
+    assert "cosine mean 0.995 met" in text
+    assert "90% against the best peer's 95%: missed" in text
+    assert (
+        "against the best peer's 0.420 (onnxruntime `quantize_dynamic` QInt8, per tensor): missed by 2.4%"
+        in text
+    )
+    enc["latency"]["ratio"]["opfuse"] = 0.424  # within the noise of 0.42
+    assert qt.goal_text(enc).endswith("per tensor): met.")
+    assert qt.goal_text({"rows": {"opfuse": {"error": "x"}}}) == ""
