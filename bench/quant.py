@@ -1172,14 +1172,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import onnxruntime
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--worker"]:
         return worker(argv[1])
     args = parse_args(argv)
     start = time.perf_counter()
     results = run(args)
+    return finish(results, args, "python -m bench.quant " + " ".join(argv), start, table)
+
+
+def finish(
+    results: dict[str, Any],
+    args: argparse.Namespace,
+    command: str,
+    start: float,
+    render: Any,
+    write: Any = None,
+) -> int:
+    """A run's end, for bench.quant and its siblings: the minutes and the tools' versions
+    in ``results``, results.json in ``args.out``, the section ``render(results, command)``
+    printed and written into ``args.docs`` when given (by ``write``, default this module's
+    ``write_docs``: each harness has its own markers)."""
+    import onnxruntime
+
     results["minutes"] = (time.perf_counter() - start) / 60
     results["onnxruntime"] = onnxruntime.__version__
     if importlib.util.find_spec("openvino") is not None:
@@ -1192,11 +1207,10 @@ def main(argv: list[str] | None = None) -> int:
         results["nncf"] = version("nncf")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
-    command = "python -m bench.quant " + " ".join(argv)
-    section = table(results, command.strip())
+    section = render(results, command.strip())
     print(section)
     if args.docs is not None:
-        write_docs(args.docs, section)
+        (write or write_docs)(args.docs, section)
     return 0
 
 

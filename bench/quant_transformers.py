@@ -720,7 +720,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import onnxruntime
+    from bench.quant import finish
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--worker"]:
@@ -728,18 +728,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
     results = run(args)
-    results["minutes"] = (time.perf_counter() - start) / 60
-    results["onnxruntime"] = onnxruntime.__version__
-    if importlib.util.find_spec("nncf") is not None:
-        from importlib.metadata import version
-
-        results["nncf"] = version("nncf")
-    (args.out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
-    section = table(results, ("python -m bench.quant_transformers " + " ".join(argv)).strip())
-    print(section)
-    if args.docs is not None:
-        write_docs(args.docs, section)
-    return 0
+    command = "python -m bench.quant_transformers " + " ".join(argv)
+    return finish(results, args, command, start, table, write_docs)
 
 
 if __name__ == "__main__":
