@@ -761,3 +761,17 @@ def test_statistics_are_keyed_by_what_they_depend_on_not_by_identity():
     changed.replace_float_model(model, "cle")
     assert changed.lineage == ("cle",) and changed.model_key != ws.model_key
     assert changed.calibration_cache() != first and ws.lineage == ()
+
+
+def test_the_speed_verdict_names_int4_for_the_int4_recipe():
+    from opfuse.quantization.gate import Gate
+    from opfuse.quantization.kernels import is_integer_op
+    from opfuse.quantization.result import QuantizeResult
+    from opfuse.runtime.cpu import CpuFeatures
+
+    result = QuantizeResult(None, [], Gate(), 8, 4, "samples", recipe="int4")  # type: ignore[arg-type]
+    result.speed, result.cpu = measured(20.0, 18.0, 8.0), CpuFeatures(frozenset({"avx2"}))
+    assert result.speed_verdict().startswith("int4 pays on this machine")
+    result.speed = measured(20.0, 18.0, 30.0)
+    assert result.speed_verdict().startswith("int4 does not pay on this machine")
+    assert is_integer_op("MatMulNBits")  # counted among the integer kernels

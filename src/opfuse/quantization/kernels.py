@@ -38,6 +38,7 @@ INTEGER_COMPUTE_OPS = frozenset(
         "MatMulIntegerToFloat",
         "DynamicQuantizeMatMul",
         "QAttention",
+        "MatMulNBits",  # weight-only int4 (its products in int8 at accuracy_level 4)
     }
 )
 # every integer kernel onnxruntime has (QLinear* are matched by prefix)

@@ -275,15 +275,16 @@ class QuantizeResult:
             else f" (paired; the medians give {1 / apart:.2f}x: the machine's load changed "
             "between rounds, the paired figure is the one to trust)"
         )
+        kind = "int4" if "int4" in self.recipe.split(",") else "int8"
         if self.pays():
             return (
-                f"int8 pays on this machine: {int8_ms:.3g} ms against {orig_ms:.3g} ms for the "
+                f"{kind} pays on this machine: {int8_ms:.3g} ms against {orig_ms:.3g} ms for the "
                 f"float original, {1 / s.ratio(INT8):.2f}x faster{load} (the float optimized "
                 f"model {opt_ms:.3g} ms; noise +-{s.noise:.0%}){sizes}, {where}"
             )
         causes = self._slow_causes(orig_ms)
         return (
-            f"int8 does not pay on this machine: {int8_ms:.3g} ms against {orig_ms:.3g} ms for "
+            f"{kind} does not pay on this machine: {int8_ms:.3g} ms against {orig_ms:.3g} ms for "
             f"the float original and {opt_ms:.3g} ms for the float optimized model (noise "
             f"+-{s.noise:.0%}){sizes}, {where}. Measured cause: {' '.join(causes)} The float "
             "optimized model (opfuse optimize) is the faster choice here."
