@@ -607,7 +607,9 @@ def test_an_old_opset_is_converted_for_per_channel_weights(tmp_path):
     proto.opset_import[0].version = 11
     onnx.save(proto, str(model))
     data = samples_npz(tmp_path / "calib.npz", "x", (1, 3, 8, 8))
-    result = quantize_file(model, tmp_path / "out.onnx", data, benchmark=False)
+    # the conversion is the point, not the gate: its 4 held-back samples of a small_cnn
+    # whose weights depend on how many models the module's RNG made before
+    result = quantize_file(model, tmp_path / "out.onnx", data, benchmark=False, max_drop="off")
     assert any("opset 11 to 13" in w for w in result.warnings)
     out = onnx.load(str(tmp_path / "out.onnx"))
     onnx.checker.check_model(out, full_check=True)
