@@ -386,9 +386,14 @@ def test_tune_cli_output_stays_within_columns(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert max(map(len, proc.stdout.splitlines())) <= 100, proc.stdout
-    assert "rebuild: opfuse optimize" in proc.stdout
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["interface_changed"] == []
+    # a rebuild line where a variant was kept (whether one beats the original by a few
+    # percent on a 0.05 s measurement is the machine's to say, not this test's)
+    if data["command"]:
+        assert "rebuild: opfuse optimize" in proc.stdout
+    else:
+        assert "rebuild:" not in proc.stdout
 
 
 def test_the_latency_line_says_when_medians_and_the_paired_ratio_disagree():
