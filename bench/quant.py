@@ -1115,13 +1115,21 @@ def table(results: dict[str, Any], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_docs(path: Path, section: str) -> None:
+def write_docs(
+    path: Path,
+    section: str,
+    marks: tuple[str, str] = (MARK_BEGIN, MARK_END),
+    heading: str = "## int8 quantization (bench/quant.py)\n\n",
+) -> None:
+    """Replace the section between ``marks`` in ``path`` (or append it under
+    ``heading``), atomically: bench.quant's by default, a sibling harness's with its own."""
+    begin, end = marks
     text = path.read_text(encoding="utf-8")
-    if MARK_BEGIN in text:
-        head, rest = text.split(MARK_BEGIN, 1)
-        text = head + section.rstrip("\n") + rest.split(MARK_END, 1)[1]
+    if begin in text:
+        head, rest = text.split(begin, 1)
+        text = head + section.rstrip("\n") + rest.split(end, 1)[1]
     else:
-        text = text.rstrip("\n") + "\n\n## int8 quantization (bench/quant.py)\n\n" + section
+        text = text.rstrip("\n") + "\n\n" + heading + section
     tmp = path.with_suffix(".tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)

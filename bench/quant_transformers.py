@@ -686,16 +686,10 @@ def table(results: dict[str, Any], command: str) -> str:
 
 
 def write_docs(path: Path, section: str) -> None:
-    """Replace the section between the markers (or append it)."""
-    text = path.read_text(encoding="utf-8")
-    if MARK_BEGIN in text:
-        head, rest = text.split(MARK_BEGIN, 1)
-        text = head + section.rstrip("\n") + rest.split(MARK_END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    """Replace this harness's section between its markers (or append it)."""
+    from bench import quant
+
+    quant.write_docs(path, section, (MARK_BEGIN, MARK_END), heading="")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -98,6 +98,11 @@ class QuantizeJob:
             self.progress(f"[{time.perf_counter() - self.started:5.1f} s] {text}")
 
     @property
+    def model_path(self) -> Path | None:
+        """The user's model file, as a command line names it (None: given in memory)."""
+        return None if self.source.parent == self.work else self.source
+
+    @property
     def runtime_name(self) -> str:
         runtime = self.runtime
         return runtime.runtime if isinstance(runtime, RuntimeSettings) else "onnxruntime"
@@ -599,8 +604,7 @@ def _check_faster(job: QuantizeJob, result: QuantizeResult) -> None:
         return
     assert result.speed is not None and result.cpu is not None
     speed = result.speed
-    in_memory = job.source.parent == job.work
-    command = job.settings.optimize_command(None if in_memory else job.source, job.output)
+    command = job.settings.optimize_command(job.model_path, job.output)
     result.command = command
     _write_report(job.report, result)
     ms = {label: 1000 * t for label, t in speed.medians.items()}
@@ -673,5 +677,4 @@ def _best_command(job: QuantizeJob, fused: Fused, restored: Restoration) -> str:
         )
     )
     anyway = job.settings.written_anyway(restored.recipe, nodes)
-    model = None if job.source.parent == job.work else job.source  # None: in memory
-    return anyway.command_line(model, job.output, job.calibration, job.runtime_name)
+    return anyway.command_line(job.model_path, job.output, job.calibration, job.runtime_name)
