@@ -740,3 +740,12 @@ def test_int8_slower_than_the_float_optimized_model_is_not_written(tmp_path):
     fast_q = FakeRuntime({"Relu": 0.01}, default=0.0)  # the clean-up removes it in int8
     fast = quantize_file(model, tmp_path / "o2.onnx", data, runtime=fast_q, max_drop="off")
     assert fast.pays() and fast.output is not None
+
+
+def test_the_speed_names_the_inputs_it_was_timed_on(tmp_path):
+    model = small_cnn(tmp_path / "cnn.onnx")
+    data = samples_npz(tmp_path / "calib.npz", "x", (1, 3, 8, 8))
+    fake = FakeRuntime({"Relu": 0.01}, default=0.001)
+    result = quantize_file(model, None, data, runtime=fake, max_drop="off", write_slower=True)
+    said = "timed on the first evaluation sample (x[1,3,8,8])"
+    assert said in result.speed_verdict() and result.to_json()["speed"]["timed_on"] in said

@@ -556,7 +556,16 @@ def _result(
         model=judged.model,
         form=record.form,
         hardswish_written_out=hardswish,
+        timed_on=_timed_on(samples) if speed is not None else "",
     )
+
+
+def _timed_on(samples: Samples) -> str:
+    """The sample the speed is measured on, named: the first held-back one, its shapes."""
+    shapes = ", ".join(
+        f"{name}[{','.join(map(str, array.shape))}]" for name, array in samples.held[0].items()
+    )
+    return f"the first evaluation sample ({shapes})"
 
 
 def _speed(

@@ -94,6 +94,7 @@ class QuantizeResult:
     seconds: float = 0.0
     form: str = "onnxruntime"  # the QDQ form written: the runtime's ("openvino": NNCF's)
     hardswish_written_out: int = 0  # x * HardSigmoid(x) below opset 14: --target-opset 14
+    timed_on: str = ""  # the inputs the speed was measured on, said with it
 
     @property
     def measures(self) -> set[str]:
@@ -136,6 +137,7 @@ class QuantizeResult:
                 "float_optimized_ratio_to_original": self.speed.ratio(FLOAT_OPT),
                 "int8_pays": self.pays(),
                 "verdict": self.speed_verdict(),
+                "timed_on": self.timed_on or None,
             }
         return {
             "schema": "opfuse.quantize/3",
@@ -268,6 +270,8 @@ class QuantizeResult:
         if self.sizes.get("int8") and self.sizes.get("original"):
             sizes = f"; {_size(self.sizes['int8'])} against {_size(self.sizes['original'])}"
         where = f"on {s.runtime} ({self.cpu.describe()})"
+        if self.timed_on:
+            where += f", timed on {self.timed_on}"
         apart = s.medians_ratio_apart(INT8)
         load = (
             ""
