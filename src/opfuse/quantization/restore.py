@@ -46,7 +46,6 @@ class Restoration:
     searched: tuple[str, ...]
     kept: list[KeptFloat]
     heads: list[heads.HeadChoice]
-    float_heads: tuple[str, ...]
     fallback_tries: int
     fallback_stopped: str
     trials: tuple[Trial, ...] = ()
@@ -162,7 +161,6 @@ def restore(
         searched,
         state.kept,
         head_choices,
-        ev.float_heads,
         state.tries,
         state.stopped,
         tuple(state.trials),

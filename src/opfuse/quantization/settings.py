@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from opfuse.errors import OpfuseError, SettingsError
+from opfuse.errors import SettingsError
 from opfuse.quantization import flow
 from opfuse.quantization.gate import Gate
 from opfuse.quantization.names import FALLBACK_TRIES
@@ -220,4 +220,4 @@ def _check_count(name: str, value: object, least: int) -> None:
         raise SettingsError(name, value, f"a count of at least {least}")
 
 
-__all__ = ["RANDOM", "Data", "OpfuseError", "QuantizeSettings"]
+__all__ = ["RANDOM", "Data", "QuantizeSettings"]
