@@ -14,7 +14,9 @@
 7. **judge** (``Judged``): the gate on the held-back samples, the clean-up, the integer
    kernels; a missed gate is exit 1 with the report and the command that writes the
    best model anyway (``QuantizeSettings.command_line``);
-8. **measure the speed**: int8 against the float original and the float optimized model;
+8. **measure the speed and choose** (``speed_choice``): int8 against the float original
+   and the float optimized model, with the recipes of other forms that pass the gate too;
+   the fastest that keeps the answers is kept where it is faster beyond the noise;
 9. **write**: the model and the report.
 
 Nothing is written when the input is bad (exit 2) or ``min_speedup`` fails (exit 1). A
@@ -23,6 +25,7 @@ names a temporary file."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -40,7 +43,14 @@ from opfuse.errors import GateError, OpfuseError
 from opfuse.model import io
 from opfuse.pipeline.conductor import OptimizeResult
 from opfuse.pipeline.opset import converted_if_old
-from opfuse.quantization import calibration, flow, quantizer_input, recipes, representative
+from opfuse.quantization import (
+    calibration,
+    flow,
+    quantizer_input,
+    recipes,
+    representative,
+    speed_choice,
+)
 from opfuse.quantization.accuracy import OutputAccuracy, Task, brief
 from opfuse.quantization.fallback import MAX_FALLBACK_TRIES, MAX_FLOAT_LAYERS, KeptFloat
 from opfuse.quantization.kernels import KernelCoverage, integer_coverage
@@ -153,6 +163,7 @@ class Judged:
     nodes: dict[str, int]
     sizes: dict[str, int]
     warnings: tuple[str, ...]
+    apart: str | None = None  # the eval samples outside the calibrated ranges, said
 
 
 def quantize_file(
@@ -217,7 +228,7 @@ def _run(job: QuantizeJob) -> QuantizeResult:
     fused = _fuse(job, samples)  # 3
     gate = job.settings.gate
     best, tried, skipped = recipes.search(fused.ws, gate, job.settings.forced)  # 4
-    restored = _restore(job, samples, fused, best, tried)  # 5
+    restored, evaluator = _restore(job, samples, fused, best, tried)  # 5
     model, accuracy, form = _form(job, samples, fused, restored)  # 6
     judged = _judge(job, samples, fused, restored, best, model, accuracy)  # 7
     record = _Record(samples, fused, restored, judged, tried, skipped, accuracy, form)
@@ -225,8 +236,10 @@ def _run(job: QuantizeJob) -> QuantizeResult:
         result = _result(job, record, command=_best_command(job, fused, restored))
         _write_report(job.report, result)
         raise GateError(_gate_message(job, result), report=result)
-    speed = _speed(job, fused, judged, samples.held[0]) if job.settings.benchmark else None  # 8
-    if speed is not None:
+    speed = None
+    if job.settings.benchmark:  # 8
+        others = _other_forms(job, samples, fused, evaluator, record)
+        speed, record = _speed(job, record, others, samples.held[0])
         measured = _result(job, record, speed=speed)
         _check_speedup(job, measured)
         _check_faster(job, measured)
@@ -406,8 +419,9 @@ def _restore(
     fused: Fused,
     best: recipes.Built,
     tried: list[recipes.Built],
-) -> Restoration:
-    """Step 5: the accuracy restorer on the recipe kept, through one evaluator."""
+) -> tuple[Restoration, Evaluator]:
+    """Step 5: the accuracy restorer on the recipe kept, through one evaluator (which
+    step 8 builds the recipes of other forms with)."""
     assert best.model is not None
     everything = fused.ws.fork()  # the model written calibrates on every sample
     everything.use_samples(samples.calib_all, "all")
@@ -424,7 +438,8 @@ def _restore(
     )
     settings = job.settings
     forced = settings.forced is not None
-    return restore(evaluator, settings.gate, best, tried, forced, settings.fallback_tries)
+    restored = restore(evaluator, settings.gate, best, tried, forced, settings.fallback_tries)
+    return restored, evaluator
 
 
 def _form(
@@ -468,6 +483,24 @@ def _judge(
     if gate.misses(restored.accuracy):  # where the first model's error grows, said
         trace = error_trace(best.ws.float_model, restored.first_model, samples.held[:4])
         growth = largest_drops(trace)
+    apart = representative.warning(
+        representative.outside_ranges(fused.model, samples.calib_all, samples.held)
+    )
+    return _cleaned(job, samples, fused, model, accuracy, growth, apart, "int8.onnx")
+
+
+def _cleaned(
+    job: QuantizeJob,
+    samples: Samples,
+    fused: Fused,
+    model: onnx.ModelProto,
+    accuracy: list[OutputAccuracy],
+    growth: list[TensorError],
+    apart: str | None,
+    filename: str,
+) -> Judged:
+    """The QDQ graph cleaned up and saved as ``filename``, its gate verdict, integer
+    kernels, nodes and sizes (``apart``: the representativeness warning, said once)."""
     job.say("cleaning up the QDQ graph")
     model = flow.clean_up_proto(model, samples.calib[0], job.name)
     empty = flow.nothing_quantized(model)
@@ -476,16 +509,13 @@ def _judge(
         FLOAT_OPT: len(fused.model.graph.node),
         INT8: len(model.graph.node),
     }
-    path = job.work / "int8.onnx"
+    path = job.work / filename
     onnx.save_model(model, str(path))
     sizes = {"original": job.source.stat().st_size, "int8": path.stat().st_size}
     coverage = integer_coverage(model, feed=samples.calib[0])
-    passed = not gate.misses(accuracy)
-    apart = representative.warning(
-        representative.outside_ranges(fused.model, samples.calib_all, samples.held)
-    )
+    passed = not job.settings.gate.misses(accuracy)
     warnings = tuple(w for w in (empty, apart) if w)
-    return Judged(model, path, passed, growth, coverage, nodes, sizes, warnings)
+    return Judged(model, path, passed, growth, coverage, nodes, sizes, warnings, apart)
 
 
 @dataclass(frozen=True)
@@ -568,23 +598,65 @@ def _timed_on(samples: Samples) -> str:
     return f"the first evaluation sample ({shapes})"
 
 
+def _other_forms(
+    job: QuantizeJob, samples: Samples, fused: Fused, ev: Evaluator, record: _Record
+) -> list[tuple[Restoration, Judged]]:
+    """Step 8's candidates (``speed_choice``): the recipes of other forms that passed the
+    gate on the validation part, built with what the restorer kept in float, cleaned up,
+    where they pass on the held-back samples too; none with a forced recipe or in
+    OpenVINO's form."""
+    if job.settings.forced is not None or record.form != "onnxruntime":
+        return []
+    gate, restored = job.settings.gate, record.restored
+    count = speed_choice.alternatives_for(len(fused.model.graph.node))
+    recipes_to_try = speed_choice.other_forms(
+        gate, record.tried, restored.recipe, count, restored=bool(restored.kept)
+    )
+    out = []
+    made = speed_choice.candidates(ev, gate, restored, recipes_to_try)
+    apart = record.judged.apart
+    for k, other in enumerate(made):
+        filename = f"int8-other{k}.onnx"
+        judged = _cleaned(job, samples, fused, other.model, other.accuracy, [], apart, filename)
+        out.append((other, judged))
+    return out
+
+
 def _speed(
-    job: QuantizeJob, fused: Fused, judged: Judged, feeds: Sample
-) -> tuple[Measurement, Any]:
-    """Step 8: int8 and the float optimized model against the float original, paired."""
+    job: QuantizeJob, record: _Record, others: list[tuple[Restoration, Judged]], feeds: Sample
+) -> tuple[tuple[Measurement, Any], _Record]:
+    """Step 8: int8 (and the recipes of other forms that pass) and the float optimized
+    model against the float original, paired; the fastest int8 model that keeps the
+    answers chosen (``speed_choice.choose``), the record with it."""
     job.say("measuring the speed")
     runtime = job.runtime
     settings = runtime if isinstance(runtime, RuntimeSettings) else RuntimeSettings()
     measured_on = runtime if runtime is not None and runtime is not settings else settings.make()
     assert not isinstance(measured_on, RuntimeSettings)
+    by_label = {speed_choice.label(r.recipe): (r, j) for r, j in others}
     speed = measure(
-        fused.original,
-        {FLOAT_OPT: fused.path, INT8: judged.path},
+        record.fused.original,
+        {
+            FLOAT_OPT: record.fused.path,
+            INT8: record.judged.path,
+            **{name: j.path for name, (_, j) in by_label.items()},
+        },
         measured_on,
         seconds=settings.bench_seconds,
         feeds=feeds,
     )
-    return speed, cpu_features()
+    recipes_of = {name: r.recipe for name, (r, _) in by_label.items()}
+    choice = speed_choice.choose(speed, record.restored.recipe, recipes_of)
+    if choice.note:
+        record.fused.ws.notes.append(choice.note)
+    if choice.kept != INT8:
+        restored, judged = by_label[choice.kept]
+        for t in record.tried:
+            t.kept = t.steps == restored.recipe
+        record = dataclasses.replace(
+            record, restored=restored, judged=judged, accuracy=restored.accuracy
+        )
+    return (choice.speed, cpu_features()), record
 
 
 def _check_speedup(job: QuantizeJob, result: QuantizeResult) -> None:

@@ -72,22 +72,26 @@ class Evaluator:
     builds: int = 0  # int8 models built so far
     _halves: list[list[Workspace] | None] = field(default_factory=list)  # made once
 
-    def build(self, in_float: list[str]) -> onnx.ModelProto:
+    def build(self, in_float: list[str], recipe: tuple[str, ...] = ()) -> onnx.ModelProto:
         """On the calibration part, from the workspace before any step (a float step
-        runs once: its result is cached)."""
+        runs once: its result is cached); ``recipe``: another than the one chosen."""
         self.builds += 1
-        made = recipes.build(self.ws, self.recipe, in_float, self.float_heads)
+        made = recipes.build(self.ws, recipe or self.recipe, in_float, self.float_heads)
         assert made.model is not None
         return made.model
 
-    def final(self, in_float: list[str]) -> onnx.ModelProto:
+    def final(self, in_float: list[str], recipe: tuple[str, ...] = ()) -> onnx.ModelProto:
+        recipe = recipe or self.recipe
         if not self.apart:
-            if in_float or self.recipe != self.split_recipe:
-                return self.build(in_float)
+            if in_float or recipe != self.split_recipe:
+                return self.build(in_float, recipe)
             return self.split_model
-        self.ws.say(f"the recipe on all {len(self.everything.calib)} calibration samples")
+        self.ws.say(
+            f"recipe {recipes.recipe_name(recipe)} on all {len(self.everything.calib)} "
+            "calibration samples"
+        )
         self.builds += 1
-        made = recipes.build(self.everything, self.recipe, in_float, self.float_heads)
+        made = recipes.build(self.everything, recipe, in_float, self.float_heads)
         assert made.model is not None
         return made.model
 
