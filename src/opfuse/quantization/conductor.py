@@ -498,10 +498,12 @@ def _cleaned(
     growth: list[TensorError],
     apart: str | None,
     filename: str,
+    recipe: tuple[str, ...] = (),
 ) -> Judged:
     """The QDQ graph cleaned up and saved as ``filename``, its gate verdict, integer
     kernels, nodes and sizes (``apart``: the representativeness warning, said once)."""
-    job.say("cleaning up the QDQ graph")
+    of = f" of recipe {recipes.recipe_name(recipe)}" if recipe else ""  # a speed candidate
+    job.say(f"cleaning up the QDQ graph{of}")
     model = flow.clean_up_proto(model, samples.calib[0], job.name)
     empty = flow.nothing_quantized(model)
     nodes = {
@@ -617,7 +619,9 @@ def _other_forms(
     apart = record.judged.apart
     for k, other in enumerate(made):
         filename = f"int8-other{k}.onnx"
-        judged = _cleaned(job, samples, fused, other.model, other.accuracy, [], apart, filename)
+        judged = _cleaned(
+            job, samples, fused, other.model, other.accuracy, [], apart, filename, other.recipe
+        )
         out.append((other, judged))
     return out
 
