@@ -121,3 +121,18 @@ def test_choose_switches_only_beyond_the_noise():
     kept = speed_choice.choose(slower, ("minmax", "dynamic"), others)
     assert kept.kept == INT8 and kept.speed is slower
     assert speed_choice.choose(clear, ("minmax",), {}).note == ""
+
+
+def test_a_switch_needs_a_second_run_in_the_reverse_order_to_agree():
+    fast = speed_choice.label(("minmax",))
+    others = {fast: ("minmax",)}
+    base = {ORIGINAL: 10.0, AGAIN: 10.0, FLOAT_OPT: 9.0}
+    first = _measurement({**base, INT8: 6.0, fast: 4.0})
+    choice = speed_choice.choose(first, ("minmax", "dynamic"), others)
+    agrees = _measurement({ORIGINAL: 10.0, AGAIN: 10.0, INT8: 6.0, fast: 4.1})
+    assert speed_choice.confirmed(choice, agrees, ("minmax", "dynamic")) is choice
+    differs = _measurement({ORIGINAL: 10.0, AGAIN: 10.0, INT8: 6.0, fast: 6.0})
+    kept = speed_choice.confirmed(choice, differs, ("minmax", "dynamic"))
+    assert kept.kept == INT8 and kept.speed.medians[INT8] == pytest.approx(6.0)
+    assert "not confirmed, the most accurate kept" in kept.note
+    assert "passes the gate too: kept" not in kept.note

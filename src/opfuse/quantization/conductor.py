@@ -638,19 +638,22 @@ def _speed(
     measured_on = runtime if runtime is not None and runtime is not settings else settings.make()
     assert not isinstance(measured_on, RuntimeSettings)
     by_label = {speed_choice.label(r.recipe): (r, j) for r, j in others}
-    speed = measure(
-        record.fused.original,
-        {
-            FLOAT_OPT: record.fused.path,
-            INT8: record.judged.path,
-            **{name: j.path for name, (_, j) in by_label.items()},
-        },
-        measured_on,
-        seconds=settings.bench_seconds,
-        feeds=feeds,
-    )
+    models = {
+        FLOAT_OPT: record.fused.path,
+        INT8: record.judged.path,
+        **{name: j.path for name, (_, j) in by_label.items()},
+    }
+    original, seconds = record.fused.original, settings.bench_seconds
+    speed = measure(original, models, measured_on, seconds=seconds, feeds=feeds)
     recipes_of = {name: r.recipe for name, (r, _) in by_label.items()}
     choice = speed_choice.choose(speed, record.restored.recipe, recipes_of)
+    if choice.kept != INT8:  # confirmed in the reverse order, as tune confirms a flip
+        job.say(
+            f"confirming the speed of recipe {speed_choice.recipe_name(recipes_of[choice.kept])}"
+        )
+        pair = {INT8: models[INT8], choice.kept: models[choice.kept]}
+        again = measure(original, pair, measured_on, seconds=seconds, feeds=feeds, reverse=True)
+        choice = speed_choice.confirmed(choice, again, record.restored.recipe)
     if choice.note:
         record.fused.ws.notes.append(choice.note)
     if choice.kept != INT8:

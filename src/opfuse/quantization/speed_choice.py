@@ -5,9 +5,10 @@ that also passes the gate may be the faster model. Up to ``alternatives_for`` su
 recipes, the most accurate of each form that passed on the validation part, are built
 with what the restorer kept in float, judged on the held-back samples, and timed with the
 chosen model in one paired, interleaved measurement; one replaces the chosen model only
-when it is faster beyond the noise (on a busy machine the noise grows and the most
-accurate model stays: the same data and options keep the same model whenever the speeds
-are not clearly apart). With the speed not measured (``--no-benchmark``) or a forced
+when it is faster beyond the noise, and again in a second run in the reverse order
+(``confirmed``, as tune confirms a flip): on a busy machine the noise grows and the most
+accurate model stays, so the same data and options keep the same model whenever the
+speeds are not clearly apart. With the speed not measured (``--no-benchmark``) or a forced
 recipe, nothing is tried.
 
 Measured before this step existed: PP-OCRv4's recognizer passed its gate with
@@ -139,4 +140,23 @@ def choose(speed: Measurement, chosen: Sequence[str], others: dict[str, tuple[st
         dataclasses.replace(speed, times=swapped),
         f"the fastest model that keeps the answers: recipe {figures}, and passes the gate "
         "too: kept",
+    )
+
+
+def confirmed(choice: Choice, again: Measurement, chosen: Sequence[str]) -> Choice:
+    """``choice`` where ``again`` (a second run in the reverse order, labelled as the
+    first: the most accurate model under INT8) finds its model faster beyond the noise
+    too; else the most accurate model, said."""
+    if choice.kept == INT8 or again.faster(choice.kept, INT8):
+        return choice
+    first = choice.speed.times
+    restored = {
+        INT8 if k == label(chosen) else choice.kept if k == INT8 else k: v for k, v in first.items()
+    }
+    return Choice(
+        INT8,
+        dataclasses.replace(choice.speed, times=restored),
+        choice.note.replace(", and passes the gate too: kept", "")
+        + f"; a second run in the reverse order gave {again.ratio(choice.kept, INT8):.2f}x "
+        f"(noise +-{pct(again.threshold)}): not confirmed, the most accurate kept",
     )
