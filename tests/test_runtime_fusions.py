@@ -129,6 +129,8 @@ def test_the_comparison_sees_a_lost_gelu(tmp_path):
         ),
         ({"SkipLayerNormalization": 2}, {}, {"LayerNormalization": (2, 0)}),
         ({"FastGelu": 4}, {}, {"Gelu": (4, 0)}),
+        ({"Attention": 6}, {"QAttention": 6}, {}),  # its quantized form: still fused
+        ({"Attention": 6}, {}, {"Attention": (6, 0)}),
     ],
 )
 def test_lost_fusions(before, after, lost):

@@ -53,6 +53,7 @@ from opfuse.quantization import (
 )
 from opfuse.quantization.accuracy import OutputAccuracy, Task, brief
 from opfuse.quantization.fallback import MAX_FALLBACK_TRIES, MAX_FLOAT_LAYERS, KeptFloat
+from opfuse.quantization.kept_fusions import KeptFusions, kept_fusions
 from opfuse.quantization.kernels import KernelCoverage, integer_coverage
 from opfuse.quantization.restore import Evaluator, Restoration, restore
 from opfuse.quantization.result import (
@@ -153,7 +154,8 @@ class Fused:
 @dataclass(frozen=True)
 class Judged:
     """Step 7: the model cleaned up and saved, the gate's verdict, where the first
-    model's error grows (when it missed), the integer kernels and the sizes."""
+    model's error grows (when it missed), the integer kernels, onnxruntime's fusions kept
+    (None on another runtime) and the sizes."""
 
     model: onnx.ModelProto
     path: Path
@@ -164,6 +166,7 @@ class Judged:
     sizes: dict[str, int]
     warnings: tuple[str, ...]
     apart: str | None = None  # the eval samples outside the calibrated ranges, said
+    fusions: KeptFusions | None = None
 
 
 def quantize_file(
@@ -515,9 +518,23 @@ def _cleaned(
     onnx.save_model(model, str(path))
     sizes = {"original": job.source.stat().st_size, "int8": path.stat().st_size}
     coverage = integer_coverage(model, feed=samples.calib[0])
+    fusions = _fusions(job, fused, path)
     passed = not job.settings.gate.misses(accuracy)
-    warnings = tuple(w for w in (empty, apart) if w)
-    return Judged(model, path, passed, growth, coverage, nodes, sizes, warnings, apart)
+    unsaid = fusions if isinstance(fusions, str) else ""
+    warnings = tuple(w for w in (empty, apart, unsaid) if w)
+    kept = None if isinstance(fusions, str) else fusions
+    return Judged(model, path, passed, growth, coverage, nodes, sizes, warnings, apart, kept)
+
+
+def _fusions(job: QuantizeJob, fused: Fused, path: Path) -> KeptFusions | str | None:
+    """onnxruntime's fused kernels (Attention, SkipLayerNormalization, Gelu...) the int8
+    model keeps against the float optimized model, on the provider measured (None where
+    the model is written for another runtime)."""
+    if job.runtime_name != "onnxruntime":
+        return None
+    runtime = job.runtime
+    provider = runtime.provider if isinstance(runtime, RuntimeSettings) else None
+    return kept_fusions(fused.path, path, provider or "CPUExecutionProvider")
 
 
 @dataclass(frozen=True)
@@ -567,6 +584,7 @@ def _result(
         output=output,
         nodes=judged.nodes,
         coverage=judged.coverage,
+        fusions=judged.fusions,
         error_growth=judged.growth,
         validation_samples=len(samples.valid),
         validation_apart=samples.apart,

@@ -12,6 +12,7 @@ from opfuse.quantization.accuracy import OutputAccuracy, brief
 from opfuse.quantization.fallback import KeptFloat, Trial
 from opfuse.quantization.gate import Gate
 from opfuse.quantization.heads import HeadChoice
+from opfuse.quantization.kept_fusions import KeptFusions
 from opfuse.quantization.kernels import KernelCoverage
 from opfuse.quantization.trace import TensorError
 from opfuse.runtime.cpu import CpuFeatures
@@ -70,6 +71,7 @@ class QuantizeResult:
     output: Path | None = None
     nodes: dict[str, int] = field(default_factory=dict)
     coverage: KernelCoverage | None = None  # integer kernels after onnxruntime's QDQ fusion
+    fusions: KeptFusions | None = None  # onnxruntime's fused kernels, float optimized -> int8
     # where the first int8 model's error grew most (traced only when it missed the gate)
     error_growth: list[TensorError] = field(default_factory=list)
     validation_samples: int = 0
@@ -186,6 +188,7 @@ class QuantizeResult:
                 "integer_ops": self.coverage.integer_ops,
                 "float_between_qdq": self.coverage.float_between_qdq,
             },
+            "runtime_fusions": None if self.fusions is None else self.fusions.to_json(),
             "error_growth": [e.to_json() for e in self.error_growth],
             "notes": self.notes,
             "warnings": self.warnings,
@@ -243,6 +246,8 @@ class QuantizeResult:
             out.append(f"fallback: {tries}, stopped at {self.fallback_stopped}")
         if self.coverage is not None:
             out.append(f"onnxruntime (CPU, after its QDQ fusion): {self.coverage.describe()}")
+        if self.fusions is not None and self.fusions.describe():
+            out.append(self.fusions.describe())
         verdict = self.speed_verdict()
         if verdict:
             out.append(verdict)

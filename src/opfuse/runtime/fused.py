@@ -38,8 +38,15 @@ FUSED_OPS = frozenset(
         "SkipSimplifiedLayerNormalization",
     }
 )
+# the fused kernels' quantized forms (onnxruntime's dynamic quantizer makes QAttention of an
+# Attention): an int8 model that holds one keeps the fusion
+QUANTIZED_FUSED = {
+    "QAttention": "Attention",
+    "QEmbedLayerNormalization": "EmbedLayerNormalization",
+}
 # kernels that absorb one another: a model may reach the same speed through either
 SAME_KERNEL = {
+    **QUANTIZED_FUSED,
     "SkipLayerNormalization": "LayerNormalization",
     "SkipSimplifiedLayerNormalization": "SimplifiedLayerNormalization",
     "BiasGelu": "Gelu",
@@ -70,7 +77,7 @@ def runtime_kernels(
 def _kernel(node: onnx.NodeProto) -> str | None:
     """The fused kernel a saved node is, if any (an NCHWc Conv with an activation is a
     FusedConv in another layout)."""
-    if node.op_type in FUSED_OPS:
+    if node.op_type in FUSED_OPS or node.op_type in QUANTIZED_FUSED:
         return node.op_type
     if node.op_type == "Conv" and any(a.name == "activation" for a in node.attribute):
         return "FusedConv"

@@ -1,0 +1,75 @@
+"""Which of onnxruntime's own fusions an int8 model keeps: the fused kernels of the graph
+onnxruntime saves (``optimized_model_filepath`` at ORT_ENABLE_ALL, as ``opfuse tune`` and
+``optimize --benchmark`` read it: ``runtime.fused``) for the float optimized model and for
+the int8 model, compared kind by kind.
+
+A transformer's float model runs SkipLayerNormalization, BiasGelu/Gelu and FusedMatMul
+(the scaled Q.K^T) kernels; dynamic int8 keeps them (the Q/K/V projections become
+MatMulIntegerToFloat, the others DynamicQuantizeMatMul; a BiasGelu's bias moves into the
+int8 MatMul, leaving a Gelu), static QDQ loses them (QLinearAdd before the LayerNorm,
+the GELU's Erf and Muls requantized, the Q.K^T a QLinearMatMul). A quantized form of a
+fused kernel (QAttention) keeps its fusion. Measured on all-MiniLM-L6-v2 (docs/
+QUANTIZATION.md, "dynamic"): keeping the Q/K/V projections float so that onnxruntime's
+transformers optimizer's Attention stays float costs 46% of the dynamic model's time, and
+its QAttention form is 12% slower than the plain dynamic MatMuls."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass
+
+from opfuse.errors import OpfuseError
+from opfuse.runtime.fused import lost_fusions, lost_text, runtime_kernels
+
+
+@dataclass(frozen=True)
+class KeptFusions:
+    """onnxruntime's fused kernels by kind in the float optimized and the int8 model's
+    saved graphs, and the kinds lost (``runtime.fused.lost_fusions``: kind -> (float,
+    int8); a BiasGelu that became a Gelu, a LayerNormalization that became a Skip one and
+    an Attention that became a QAttention are kept)."""
+
+    float_kernels: dict[str, int]
+    int8_kernels: dict[str, int]
+    lost: dict[str, tuple[int, int]]
+
+    def describe(self) -> str:
+        """``onnxruntime's fused kernels (its saved graph, ORT_ENABLE_ALL), float
+        optimized -> int8: Gelu 1 -> 0, SkipLayerNormalization 2 -> 0; lost: ...``; empty
+        where neither model has one (an MLP: nothing to say)."""
+        kinds = sorted(set(self.float_kernels) | set(self.int8_kernels))
+        counts = ", ".join(
+            f"{k} {self.float_kernels.get(k, 0)} -> {self.int8_kernels.get(k, 0)}" for k in kinds
+        )
+        head = (
+            "onnxruntime's fused kernels (its saved graph, ORT_ENABLE_ALL), float optimized -> int8"
+        )
+        if not kinds:
+            return ""
+        verdict = f"lost: {lost_text(self.lost)}" if self.lost else "every fusion kept"
+        return f"{head}: {counts}; {verdict}"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "float_optimized": self.float_kernels,
+            "int8": self.int8_kernels,
+            "lost": {k: list(v) for k, v in self.lost.items()},
+        }
+
+
+def kept_fusions(
+    float_path: str | os.PathLike[str],
+    int8_path: str | os.PathLike[str],
+    provider: str = "CPUExecutionProvider",
+) -> KeptFusions | str:
+    """The fused kernels onnxruntime makes of the two files, compared; where it cannot
+    save its graph (an execution provider that does not), the reason, said in a note."""
+    try:
+        before: Counter[str] = runtime_kernels(float_path, provider)
+        after: Counter[str] = runtime_kernels(int8_path, provider)
+    except OpfuseError as exc:
+        return f"onnxruntime's fused kernels not compared: {exc}"
+    return KeptFusions(
+        dict(sorted(before.items())), dict(sorted(after.items())), lost_fusions(before, after)
+    )
