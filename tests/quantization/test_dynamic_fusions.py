@@ -203,3 +203,33 @@ def test_a_quantized_form_of_a_fused_kernel_keeps_it_and_no_kernels_make_no_line
     lost = KeptFusions({"Attention": 6}, {}, lost_fusions(before, Counter()))
     assert lost.describe().endswith("; lost: Attention 6 -> 0")
     assert KeptFusions({}, {}, {}).describe() == ""  # no line in the summary
+
+
+def test_lost_fusions_are_a_cause_of_slow_int8_with_dynamic_suggested_where_static():
+    """When int8 does not pay, the lost kernels are named as a measured cause, with
+    ``--recipe dynamic`` where a static recipe lost a transformer's kernels (not where
+    dynamic was the recipe, nor for a CNN's FusedConv)."""
+    from test_pipeline import measured
+
+    from opfuse.quantization.gate import Gate
+    from opfuse.quantization.result import QuantizeResult
+    from opfuse.runtime.cpu import CpuFeatures
+
+    def verdict(recipe: str, lost: dict[str, tuple[int, int]]) -> str:
+        result = QuantizeResult(None, [], Gate(), 8, 4, "samples")  # type: ignore[arg-type]
+        result.speed, result.cpu = (
+            measured(20.0, 18.0, 25.0),
+            CpuFeatures(frozenset({"avx512_vnni"})),
+        )
+        result.recipe, result.fusions = recipe, KeptFusions({}, {}, lost)
+        return result.speed_verdict()
+
+    text = verdict("minmax", STATIC_LOST)
+    assert (
+        "onnxruntime fuses fewer kernels from the int8 model than from the float optimized one "
+        "(FusedMatMul 1 -> 0, Gelu 1 -> 0, SkipLayerNormalization 2 -> 0): the ops they held "
+        "run one by one. On a transformer, --recipe dynamic keeps them."
+    ) in text
+    assert "--recipe dynamic" not in verdict("minmax,dynamic", {"Gelu": (1, 0)})
+    assert "--recipe dynamic" not in verdict("minmax", {"FusedConv": (3, 0)})
+    assert "fuses fewer kernels" not in verdict("minmax", {})

@@ -20,7 +20,13 @@ from collections import Counter
 from dataclasses import dataclass
 
 from opfuse.errors import OpfuseError
+from opfuse.quantization.steps import DYNAMIC
 from opfuse.runtime.fused import lost_fusions, lost_text, runtime_kernels
+
+# the lost kinds (runtime.fused.lost_fusions' names) dynamic int8 keeps on a transformer
+TRANSFORMER_KERNELS = frozenset(
+    {"Attention", "FusedMatMul", "Gelu", "LayerNormalization", "SkipLayerNormalization"}
+)
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,18 @@ class KeptFusions:
             return ""
         verdict = f"lost: {lost_text(self.lost)}" if self.lost else "every fusion kept"
         return f"{head}: {counts}; {verdict}"
+
+    def lost_cause(self, recipe: str) -> str:
+        """The lost kernels as a cause of slow int8: each ran the ops it holds in one
+        kernel; a transformer's (SkipLayerNormalization, Gelu, Attention) dynamic int8
+        keeps, where the recipe was static."""
+        text = (
+            f"onnxruntime fuses fewer kernels from the int8 model than from the float "
+            f"optimized one ({lost_text(self.lost)}): the ops they held run one by one."
+        )
+        if set(self.lost) & TRANSFORMER_KERNELS and DYNAMIC not in recipe.split(","):
+            text += " On a transformer, --recipe dynamic keeps them."
+        return text
 
     def to_json(self) -> dict[str, object]:
         return {

@@ -325,6 +325,8 @@ class QuantizeResult:
             causes.append(
                 f"Only {cov.integer_fraction:.0%} of the multiply-adds run in integer kernels{kept}."
             )
+        if self.fusions is not None and self.fusions.lost:
+            causes.append(self.fusions.lost_cause(self.recipe))
         if self.cpu is not None and not self.cpu.vnni:
             causes.append(self.cpu.int8_verdict())
         if orig_ms < SMALL_MODEL_S * 1000:
