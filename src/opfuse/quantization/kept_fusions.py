@@ -12,7 +12,8 @@ fused kernel (QAttention) keeps its fusion. onnxruntime's session fuses no Atten
 opset 13 or later (its AttentionFusion matches the Unsqueeze of opsets 1-11 only);
 its transformers optimizer does, and on all-MiniLM-L6-v2 (docs/QUANTIZATION.md, "Dynamic
 int8") its forms that keep one are slower than ``dynamic``: the Attention float (its Q/K/V
-weights float) 1.46x the dynamic model's time, QAttention 1.12-1.13x."""
+weights float) 1.46-1.50x the dynamic model's time, QAttention 1.12-1.13x
+(``python -m bench.quant_attention``)."""
 
 from __future__ import annotations
 
