@@ -26,7 +26,7 @@ PREFIX = "model.0.auto_model."
 def exported(weights: dict[str, np.ndarray]) -> Any:
     """bert_graph's model renamed the way torch.onnx.export names a sentence-transformers
     BertModel: named parameters under PREFIX, MatMul weights anonymous."""
-    model = qt.bert_graph(weights, CONFIG)
+    model = tm.bert_graph(weights, CONFIG)
     renames: dict[str, str] = {}
     for k, init in enumerate(model.graph.initializer):
         if init.name.endswith(".weight_T"):
