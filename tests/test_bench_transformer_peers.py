@@ -85,3 +85,9 @@ def test_openvino_cell() -> None:
     assert tp.ov_text(lat, "onnxsim-int4") == "does not compile"
     assert tp.ov_text(lat, "nncf") == ""  # no model: no cell
     assert tp.ov_text({}, "ort-dynamic") == ""
+
+
+def test_peer_notes_say_amx_only_where_the_cpu_has_none() -> None:
+    assert "bf16 on AMX is not measurable here" in qt.peer_notes("AVX2, AVX-512; no AMX")
+    assert "AMX" not in qt.peer_notes("AVX2, AVX-512, AMX")
+    assert qt.peer_notes("").endswith(qt.MISSING_CLASSIFIER)
