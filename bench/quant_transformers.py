@@ -479,10 +479,10 @@ def peer_notes(cpu: str) -> str:
 def table(results: dict[str, Any], command: str) -> str:
     from bench.transformer_peers import ov_text
 
-    lines = [MARK_BEGIN, HEADING, ""]
+    lines = [MARK_BEGIN, HEADING]
     for enc in results["encoders"].values():
         lat = enc.get("latency") or {}
-        lines += [f"{enc['note']}; {enc['calibration']} calibration and {enc['held_out']} "
+        lines += ["", f"{enc['note']}; {enc['calibration']} calibration and {enc['held_out']} "
                   f"held-out sentences of {TOKENS} tokens:", "",
                   "| tool | cosine mean / min | same nearest neighbour | latency / float "
                   "| OpenVINO latency / float f32 / float default | seconds to quantize "

@@ -91,3 +91,22 @@ def test_peer_notes_say_amx_only_where_the_cpu_has_none() -> None:
     assert "bf16 on AMX is not measurable here" in qt.peer_notes("AVX2, AVX-512; no AMX")
     assert "AMX" not in qt.peer_notes("AVX2, AVX-512, AMX")
     assert qt.peer_notes("").endswith(qt.MISSING_CLASSIFIER)
+
+
+def test_table_separates_encoders_and_shows_openvino() -> None:
+    enc = {"calibration": 64, "held_out": 160,
+           "latency": {"runtime": "ort", "float_ms": 30.0, "noise": 0.01, "rounds": 9,
+                       "ratio": {"ort-dynamic": 0.5}},
+           "openvino": {"runtime": "ov", "float_ms": 20.0, "noise": 0.003, "rounds": 8,
+                        "default_precision": "bf16", "default_ratio": 0.57,
+                        "ratio": {"ort-dynamic": 1.3}, "ratio_default": {"ort-dynamic": 2.2},
+                        "failed": {}},
+           "rows": {"float": {"cosine_mean": 1.0, "cosine_min": 1.0, "same_neighbour": 1.0},
+                    "ort-dynamic": {"cosine_mean": 0.96, "cosine_min": 0.91,
+                                    "same_neighbour": 0.82}}}  # fmt: skip
+    results = {"cpus": 2, "load_before": "1 1 1", "load_after": "2 2 2",
+               "encoders": {"a": {**enc, "note": "first"}, "b": {**enc, "note": "second"}}}  # fmt: skip
+    section = qt.table(results, "python -m bench.quant_transformers")
+    assert "rounds.\n\nsecond; 64 calibration" in section  # a blank line between encoders
+    assert "| 0.960 / 0.910 | 82% | 0.50 | 1.30 / 2.20 |" in section
+    assert "default precision here bf16 (the float model at it: 0.57 of f32)" in section
