@@ -165,3 +165,76 @@ def _npz(tmp_path: Path, x: np.ndarray) -> Path:
     path = tmp_path / "x.npz"
     np.savez(path, x=x)
     return path
+
+
+def line_reader_model() -> onnx.ModelProto:
+    """A CRNN-like text-line reader: a convolution of height 32 collapses the free height
+    to 1, which Squeeze removes; it runs on heights 32 to 63 only (the PP-OCRv4 recognizer
+    runs below 96), never on an image's 224 nor on 224 grown."""
+    w = helper.make_tensor(
+        "w", TensorProto.FLOAT, [4, 3, 32, 1], np.linspace(-1, 1, 384, dtype=np.float32)
+    )
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [2])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], strides=[32, 1]),
+            helper.make_node("Squeeze", ["c", "axes"], ["s"]),
+            helper.make_node("Transpose", ["s"], ["t"], perm=[0, 2, 1]),
+            helper.make_node("Identity", ["t"], ["y"]),  # a pass fires: the model changes
+        ],
+        "reader",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "W", 4])],
+        [w, axes],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_an_image_model_refusing_224_runs_at_32(tmp_path):
+    """The image sizes onnxruntime refuses fall back to the free dims' 32 (issue 41's
+    third-party set: the PP-OCRv4 recognizer passed at 32x32 and failed at 224x224)."""
+    path = save(line_reader_model(), tmp_path / "rec.onnx")
+    report = compare_files(path, path)
+    assert report.ok and report.input_shapes == {"x": [1, 3, 32, 32]}
+    assert report.grown == "image height and width at 32: onnxruntime refused x[1,3,224,224]"
+    assert "SqueezeBase" in (report.refused or "")  # onnxruntime's reason is kept
+
+
+def test_an_image_model_refusing_224_and_32_still_grows(tmp_path):
+    """A reflect pad of 300 on the height and width: 224 and 32 are refused, 448 runs."""
+    pads = helper.make_tensor("pads", TensorProto.INT64, [8], [0, 0, 300, 300, 0, 0, 300, 300])
+    graph = helper.make_graph(
+        [helper.make_node("Pad", ["x", "pads"], ["y"], mode="reflect")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "H", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, None, None])],
+        [pads],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    path = save(model, tmp_path / "pad.onnx")
+    report = compare_files(path, path)
+    assert report.ok and report.input_shapes == {"x": [1, 3, 448, 448]}
+    assert report.grown == "free dims grown x2: onnxruntime refused x[1,3,224,224]"
+
+
+def test_an_image_model_running_at_224_keeps_it(tmp_path):
+    """The fallback is only for refused sizes: a model that runs at 224 is fed 224."""
+    path = save(relu_model(["N", 3, "H", "W"]), tmp_path / "m.onnx")
+    report = compare_files(path, path)
+    assert report.input_shapes == {"x": [1, 3, 224, 224]} and report.grown is None
+
+
+def test_optimize_of_a_line_reader_refusing_224_exits_0(tmp_path, monkeypatch, capsys):
+    """`opfuse optimize rec.onnx -o out.onnx` without options: verified at 32x32 and said
+    so; the written model agrees with the original at a real line's size (48x320)."""
+    path = save(line_reader_model(), tmp_path / "rec.onnx")
+    out = tmp_path / "out.onnx"
+    status, printed, err = run_command(["optimize", path, "-o", out], monkeypatch, capsys)
+    assert status == 0, err
+    text = " ".join(printed.split())
+    assert (
+        "verification: ok on inputs x[1,3,32,32] (generated, seed 0; image height and width "
+        "at 32: onnxruntime refused x[1,3,224,224]" in text
+    ), text
+    x = np.random.default_rng(1).standard_normal((1, 3, 48, 320)).astype(np.float32)
+    assert compare_files(path, out, inputs_npz=_npz(tmp_path, x)).ok

@@ -126,9 +126,11 @@ def make_inputs_and_plan(
     seed: int = 0,
     model: str | os.PathLike[str] | onnx.ModelProto | None = None,
     grow: int = 1,
+    image_sizes: bool = True,
 ) -> tuple[dict[str, np.ndarray], InputPlan | None]:
     """make_inputs and how each input was generated (None for an ``.npz``); ``grow``: the
-    sizes opfuse chooses multiplied by it (``verification.inputs.generate``)."""
+    sizes opfuse chooses multiplied by it, ``image_sizes``: an image's free height and width
+    sized as an image's (``verification.inputs.generate``)."""
     specs = sess.get_inputs()
     names = [i.name for i in specs]
     for name in input_shapes or {}:
@@ -142,7 +144,7 @@ def make_inputs_and_plan(
     if inputs_npz is not None:
         return _load_npz(inputs_npz, specs), None
     proto = None if model is None else _proto(model)
-    feeds, plan = verify_inputs.generate(specs, input_shapes, proto, seed, grow)
+    feeds, plan = verify_inputs.generate(specs, input_shapes, proto, seed, grow, image_sizes)
     return cast(dict[str, np.ndarray], feeds), plan  # a sequence input is a list of arrays
 
 
@@ -151,8 +153,8 @@ def make_inputs_and_plan(
 # exceeds MAX_GROWN_ELEMENTS
 GROWTH = (2, 3, 4, 8, 15, 16)
 MAX_GROWN_ELEMENTS = 1 << 24
-# (model file, shapes, seed) -> the factor that ran, and the note saying why
-_GROWN: dict[tuple[object, ...], tuple[int, str, str]] = {}
+# (model file, shapes, seed) -> the attempt that ran (factor, image sizes), and the note
+_GROWN: dict[tuple[object, ...], tuple[tuple[int, bool], str, str]] = {}
 
 
 @dataclass(frozen=True)
@@ -229,19 +231,19 @@ def runnable_inputs(
 ) -> tuple[dict[str, np.ndarray], InputPlan | None, list[np.ndarray]]:
     """``make_inputs_and_plan``, run once on ``sess``: the feeds, how they were made and the
     outputs. Generated inputs onnxruntime refuses (a reflect pad longer than the input, a
-    reshape that does not divide) are made again with the sizes opfuse chose grown by each
-    factor of GROWTH in turn before the refusal is raised (``optimize``'s one-line error
-    naming ``shown_as``, ending in ``hint``, by default GENERATED_HINT for generated
-    inputs). The factor that ran is remembered for the file (tune's variants and the
-    bisection verify against it again)."""
+    reshape that does not divide, a height an image model cannot take) are made again
+    (``_attempts``) before the refusal is raised (``optimize``'s one-line error naming
+    ``shown_as``, ending in ``hint``, by default GENERATED_HINT for generated inputs). The
+    attempt that ran is remembered for the file (tune's variants and the bisection verify
+    against it again)."""
     feeds, plan = make_inputs_and_plan(sess, input_shapes, inputs_npz, seed, model)
     name = shown_as or (model if not isinstance(model, onnx.ModelProto | None) else "the model")
     if plan is None:
         return feeds, None, run_model(sess, feeds, name, "" if hint is None else hint)
     key = _growth_key(model, input_shapes, seed)
     if key is not None and key in _GROWN:
-        factor, note, reason = _GROWN[key]
-        grown, grown_plan = make_inputs_and_plan(sess, input_shapes, None, seed, model, factor)
+        attempt, note, reason = _GROWN[key]
+        grown, grown_plan = make_inputs_and_plan(sess, input_shapes, None, seed, model, *attempt)
         outputs, _ = _try_run(sess, grown)
         if outputs is not None and grown_plan is not None:
             grown_plan.grown, grown_plan.refused = note, reason
@@ -250,18 +252,35 @@ def runnable_inputs(
     outputs, refused = _try_run(sess, feeds)
     if outputs is not None:
         return feeds, plan, outputs
-    for factor in GROWTH if plan.free else ():
-        grown, grown_plan = make_inputs_and_plan(sess, input_shapes, None, seed, model, factor)
+    for factor, image_sizes in _attempts(plan):
+        attempt = (factor, image_sizes)
+        grown, grown_plan = make_inputs_and_plan(sess, input_shapes, None, seed, model, *attempt)
         if grown_plan is None or any(np.size(v) > MAX_GROWN_ELEMENTS for v in grown.values()):
             break
         outputs, _ = _try_run(sess, grown)
         if outputs is not None:
-            grown_plan.grown = f"free dims grown x{factor}: onnxruntime refused {_shapes_of(feeds)}"
+            what = (
+                f"free dims grown x{factor}"
+                if image_sizes
+                else f"image height and width at {verify_inputs.DEFAULT_DIM}"
+            )
+            grown_plan.grown = f"{what}: onnxruntime refused {_shapes_of(feeds)}"
             grown_plan.refused = _reason(refused or "")
             if key is not None:
-                _GROWN[key] = (factor, grown_plan.grown, grown_plan.refused)
+                _GROWN[key] = (attempt, grown_plan.grown, grown_plan.refused)
             return grown, grown_plan, outputs
     raise _cannot_run(name, feeds, refused or "", GENERATED_HINT if hint is None else hint)
+
+
+def _attempts(plan: InputPlan) -> list[tuple[int, bool]]:
+    """The (growth factor, image sizes) tried in turn after onnxruntime refused the first
+    generated inputs: an image's free height and width at DEFAULT_DIM first (a model that
+    runs only at small heights, such as the PP-OCRv4 recognizer below 96, which passed at
+    that size before images got theirs; and a cheap run where a larger one is not), then
+    the sizes opfuse chose grown by each factor of GROWTH."""
+    if not plan.free:
+        return []
+    return ([(1, False)] if plan.images else []) + [(factor, True) for factor in GROWTH]
 
 
 def _growth_key(

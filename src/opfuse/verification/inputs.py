@@ -8,7 +8,9 @@ input saying how it was made.
   224, or the size the model's metadata gives (``imgsz``, ``image_size``...).
 - Growth: ``generate(grow=k)`` multiplies every size opfuse chose (not the batch, not a
   size given) by ``k``; the verifier grows them when onnxruntime refuses the inputs (a
-  reflect pad longer than the input, a reshape that does not divide: ``GROWTH``).
+  reflect pad longer than the input, a reshape that does not divide: ``GROWTH``), after
+  trying an image's free height and width at DEFAULT_DIM (``generate(image_sizes=False)``:
+  the PP-OCRv4 recognizer, free height declared, runs only below 96).
 - Floats: standard normal. Strings: short random words. Sequences: one element.
   Optionals: present.
 - Numbers that feed a position whose values must fit the model (a shape, axes, indices,
@@ -122,6 +124,7 @@ class InputPlan:
     how: dict[str, str]
     warnings: list[str] = field(default_factory=list)  # inputs that decide a branch
     free: bool = False  # some size was opfuse's choice (growing it may change the inputs)
+    images: bool = False  # some image input's free height and width got an image's size
     grown: str | None = None  # the sizes grown after onnxruntime refused the first ones
     refused: str | None = None  # onnxruntime's reason
 
@@ -432,10 +435,12 @@ def generate(
     proto: onnx.ModelProto | None,
     seed: int = 0,
     grow: int = 1,
+    image_sizes: bool = True,
 ) -> tuple[dict[str, object], InputPlan]:
     """Inputs for onnxruntime ``specs`` (NodeArgs); ``proto``: the model (its graph's
     uses of integer inputs, the element shapes of sequences, its metadata's image size);
-    ``grow``: the sizes opfuse chooses multiplied by it. Raises OpfuseError naming an
+    ``grow``: the sizes opfuse chooses multiplied by it; ``image_sizes=False``: an image's
+    free height and width are sized as any other free dim. Raises OpfuseError naming an
     input whose type it cannot make."""
     rng = np.random.default_rng(seed)
     dims = Dims(grow)
@@ -443,7 +448,7 @@ def generate(
     for spec in specs:
         if spec.name in given:
             dims.bind(spec.shape or [], given[spec.name])
-    images, image_note = _image_defaults(specs, given, proto)
+    images, image_note = _image_defaults(specs, given, proto) if image_sizes else ({}, "")
     for spec in specs:  # an image's height and width hold for the inputs sharing them
         if spec.name in images:
             dims.sizes(spec.shape, images[spec.name])
@@ -492,4 +497,4 @@ def generate(
             text += f" ({image_note})"
         feeds[name] = value
         how[name] = text
-    return feeds, InputPlan(how, warnings, free=dims.chosen)
+    return feeds, InputPlan(how, warnings, free=dims.chosen, images=bool(images))
