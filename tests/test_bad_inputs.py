@@ -91,6 +91,24 @@ def fails_checker(d: Path) -> list[str]:
     return ["optimize", str(write_model(d, model)), "-o", str(d / OUT)]
 
 
+def transpose_of_wrong_rank(d: Path) -> list[str]:
+    """Flatten's 2-D output transposed by a 3-D perm: onnx.checker passes it (no full
+    check), onnxruntime refuses it; the layout pass indexed the dims by the perm (exit 3)."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Flatten", ["x"], ["f"], axis=2),
+            helper.make_node("Transpose", ["f"], ["t"], perm=[0, 2, 1]),
+            helper.make_node("Reshape", ["t", "s"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8])],
+        [numpy_helper.from_array(np.array([1, 16, 8], np.int64), "s")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return ["optimize", str(write_model(d, model)), "-o", str(d / OUT)]
+
+
 def opset(version: int) -> Callable[[Path], list[str]]:
     def case(d: Path) -> list[str]:
         return ["optimize", str(write_model(d, small_model(version))), "-o", str(d / OUT)]
@@ -281,6 +299,7 @@ CASES = {
     "text file": Case(text_file, "not an ONNX model"),
     "truncated protobuf": Case(truncated, "not an ONNX model or truncated"),
     "fails onnx.checker": Case(fails_checker, "fails onnx.checker"),
+    "transpose of the wrong rank": Case(transpose_of_wrong_rank, "Invalid attribute perm"),
     "opset too new": Case(opset(99), "opset 99 is not supported"),
     "external data missing": Case(external("gone.bin"), "external data file 'gone.bin' is missing"),
     "external data short": Case(

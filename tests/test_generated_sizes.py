@@ -165,3 +165,146 @@ def _npz(tmp_path: Path, x: np.ndarray) -> Path:
     path = tmp_path / "x.npz"
     np.savez(path, x=x)
     return path
+
+
+def line_reader_model() -> onnx.ModelProto:
+    """A CRNN-like text-line reader: a convolution of height 32 collapses the free height
+    to 1, which Squeeze removes; it runs on heights 32 to 63 only (the PP-OCRv4 recognizer
+    runs below 96), never on an image's 224 nor on 224 grown."""
+    w = helper.make_tensor(
+        "w", TensorProto.FLOAT, [4, 3, 32, 1], np.linspace(-1, 1, 384, dtype=np.float32)
+    )
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [2])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], strides=[32, 1]),
+            helper.make_node("Squeeze", ["c", "axes"], ["s"]),
+            helper.make_node("Transpose", ["s"], ["t"], perm=[0, 2, 1]),
+            helper.make_node("Identity", ["t"], ["y"]),  # a pass fires: the model changes
+        ],
+        "reader",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "W", 4])],
+        [w, axes],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_an_image_model_refusing_224_runs_at_32(tmp_path):
+    """The image sizes onnxruntime refuses fall back to the free dims' 32 (issue 41's
+    third-party set: the PP-OCRv4 recognizer passed at 32x32 and failed at 224x224)."""
+    path = save(line_reader_model(), tmp_path / "rec.onnx")
+    report = compare_files(path, path)
+    assert report.ok and report.input_shapes == {"x": [1, 3, 32, 32]}
+    assert report.grown == "image height and width at 32: onnxruntime refused x[1,3,224,224]"
+    assert "SqueezeBase" in (report.refused or "")  # onnxruntime's reason is kept
+
+
+def test_an_image_model_refusing_224_and_32_still_grows(tmp_path):
+    """A reflect pad of 300 on the height and width: 224 and 32 are refused, 448 runs."""
+    pads = helper.make_tensor("pads", TensorProto.INT64, [8], [0, 0, 300, 300, 0, 0, 300, 300])
+    graph = helper.make_graph(
+        [helper.make_node("Pad", ["x", "pads"], ["y"], mode="reflect")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "H", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, None, None])],
+        [pads],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    path = save(model, tmp_path / "pad.onnx")
+    report = compare_files(path, path)
+    assert report.ok and report.input_shapes == {"x": [1, 3, 448, 448]}
+    assert report.grown == "free dims grown x2: onnxruntime refused x[1,3,224,224]"
+
+
+def test_an_image_model_running_at_224_keeps_it(tmp_path):
+    """The fallback is only for refused sizes: a model that runs at 224 is fed 224."""
+    path = save(relu_model(["N", 3, "H", "W"]), tmp_path / "m.onnx")
+    report = compare_files(path, path)
+    assert report.input_shapes == {"x": [1, 3, 224, 224]} and report.grown is None
+
+
+def test_optimize_of_a_line_reader_refusing_224_exits_0(tmp_path, monkeypatch, capsys):
+    """`opfuse optimize rec.onnx -o out.onnx` without options: verified at 32x32 and said
+    so; the written model agrees with the original at a real line's size (48x320)."""
+    path = save(line_reader_model(), tmp_path / "rec.onnx")
+    out = tmp_path / "out.onnx"
+    status, printed, err = run_command(["optimize", path, "-o", out], monkeypatch, capsys)
+    assert status == 0, err
+    text = " ".join(printed.split())
+    assert (
+        "verification: ok on inputs x[1,3,32,32] (generated, seed 0; image height and width "
+        "at 32: onnxruntime refused x[1,3,224,224]" in text
+    ), text
+    x = np.random.default_rng(1).standard_normal((1, 3, 48, 320)).astype(np.float32)
+    assert compare_files(path, out, inputs_npz=_npz(tmp_path, x)).ok
+
+
+def state_model() -> onnx.ModelProto:
+    """silero_vad.onnx's interface: an audio input [1, ?] behind a reflect pad of 40, and a
+    recurrent state [2, ?, 4] whose unnamed middle dim is the batch (here a Reshape to
+    [2, 4] stands for the LSTM that needs it to be 1): growing every free dim never runs."""
+    pads = helper.make_tensor("pads", TensorProto.INT64, [4], [0, 40, 0, 40])
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [2, 4])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Pad", ["x", "pads"], ["p"], mode="reflect"),
+            helper.make_node("Relu", ["p"], ["r"]),
+            helper.make_node("Identity", ["r"], ["y"]),  # a pass fires: the model changes
+            helper.make_node("Reshape", ["state", "shape"], ["h"]),
+            helper.make_node("Tanh", ["h"], ["new_state"]),
+        ],
+        "vad",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, ""]),
+            helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "", 4]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, None]),
+            helper.make_tensor_value_info("new_state", TensorProto.FLOAT, [2, 4]),
+        ],
+        [pads, shape],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_a_free_middle_dim_at_1_after_growing_fails(tmp_path):
+    """Grown alone, the state's middle dim grows with the audio; the last attempts keep it
+    at 1 (silero_vad.onnx, issue 41's acceptance model, ended in exit 2 on main)."""
+    path = save(state_model(), tmp_path / "vad.onnx")
+    report = compare_files(path, path)
+    assert report.ok and report.input_shapes == {"x": [1, 64], "state": [2, 1, 4]}
+    assert report.grown == (
+        "free dims grown x2, middle free dims at 1: onnxruntime refused x[1,32], state[2,32,4]"
+    )
+
+
+def test_a_middle_dim_stays_as_chosen_when_growing_runs(tmp_path):
+    """The middle dims keep their 32 where growing alone runs (a reshape dividing 3*32*k)."""
+    shape = helper.make_tensor("s", TensorProto.INT64, [2], [-1, 9])
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "s"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "M", "N"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["R", 9])],
+        [shape],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    report = compare_files(*(2 * [save(model, tmp_path / "m.onnx")]))
+    assert report.ok and report.input_shapes == {"x": [1, 96, 96]}
+
+
+def test_optimize_of_a_model_with_a_batch_in_its_state_exits_0(tmp_path, monkeypatch, capsys):
+    """`opfuse optimize` without options: verified, and the written model agrees with the
+    original at the sizes silero-vad runs on (512 samples, a state of batch 1)."""
+    path = save(state_model(), tmp_path / "vad.onnx")
+    out = tmp_path / "out.onnx"
+    status, printed, err = run_command(["optimize", path, "-o", out], monkeypatch, capsys)
+    assert status == 0, err
+    assert "middle free dims at 1" in " ".join(printed.split())
+    rng = np.random.default_rng(2)
+    npz = tmp_path / "real.npz"
+    np.savez(
+        npz, x=rng.standard_normal((1, 512), np.float32), state=np.zeros((2, 1, 4), np.float32)
+    )
+    assert compare_files(path, out, inputs_npz=npz).ok

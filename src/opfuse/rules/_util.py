@@ -39,11 +39,15 @@ def producer(value: ir.Value | None, *op_types: str) -> ir.Node | None:
 
 def perm_of(node: ir.Node, rank_: int | None = None) -> tuple[int, ...] | None:
     """A Transpose's permutation; without a ``perm`` attribute the reversed dims of
-    ``rank_`` (default: its input's rank), None when that rank is unknown."""
+    ``rank_`` (default: its input's rank), None when that rank is unknown, and None for a
+    ``perm`` that is not a permutation of a known rank (an invalid model, which
+    onnxruntime refuses with one line: no rule reads it)."""
     perm = attr(node, "perm")
-    if perm is not None:
-        return tuple(int(p) for p in perm)
     n = rank(node.inputs[0]) if rank_ is None else rank_
+    if perm is not None:
+        found = tuple(int(p) for p in perm)
+        valid = sorted(found) == list(range(len(found))) and n in (None, len(found))
+        return found if valid else None
     return None if n is None else tuple(reversed(range(n)))
 
 

@@ -20,7 +20,7 @@ from opfuse.model.graphs import INPUT_PERMUTATION_KEY
 from opfuse.model.sessions import open_session
 from opfuse.verification import inputs as verify_inputs
 from opfuse.verification import tolerance
-from opfuse.verification.inputs import InputPlan
+from opfuse.verification.inputs import InputPlan, Sizing
 
 ORT_DTYPES = {f"tensor({k})": v for k, v in verify_inputs.ORT_DTYPES.items() if k != "string"}
 
@@ -125,10 +125,10 @@ def make_inputs_and_plan(
     inputs_npz: str | os.PathLike[str] | None = None,
     seed: int = 0,
     model: str | os.PathLike[str] | onnx.ModelProto | None = None,
-    grow: int = 1,
+    sizing: Sizing = verify_inputs.FIRST_SIZING,
 ) -> tuple[dict[str, np.ndarray], InputPlan | None]:
-    """make_inputs and how each input was generated (None for an ``.npz``); ``grow``: the
-    sizes opfuse chooses multiplied by it (``verification.inputs.generate``)."""
+    """make_inputs and how each input was generated (None for an ``.npz``); ``sizing``:
+    how the sizes opfuse chooses are chosen (``verification.inputs.generate``)."""
     specs = sess.get_inputs()
     names = [i.name for i in specs]
     for name in input_shapes or {}:
@@ -142,7 +142,7 @@ def make_inputs_and_plan(
     if inputs_npz is not None:
         return _load_npz(inputs_npz, specs), None
     proto = None if model is None else _proto(model)
-    feeds, plan = verify_inputs.generate(specs, input_shapes, proto, seed, grow)
+    feeds, plan = verify_inputs.generate(specs, input_shapes, proto, seed, sizing)
     return cast(dict[str, np.ndarray], feeds), plan  # a sequence input is a list of arrays
 
 
@@ -151,8 +151,8 @@ def make_inputs_and_plan(
 # exceeds MAX_GROWN_ELEMENTS
 GROWTH = (2, 3, 4, 8, 15, 16)
 MAX_GROWN_ELEMENTS = 1 << 24
-# (model file, shapes, seed) -> the factor that ran, and the note saying why
-_GROWN: dict[tuple[object, ...], tuple[int, str, str]] = {}
+# (model file, shapes, seed) -> the sizing that ran, the note saying why, the refusal
+_GROWN: dict[tuple[object, ...], tuple[Sizing, str, str]] = {}
 
 
 @dataclass(frozen=True)
@@ -229,19 +229,19 @@ def runnable_inputs(
 ) -> tuple[dict[str, np.ndarray], InputPlan | None, list[np.ndarray]]:
     """``make_inputs_and_plan``, run once on ``sess``: the feeds, how they were made and the
     outputs. Generated inputs onnxruntime refuses (a reflect pad longer than the input, a
-    reshape that does not divide) are made again with the sizes opfuse chose grown by each
-    factor of GROWTH in turn before the refusal is raised (``optimize``'s one-line error
-    naming ``shown_as``, ending in ``hint``, by default GENERATED_HINT for generated
-    inputs). The factor that ran is remembered for the file (tune's variants and the
-    bisection verify against it again)."""
+    reshape that does not divide, a height an image model cannot take) are made again
+    (``_attempts``) before the refusal is raised (``optimize``'s one-line error naming
+    ``shown_as``, ending in ``hint``, by default GENERATED_HINT for generated inputs). The
+    attempt that ran is remembered for the file (tune's variants and the bisection verify
+    against it again)."""
     feeds, plan = make_inputs_and_plan(sess, input_shapes, inputs_npz, seed, model)
     name = shown_as or (model if not isinstance(model, onnx.ModelProto | None) else "the model")
     if plan is None:
         return feeds, None, run_model(sess, feeds, name, "" if hint is None else hint)
     key = _growth_key(model, input_shapes, seed)
     if key is not None and key in _GROWN:
-        factor, note, reason = _GROWN[key]
-        grown, grown_plan = make_inputs_and_plan(sess, input_shapes, None, seed, model, factor)
+        sizing, note, reason = _GROWN[key]
+        grown, grown_plan = make_inputs_and_plan(sess, input_shapes, None, seed, model, sizing)
         outputs, _ = _try_run(sess, grown)
         if outputs is not None and grown_plan is not None:
             grown_plan.grown, grown_plan.refused = note, reason
@@ -250,18 +250,32 @@ def runnable_inputs(
     outputs, refused = _try_run(sess, feeds)
     if outputs is not None:
         return feeds, plan, outputs
-    for factor in GROWTH if plan.free else ():
-        grown, grown_plan = make_inputs_and_plan(sess, input_shapes, None, seed, model, factor)
+    for sizing in _attempts(plan):
+        grown, grown_plan = make_inputs_and_plan(sess, input_shapes, None, seed, model, sizing)
         if grown_plan is None or any(np.size(v) > MAX_GROWN_ELEMENTS for v in grown.values()):
-            break
+            continue
         outputs, _ = _try_run(sess, grown)
         if outputs is not None:
-            grown_plan.grown = f"free dims grown x{factor}: onnxruntime refused {_shapes_of(feeds)}"
+            grown_plan.grown = f"{sizing.text()}: onnxruntime refused {_shapes_of(feeds)}"
             grown_plan.refused = _reason(refused or "")
             if key is not None:
-                _GROWN[key] = (factor, grown_plan.grown, grown_plan.refused)
+                _GROWN[key] = (sizing, grown_plan.grown, grown_plan.refused)
             return grown, grown_plan, outputs
     raise _cannot_run(name, feeds, refused or "", GENERATED_HINT if hint is None else hint)
+
+
+def _attempts(plan: InputPlan) -> list[Sizing]:
+    """The sizings tried in turn after onnxruntime refused the first generated inputs: an
+    image's free height and width at DEFAULT_DIM (a model that runs only at small heights,
+    such as the PP-OCRv4 recognizer below 96, which passed at that size before images got
+    theirs; a cheap run where a larger one is not), the sizes opfuse chose grown by each
+    factor of GROWTH, then the same with a free middle dim at 1 (silero_vad.onnx: its
+    state [2, ?, 128] holds the batch, and its input must be 192 long)."""
+    if not plan.free:
+        return []
+    images = [Sizing(image_sizes=False)] if plan.images else []
+    middle = [Sizing(f, middle_ones=True) for f in (1, *GROWTH)] if plan.middle else []
+    return images + [Sizing(f) for f in GROWTH] + middle
 
 
 def _growth_key(

@@ -6,9 +6,12 @@ input saying how it was made.
   a free dim is 1 on the first axis and 32 elsewhere, but the free height and width of an
   image (a 4-D float input with 1 or 3 channels, NCHW or NHWC) get a size images have:
   224, or the size the model's metadata gives (``imgsz``, ``image_size``...).
-- Growth: ``generate(grow=k)`` multiplies every size opfuse chose (not the batch, not a
-  size given) by ``k``; the verifier grows them when onnxruntime refuses the inputs (a
-  reflect pad longer than the input, a reshape that does not divide: ``GROWTH``).
+- Other sizes (``Sizing``): when onnxruntime refuses the inputs, the verifier tries an
+  image's free height and width at DEFAULT_DIM (the PP-OCRv4 recognizer, free height
+  declared, runs only below 96), then every size opfuse chose (not the batch, not a size
+  given) grown (a reflect pad longer than the input, a reshape that does not divide:
+  ``GROWTH``), then grown with a free middle dim at 1 (silero-vad's state [2, ?, 128],
+  whose unnamed dim is the batch).
 - Floats: standard normal. Strings: short random words. Sequences: one element.
   Optionals: present.
 - Numbers that feed a position whose values must fit the model (a shape, axes, indices,
@@ -122,6 +125,8 @@ class InputPlan:
     how: dict[str, str]
     warnings: list[str] = field(default_factory=list)  # inputs that decide a branch
     free: bool = False  # some size was opfuse's choice (growing it may change the inputs)
+    images: bool = False  # some image input's free height and width got an image's size
+    middle: bool = False  # some other input has a free dim neither first nor last
     grown: str | None = None  # the sizes grown after onnxruntime refused the first ones
     refused: str | None = None  # onnxruntime's reason
 
@@ -324,14 +329,37 @@ def image_size(proto: onnx.ModelProto | None) -> tuple[tuple[int, int], str] | N
     return None
 
 
+@dataclass(frozen=True)
+class Sizing:
+    """How ``generate`` sizes the dims opfuse chooses: ``grow`` multiplies them (not the
+    first axis's); ``image_sizes``: an image's free height and width get an image's size
+    (else DEFAULT_DIM); ``middle_ones``: a free dim neither first nor last of any other
+    input is 1, never grown (the batch of a recurrent state [layers, batch, hidden] whose
+    dim has no name to share with the input's batch)."""
+
+    grow: int = 1
+    image_sizes: bool = True
+    middle_ones: bool = False
+
+    def text(self) -> str:
+        """What differs from the first sizes: ``free dims grown x8, middle free dims at 1``."""
+        parts = [] if self.image_sizes else [f"image height and width at {DEFAULT_DIM}"]
+        parts += [f"free dims grown x{self.grow}"] if self.grow != 1 else []
+        return ", ".join(parts + (["middle free dims at 1"] if self.middle_ones else []))
+
+
+FIRST_SIZING = Sizing()  # the sizes tried first
+
+
 class Dims:
     """Sizes for declared dims: a symbol keeps the first size it gets; the sizes opfuse
-    chooses (not the first axis's) are multiplied by ``grow``."""
+    chooses as ``sizing`` says."""
 
-    def __init__(self, grow: int = 1) -> None:
+    def __init__(self, sizing: Sizing = FIRST_SIZING) -> None:
         self.symbols: dict[str, int] = {}
-        self.grow = grow
+        self.sizing = sizing
         self.chosen = False  # some non-batch size was chosen here, not given
+        self.middle = False  # some free dim neither first nor last, outside an image
 
     def bind(self, declared: Sequence[object], given: Sequence[int]) -> None:
         for d, g in zip(declared, given, strict=False):
@@ -350,8 +378,12 @@ class Dims:
                 shape.append(d)
                 continue
             default = DEFAULT_BATCH if i == 0 else (defaults or {}).get(i, DEFAULT_DIM)
-            if i > 0:
-                default *= self.grow
+            middle = not defaults and 0 < i < len(declared or []) - 1
+            self.middle = self.middle or middle
+            if middle and self.sizing.middle_ones:
+                default = 1
+            elif i > 0:
+                default *= self.sizing.grow
             if isinstance(d, str) and d:
                 if d not in self.symbols and i > 0:
                     self.chosen = True
@@ -431,19 +463,19 @@ def generate(
     input_shapes: Mapping[str, list[int]] | None,
     proto: onnx.ModelProto | None,
     seed: int = 0,
-    grow: int = 1,
+    sizing: Sizing = FIRST_SIZING,
 ) -> tuple[dict[str, object], InputPlan]:
     """Inputs for onnxruntime ``specs`` (NodeArgs); ``proto``: the model (its graph's
     uses of integer inputs, the element shapes of sequences, its metadata's image size);
-    ``grow``: the sizes opfuse chooses multiplied by it. Raises OpfuseError naming an
+    ``sizing``: how the sizes opfuse chooses are chosen. Raises OpfuseError naming an
     input whose type it cannot make."""
     rng = np.random.default_rng(seed)
-    dims = Dims(grow)
+    dims = Dims(sizing)
     given = input_shapes or {}
     for spec in specs:
         if spec.name in given:
             dims.bind(spec.shape or [], given[spec.name])
-    images, image_note = _image_defaults(specs, given, proto)
+    images, image_note = _image_defaults(specs, given, proto) if sizing.image_sizes else ({}, "")
     for spec in specs:  # an image's height and width hold for the inputs sharing them
         if spec.name in images:
             dims.sizes(spec.shape, images[spec.name])
@@ -492,4 +524,4 @@ def generate(
             text += f" ({image_note})"
         feeds[name] = value
         how[name] = text
-    return feeds, InputPlan(how, warnings, free=dims.chosen)
+    return feeds, InputPlan(how, warnings, dims.chosen, bool(images), dims.middle)
