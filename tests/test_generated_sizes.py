@@ -167,17 +167,20 @@ def _npz(tmp_path: Path, x: np.ndarray) -> Path:
     return path
 
 
-def line_reader_model() -> onnx.ModelProto:
-    """A CRNN-like text-line reader: a convolution of height 32 collapses the free height
-    to 1, which Squeeze removes; it runs on heights 32 to 63 only (the PP-OCRv4 recognizer
-    runs below 96), never on an image's 224 nor on 224 grown."""
+def line_reader_model(height: int = 32) -> onnx.ModelProto:
+    """A CRNN-like text-line reader: a convolution of ``height`` collapses the free height
+    to 1, which Squeeze removes; it runs on heights ``height`` to 2 x ``height`` - 1 only
+    (the PP-OCRv4 recognizer runs below 96), never on an image's 224 nor on 224 grown."""
     w = helper.make_tensor(
-        "w", TensorProto.FLOAT, [4, 3, 32, 1], np.linspace(-1, 1, 384, dtype=np.float32)
+        "w",
+        TensorProto.FLOAT,
+        [4, 3, height, 1],
+        np.linspace(-1, 1, 12 * height, dtype=np.float32),
     )
     axes = helper.make_tensor("axes", TensorProto.INT64, [1], [2])
     graph = helper.make_graph(
         [
-            helper.make_node("Conv", ["x", "w"], ["c"], strides=[32, 1]),
+            helper.make_node("Conv", ["x", "w"], ["c"], strides=[height, 1]),
             helper.make_node("Squeeze", ["c", "axes"], ["s"]),
             helper.make_node("Transpose", ["s"], ["t"], perm=[0, 2, 1]),
             helper.make_node("Identity", ["t"], ["y"]),  # a pass fires: the model changes
@@ -190,14 +193,21 @@ def line_reader_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
-def test_an_image_model_refusing_224_runs_at_32(tmp_path):
-    """The image sizes onnxruntime refuses fall back to the free dims' 32 (issue 41's
-    third-party set: the PP-OCRv4 recognizer passed at 32x32 and failed at 224x224)."""
+def test_an_image_model_refusing_224_runs_at_a_text_lines_size(tmp_path):
+    """The image sizes onnxruntime refuses fall back to a text line's 48x320 (issue 41's
+    third-party set: the PP-OCRv4 recognizer passed at 32x32 and failed at 224x224; it
+    reads lines of 48x320), then to the free dims' 32."""
     path = save(line_reader_model(), tmp_path / "rec.onnx")
     report = compare_files(path, path)
+    assert report.ok and report.input_shapes == {"x": [1, 3, 48, 320]}
+    assert report.grown == (
+        "image height and width at a text line's 48x320: onnxruntime refused x[1,3,224,224]"
+    )
+    assert "SqueezeBase" in (report.refused or "")  # onnxruntime's reason is kept
+    low = save(line_reader_model(height=24), tmp_path / "low.onnx")  # heights 24 to 47
+    report = compare_files(low, low)
     assert report.ok and report.input_shapes == {"x": [1, 3, 32, 32]}
     assert report.grown == "image height and width at 32: onnxruntime refused x[1,3,224,224]"
-    assert "SqueezeBase" in (report.refused or "")  # onnxruntime's reason is kept
 
 
 def test_an_image_model_refusing_224_and_32_still_grows(tmp_path):
@@ -225,18 +235,18 @@ def test_an_image_model_running_at_224_keeps_it(tmp_path):
 
 
 def test_optimize_of_a_line_reader_refusing_224_exits_0(tmp_path, monkeypatch, capsys):
-    """`opfuse optimize rec.onnx -o out.onnx` without options: verified at 32x32 and said
-    so; the written model agrees with the original at a real line's size (48x320)."""
+    """`opfuse optimize rec.onnx -o out.onnx` without options: verified at a text line's
+    48x320 and said so; the written model agrees with the original at another line size."""
     path = save(line_reader_model(), tmp_path / "rec.onnx")
     out = tmp_path / "out.onnx"
     status, printed, err = run_command(["optimize", path, "-o", out], monkeypatch, capsys)
     assert status == 0, err
     text = " ".join(printed.split())
     assert (
-        "verification: ok on inputs x[1,3,32,32] (generated, seed 0; image height and width "
-        "at 32: onnxruntime refused x[1,3,224,224]" in text
+        "verification: ok on inputs x[1,3,48,320] (generated, seed 0; image height and width "
+        "at a text line's 48x320: onnxruntime refused x[1,3,224,224]" in text
     ), text
-    x = np.random.default_rng(1).standard_normal((1, 3, 48, 320)).astype(np.float32)
+    x = np.random.default_rng(1).standard_normal((1, 3, 40, 200)).astype(np.float32)
     assert compare_files(path, out, inputs_npz=_npz(tmp_path, x)).ok
 
 

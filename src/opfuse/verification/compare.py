@@ -266,14 +266,15 @@ def runnable_inputs(
 
 def _attempts(plan: InputPlan) -> list[Sizing]:
     """The sizings tried in turn after onnxruntime refused the first generated inputs: an
-    image's free height and width at DEFAULT_DIM (a model that runs only at small heights,
-    such as the PP-OCRv4 recognizer below 96, which passed at that size before images got
-    theirs; a cheap run where a larger one is not), the sizes opfuse chose grown by each
+    image's free height and width at a text line's LINE_DIMS, then at DEFAULT_DIM (a model
+    that runs only at small heights, such as the PP-OCRv4 recognizer below 96, which passed
+    at 32 before images got 224, and is timed at its real size at 48x320; a cheap run where
+    a larger one is not), the sizes opfuse chose grown by each
     factor of GROWTH, then the same with a free middle dim at 1 (silero_vad.onnx: its
     state [2, ?, 128] holds the batch, and its input must be 192 long)."""
     if not plan.free:
         return []
-    images = [Sizing(image_sizes=False)] if plan.images else []
+    images = [Sizing(text_line=True), Sizing(image_sizes=False)] if plan.images else []
     middle = [Sizing(f, middle_ones=True) for f in (1, *GROWTH)] if plan.middle else []
     return images + [Sizing(f) for f in GROWTH] + middle
 

@@ -7,8 +7,8 @@ input saying how it was made.
   image (a 4-D float input with 1 or 3 channels, NCHW or NHWC) get a size images have:
   224, or the size the model's metadata gives (``imgsz``, ``image_size``...).
 - Other sizes (``Sizing``): when onnxruntime refuses the inputs, the verifier tries an
-  image's free height and width at DEFAULT_DIM (the PP-OCRv4 recognizer, free height
-  declared, runs only below 96), then every size opfuse chose (not the batch, not a size
+  image's free height and width at a text line's LINE_DIMS, then at DEFAULT_DIM (the
+  PP-OCRv4 recognizer, free height declared, runs only below 96), then every size opfuse chose (not the batch, not a size
   given) grown (a reflect pad longer than the input, a reshape that does not divide:
   ``GROWTH``), then grown with a free middle dim at 1 (silero-vad's state [2, ?, 128],
   whose unnamed dim is the batch).
@@ -41,6 +41,9 @@ T = TypeVar("T")
 DEFAULT_BATCH = 1
 DEFAULT_DIM = 32  # sequence length and other symbolic dims
 IMAGE_DIM = 224  # the free height and width of an image input
+# ... of an image input onnxruntime refuses at IMAGE_DIM, tried next: a text line's, as
+# PP-OCR's recognizers take it (the PP-OCRv4 recognizer runs only below a height of 96)
+LINE_DIMS = (48, 320)
 IMAGE_CHANNELS = (1, 3)
 # metadata keys that give an image model's input size (ultralytics writes imgsz "[640, 640]")
 _IMAGE_SIZE_KEY = re.compile(r"(img|image|input)_?(size|sz|shape)", re.IGNORECASE)
@@ -340,10 +343,13 @@ class Sizing:
     grow: int = 1
     image_sizes: bool = True
     middle_ones: bool = False
+    text_line: bool = False  # an image's free height and width at LINE_DIMS
 
     def text(self) -> str:
         """What differs from the first sizes: ``free dims grown x8, middle free dims at 1``."""
+        height, width = LINE_DIMS
         parts = [] if self.image_sizes else [f"image height and width at {DEFAULT_DIM}"]
+        parts += [f"image height and width at a text line's {height}x{width}"] * self.text_line
         parts += [f"free dims grown x{self.grow}"] if self.grow != 1 else []
         return ", ".join(parts + (["middle free dims at 1"] if self.middle_ones else []))
 
@@ -440,13 +446,18 @@ class InputSpec(Protocol):
 
 
 def _image_defaults(
-    specs: Sequence[InputSpec], given: Mapping[str, list[int]], proto: onnx.ModelProto | None
+    specs: Sequence[InputSpec],
+    given: Mapping[str, list[int]],
+    proto: onnx.ModelProto | None,
+    text_line: bool = False,
 ) -> tuple[dict[str, dict[int, int]], str]:
     """The height and width each image input's free dims get, by input name, and how that
-    size was chosen (said in the plan)."""
+    size was chosen (said in the plan); ``text_line``: a text line's (LINE_DIMS)."""
     from_metadata = image_size(proto)
     (height, width), why = (
-        (from_metadata[0], f"the model's metadata {from_metadata[1]!r}")
+        (LINE_DIMS, "a text line's size")
+        if text_line
+        else (from_metadata[0], f"the model's metadata {from_metadata[1]!r}")
         if from_metadata is not None
         else ((IMAGE_DIM, IMAGE_DIM), "a size images have")
     )
@@ -475,7 +486,9 @@ def generate(
     for spec in specs:
         if spec.name in given:
             dims.bind(spec.shape or [], given[spec.name])
-    images, image_note = _image_defaults(specs, given, proto) if sizing.image_sizes else ({}, "")
+    images, image_note = (
+        _image_defaults(specs, given, proto, sizing.text_line) if sizing.image_sizes else ({}, "")
+    )
     for spec in specs:  # an image's height and width hold for the inputs sharing them
         if spec.name in images:
             dims.sizes(spec.shape, images[spec.name])
