@@ -80,11 +80,18 @@ def candidates(
     ev: Evaluator, gate: Gate, restored: Restoration, recipes_to_try: list[tuple[str, ...]]
 ) -> list[Restoration]:
     """Each recipe built on every calibration sample with the parts the restorer kept in
-    float, kept where its figures on the held-back samples pass the gate."""
+    float, kept where its figures on the held-back samples pass the gate and its graph is
+    not one already there (the chosen model's, another candidate's)."""
     in_float = list(dict.fromkeys(n for k in restored.kept for n in k.in_float))
-    out = []
+    out: list[Restoration] = []
+    seen = {restored.model.graph.SerializeToString()}
     for recipe in recipes_to_try:
         model = ev.final(in_float, recipe)
+        graph = model.graph.SerializeToString()
+        if graph in seen:  # float-requant where nothing is requantized, say
+            ev.ws.say(f"recipe {recipe_name(recipe)} makes the same model: not timed")
+            continue
+        seen.add(graph)
         figures = ev.on_held(model)
         missed = gate.misses(figures)
         ev.ws.say(
@@ -129,7 +136,8 @@ def choose(speed: Measurement, chosen: Sequence[str], others: dict[str, tuple[st
             INT8,
             speed,
             f"recipe{'' if one else 's'} {names} also pass{'es' if one else ''} the gate; "
-            f"the fastest, {figures}: not faster beyond the noise, the most accurate kept",
+            f"{'' if one else 'the faster of them, '}{figures}: not faster beyond the noise, "
+            "the most accurate kept",
         )
     swapped = {
         label(chosen) if k == INT8 else INT8 if k == fastest else k: v
