@@ -25,11 +25,14 @@ calibrate, HELD_OUT to judge.
 Tools: ``float``; ``opfuse-dynamic`` / ``opfuse-int4``: ``python -m opfuse quantize MODEL
 -o OUT --calibration C.npz --eval E.npz --recipe minmax,dynamic`` / ``--recipe int4``
 (``--max-drop off --write-slower --no-benchmark``: a model for the table whatever the
-gate); ``int4-sym`` / ``int4-asym`` / ``int4-kquant``: onnxruntime's MatMulNBitsQuantizer
+gate); ``opfuse-int4-float-head``: ``--recipe int4 --exclude logits`` (the output head,
+tied to the token table, kept float, as llama.cpp keeps it at 8 bits); ``int4-sym`` / ``int4-asym`` / ``int4-kquant``: onnxruntime's MatMulNBitsQuantizer
 in blocks of 32, symmetric (opfuse's int4 without its fusion) / asymmetric round-to-nearest
 / its k-quant (data-free); ``int4-sym-level0``: symmetric with accuracy_level 0 (float
 dot products on the dequantized weights, no int8 activations); ``int4-gptq``: its GPTQ
-(data-aware, needs torch: run where torch is installed, else a note).
+(data-aware, needs torch: run where torch is installed, else a note); ``int8-weights``:
+MatMulNBits at 8 bits (weight-only int8, symmetric, blocks of 32: the control that says
+how much of int4's loss is the 4th bit).
 
 Figures on the held-out windows against the float model: next-token agreement (the share of
 positions whose argmax is the float model's), the perplexity of the text under each model
@@ -60,11 +63,13 @@ TOOLS = (
     "float",
     "opfuse-dynamic",
     "opfuse-int4",
+    "opfuse-int4-float-head",
     "int4-sym",
     "int4-sym-level0",
     "int4-asym",
     "int4-kquant",
     "int4-gptq",
+    "int8-weights",
 )
 
 
@@ -151,7 +156,9 @@ def save_samples(samples: list[dict[str, np.ndarray]], path: Path) -> Path:
     return path
 
 
-def opfuse_quantize(recipe: str, src: Path, out: Path, work: Path, data: dict[str, Any]) -> str:
+def opfuse_quantize(
+    recipe: str, src: Path, out: Path, work: Path, data: dict[str, Any], more: list[str]
+) -> str:
     cal = save_samples(data["cal"], work / "cal.npz")
     held = save_samples(data["held"][:8], work / "eval.npz")
     cmd = [
@@ -174,6 +181,7 @@ def opfuse_quantize(recipe: str, src: Path, out: Path, work: Path, data: dict[st
         "--no-benchmark",
         "--report",
         str(out.with_suffix(".json")),
+        *more,
     ]
     run = subprocess.run(
         cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -191,10 +199,12 @@ def ort_int4(method: str, src: Path, out: Path, data: dict[str, Any]) -> str:
     from onnxruntime.quantization import matmul_nbits_quantizer as nb
 
     level = 0 if method.endswith("-level0") else 4
+    bits = 8 if method == "weights" else 4
+    method = "sym" if method == "weights" else method
     method = method.removesuffix("-level0")
     if method in ("sym", "asym"):
         config: Any = nb.DefaultWeightOnlyQuantConfig(
-            block_size=32, is_symmetric=method == "sym", accuracy_level=level, bits=4
+            block_size=32, is_symmetric=method == "sym", accuracy_level=level, bits=bits
         )
     elif method == "kquant":
         config = nb.KQuantWeightOnlyQuantConfig()
@@ -209,7 +219,7 @@ def ort_int4(method: str, src: Path, out: Path, data: dict[str, Any]) -> str:
     )
     quantizer.process()
     onnx.save(quantizer.model.model, str(out))
-    return f"onnxruntime MatMulNBitsQuantizer {method}, block 32, accuracy_level {level}"
+    return f"onnxruntime MatMulNBitsQuantizer {bits}-bit {method}, block 32, accuracy_level {level}"
 
 
 class _Reader:
@@ -232,10 +242,13 @@ def quantize(tool: str, data: dict[str, Any], work: Path) -> tuple[Path, str]:
     if tool == "float":
         return src, "the float model"
     out = work / "models" / f"{tool}.onnx"
+    if out.exists() and out.stat().st_mtime > src.stat().st_mtime:  # made by an earlier run
+        return out, f"{out.name}, made by an earlier run"
     if tool.startswith("opfuse-"):
-        recipe = {"opfuse-dynamic": "minmax,dynamic", "opfuse-int4": "int4"}[tool]
-        return out, opfuse_quantize(recipe, src, out, work, data)
-    return out, ort_int4(tool.removeprefix("int4-"), src, out, data)
+        recipe = "minmax,dynamic" if tool == "opfuse-dynamic" else "int4"
+        more = ["--exclude", "logits"] if tool.endswith("-float-head") else []
+        return out, opfuse_quantize(recipe, src, out, work, data, more)
+    return out, ort_int4(tool.split("-", 1)[1], src, out, data)
 
 
 def accuracy(path: Path, data: dict[str, Any], ref: list[np.ndarray] | None) -> dict[str, Any]:
