@@ -21,6 +21,7 @@ from opfuse.quantization import model_kind as mk
 from opfuse.quantization.accuracy import compare_outputs
 from opfuse.quantization.conductor import quantize_file
 from opfuse.quantization.gate import Gate
+from opfuse.quantization.steps import decoder_signs
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS, D, VOCAB = 2, 64, 300
@@ -80,12 +81,15 @@ def test_the_kind_is_read_from_the_graph():
     assert past.kind == mk.DECODER_PAST and past.logits == ("logits",)
     assert "past_key_values.0.key" in past.signs and "present.0.key" in past.signs
     assert plain.kind == mk.DECODER and "Trilu" in plain.signs and plain.logits == ("logits",)
+    # --recipe auto tries int4 on both kinds of decoder (recipes._Search.decoder)
+    assert decoder_signs(_decoder(False)).startswith("a decoder without past: input_ids")
     no_causal = _decoder(False)
     trilu = next(n for n in no_causal.graph.node if n.op_type == "Trilu")
     trilu.op_type = "Identity"
     del trilu.input[1:]
     del trilu.attribute[:]
     assert mk.model_kind(no_causal).kind == mk.ENCODER
+    assert decoder_signs(no_causal) == ""
     vit, cnn = _vit_and_cnn()
     assert mk.model_kind(vit).kind == mk.VIT
     assert mk.model_kind(cnn).kind == mk.CNN
