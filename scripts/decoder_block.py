@@ -18,6 +18,7 @@ over a past of --past.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,9 @@ from onnx import helper as h
 from onnx import numpy_helper
 
 
-def build(layers: int, d: int, vocab: int, seed: int = 0) -> onnx.ModelProto:
+def build(layers: int, d: int, vocab: int, seed: int = 0, past: bool = True) -> onnx.ModelProto:
+    """``past``: with the key/value cache (inputs past_key_values.*, outputs present.*);
+    without, the keys and values of the tokens given only (a decoder without past)."""
     rng = np.random.default_rng(seed)
     inits: list[onnx.TensorProto] = []
 
@@ -58,7 +61,8 @@ def build(layers: int, d: int, vocab: int, seed: int = 0) -> onnx.ModelProto:
     mask = node("Cast", ["attention_mask"], "mask_f", to=T.FLOAT)
     mask = node("Sub", ["one", mask], "mask_inv")
     mask = node("Mul", [mask, "big"], "mask_bias0")
-    mask = node("Unsqueeze", [mask, "axis1"], "mask_bias")
+    mask = node("Unsqueeze", [mask, "axis1"], "mask_bias_padding")
+    mask = node("Add", [mask, causal(node)], "mask_bias")
     inputs = [
         h.make_tensor_value_info("input_ids", T.INT64, [1, "T"]),
         h.make_tensor_value_info("attention_mask", T.INT64, [1, "S"]),
@@ -70,8 +74,10 @@ def build(layers: int, d: int, vocab: int, seed: int = 0) -> onnx.ModelProto:
         q = node("MatMul", [a, weight(f"{p}.q", d, d)], f"{p}.q_proj")
         k = node("MatMul", [a, weight(f"{p}.k", d, d)], f"{p}.k_proj")
         v = node("MatMul", [a, weight(f"{p}.v", d, d)], f"{p}.v_proj")
-        keys = node("Concat", [f"past_key_values.{i}.key", k], f"present.{i}.key", axis=1)
-        values = node("Concat", [f"past_key_values.{i}.value", v], f"present.{i}.value", axis=1)
+        keys, values = k, v
+        if past:
+            keys = node("Concat", [f"past_key_values.{i}.key", k], f"present.{i}.key", axis=1)
+            values = node("Concat", [f"past_key_values.{i}.value", v], f"present.{i}.value", axis=1)
         kt = node("Transpose", [keys], f"{p}.kt", perm=[0, 2, 1])
         s = node("MatMul", [q, kt], f"{p}.qk")
         s = node("Mul", [s, "scale"], f"{p}.scaled")
@@ -85,7 +91,7 @@ def build(layers: int, d: int, vocab: int, seed: int = 0) -> onnx.ModelProto:
         m = node("Relu", [m], f"{p}.act")
         m = node("MatMul", [m, weight(f"{p}.fc2", 4 * d, d)], f"{p}.fc2_mm")
         x = node("Add", [x, m], f"{p}.residual2")
-        for kind in ("key", "value"):
+        for kind in ("key", "value") if past else ():
             inputs.append(
                 h.make_tensor_value_info(f"past_key_values.{i}.{kind}", T.FLOAT, [1, "P", d])
             )
@@ -96,18 +102,37 @@ def build(layers: int, d: int, vocab: int, seed: int = 0) -> onnx.ModelProto:
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
 
 
+def causal(node: Callable[..., str]) -> str:
+    """The causal mask's bias [T, S]: 0 where new token i may attend to position j (j <=
+    S - T + i: the past and the new tokens up to itself), -1e4 elsewhere (a Trilu)."""
+    ids = node("Shape", ["input_ids"], "ids_shape")
+    seen = node("Shape", ["attention_mask"], "mask_shape")
+    t = node("Gather", [ids, "axis1"], "new_tokens")
+    s = node("Gather", [seen, "axis1"], "all_tokens")
+    shape = node("Concat", [t, s], "causal_shape", axis=0)
+    ones = node(
+        "ConstantOfShape", [shape], "causal_ones", value=h.make_tensor("v", T.FLOAT, [1], [1.0])
+    )
+    offset = node("Sub", [s, t], "causal_offset")
+    offset = node("Squeeze", [offset], "causal_k")
+    allowed = node("Trilu", [ones, offset], "causal_allowed", upper=0)
+    blocked = node("Sub", ["one", allowed], "causal_blocked")
+    return node("Mul", [blocked, "big"], "causal_bias")
+
+
 def samples(
-    layers: int, d: int, vocab: int, past: int, count: int, new: int = 1
+    layers: int, d: int, vocab: int, past: int, count: int, new: int = 1, cache: bool = True
 ) -> dict[str, np.ndarray]:
     """``count`` decoding steps (``new`` tokens each: 1, one generated token; more, a
-    prompt's prefill) stacked on the first axis."""
+    prompt's prefill) stacked on the first axis; ``cache``: with past keys and values (of
+    ``past`` tokens; without, ``past`` must be 0)."""
     rng = np.random.default_rng(1)
     feeds: dict[str, np.ndarray] = {
         "input_ids": rng.integers(0, vocab, (count, new)).astype(np.int64),
         "attention_mask": np.ones((count, past + new), np.int64),
     }
     for i in range(layers):
-        for kind in ("key", "value"):
+        for kind in ("key", "value") if cache else ():
             feeds[f"past_key_values.{i}.{kind}"] = rng.normal(0, 1, (count, past, d)).astype(
                 np.float32
             )
@@ -123,11 +148,14 @@ def main() -> None:
     parser.add_argument("--past", type=int, default=127)
     parser.add_argument("--new", type=int, default=1, help="new tokens a step (1: decoding)")
     parser.add_argument("--samples", type=int, default=24)
+    parser.add_argument("--no-past", action="store_true", help="no key/value cache")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    model = build(args.layers, args.hidden, args.vocab)
+    model = build(args.layers, args.hidden, args.vocab, past=not args.no_past)
     onnx.save(model, str(args.out / "decoder.onnx"))
-    feeds = samples(args.layers, args.hidden, args.vocab, args.past, args.samples, args.new)
+    past = 0 if args.no_past else args.past
+    cache = not args.no_past
+    feeds = samples(args.layers, args.hidden, args.vocab, past, args.samples, args.new, cache)
     np.savez(args.out / "samples.npz", **feeds)  # type: ignore[arg-type]
     print(f"{args.out / 'decoder.onnx'}, {args.out / 'samples.npz'}")
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import onnx
 
+from opfuse.quantization.model_kind import mask_input, model_kind
+
 
 @dataclass(frozen=True)
 class OutputAccuracy:
@@ -49,6 +51,14 @@ class OutputAccuracy:
     task: float | None = None
     task_float: float | None = None
     task_name: str = ""
+    # a decoder's logits ([N, T, V] over the vocabulary, ``model_kind``): top-1 per position
+    # is the next-token agreement; the perplexity of the text under each model (the NLL of
+    # input_ids[t + 1] under logits[t], over the attention mask), on ``tokens`` positions
+    # (None: no sample has a next token: one new token each, a decoding step)
+    next_token: bool = False
+    perplexity: float | None = None
+    perplexity_float: float | None = None
+    tokens: int = 0
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -68,8 +78,23 @@ class OutputAccuracy:
             "task": None
             if self.task is None
             else {"name": self.task_name, "int8": self.task, "float": self.task_float},
+            "perplexity": None
+            if self.perplexity is None
+            else {
+                "float": self.perplexity_float,
+                "int8": self.perplexity,
+                "change": self.perplexity_change,
+                "tokens": self.tokens,
+            },
             "measure": self.measure,
         }
+
+    @property
+    def perplexity_change(self) -> float | None:
+        """The int8 model's perplexity over the float model's, minus 1 (0.05: 5% higher)."""
+        if self.perplexity is None or not self.perplexity_float:
+            return None
+        return self.perplexity / self.perplexity_float - 1
 
     @property
     def measure(self) -> str:
@@ -84,12 +109,17 @@ class OutputAccuracy:
             return "embedding_cosine"
         if self.map_iou is not None:
             return "map_iou"
+        if self.next_token and self.top1 is not None:
+            return "next_token"
         return "top1" if self.top1 is not None else "sqnr"
 
     def line(self) -> str:
         sqnr = "inf" if math.isinf(self.sqnr_db) else f"{self.sqnr_db:.1f}"
         text = f"{self.name}: SQNR {sqnr} dB, cosine {self.cosine:.4f}, max abs {self.max_abs:.3g}"
-        if self.top1 is not None and self.top5 is not None:
+        if self.next_token and self.top1 is not None:
+            text += f", next-token agreement {self.top1:.1%} ({self.rows} positions)"
+            text += self._perplexity_text()
+        elif self.top1 is not None and self.top5 is not None:
             text += f", top-1 {self.top1:.1%}, top-5 {self.top5:.1%} agreement"
         elif self.top1 is not None:  # labels, or rows only one model has: no top-5
             text += f", top-1 {self.top1:.1%} agreement"
@@ -117,6 +147,15 @@ class OutputAccuracy:
                 "(per-step top-1: a diagnostic)"
             )
         return text
+
+    def _perplexity_text(self) -> str:
+        change = self.perplexity_change
+        if self.perplexity is None or self.perplexity_float is None or change is None:
+            return "; perplexity: no next token in the samples (one new token each)"
+        return (
+            f"; perplexity {self.perplexity:.4g} against {self.perplexity_float:.4g} in float "
+            f"({change:+.2%}, {self.tokens} tokens)"
+        )
 
 
 def scores_classes(array: np.ndarray) -> bool:
@@ -439,11 +478,15 @@ def compare_outputs(
     embeddings: Collection[str] = (),
     masks: Sequence[np.ndarray | None] = (),
     texts: Collection[str] | None = None,
+    logits: Collection[str] = (),
+    token_ids: Sequence[np.ndarray | None] = (),
 ) -> list[OutputAccuracy]:
     """``ref``/``got``: per sample, the outputs in ``names`` order; joined along axis 0
     (each sample's own SQNR kept beside). ``scoring``: the outputs that may score classes
     (``scoring_outputs``; None: any); ``maps``: the outputs a Sigmoid makes
-    (``probability_maps``), their map IoU measured at ``threshold`` where they are maps."""
+    (``probability_maps``), their map IoU measured at ``threshold`` where they are maps;
+    ``logits``: a decoder's (``model_kind``), judged by next-token agreement and the
+    perplexity of the samples' ``token_ids`` under each model."""
     out = []
     for i, name in enumerate(names):
         raw = [(_as_array(r[i]), _as_array(g[i])) for r, g in zip(ref, got, strict=True)]
@@ -459,6 +502,8 @@ def compare_outputs(
             figures = replace(figures, top1=top1, top5=None, rows=rows)
         if name in embeddings and not labels and all(r.shape == g.shape for r, g in raw):
             figures = _with_embedding(figures, raw, masks)
+        if name in logits and figures.top1 is not None:
+            figures = _with_perplexity(figures, raw, token_ids, masks)
         out.append(figures)
     return out
 
@@ -469,8 +514,9 @@ EMBEDDING_NAMES = ("hidden_state", "embedding", "pooler", "pooled", "sentence")
 
 def embedding_outputs(model: onnx.ModelProto) -> set[str]:
     """The main graph's float outputs that hold embeddings: named so (EMBEDDING_NAMES), or
-    a rank-3 hidden state of a model with an attention mask input (``mask_input``)."""
-    masked = mask_input(model) is not None
+    a rank-3 hidden state of a model with an attention mask input (``mask_input``) that
+    is no decoder (a decoder's logits and key/value cache are not embeddings)."""
+    masked = mask_input(model) is not None and not model_kind(model).decoder
     found = set()
     for out in model.graph.output:
         tensor = out.type.tensor_type
@@ -481,16 +527,6 @@ def embedding_outputs(model: onnx.ModelProto) -> set[str]:
         if (named and rank in (2, 3)) or (masked and rank == 3):
             found.add(out.name)
     return found
-
-
-def mask_input(model: onnx.ModelProto) -> str | None:
-    """The model's attention mask input (rank 2, its name holds "mask"), if any."""
-    for inp in model.graph.input:
-        tensor = inp.type.tensor_type
-        rank = len(tensor.shape.dim) if tensor.HasField("shape") else 0
-        if "mask" in inp.name.lower() and rank == 2:
-            return inp.name
-    return None
 
 
 def pooled(output: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
@@ -531,6 +567,44 @@ def _with_embedding(
         embedding_cosine_min=float(cosines.min()),
         neighbours=neighbours,
     )
+
+
+def _with_perplexity(
+    figures: OutputAccuracy,
+    raw: list[tuple[np.ndarray, np.ndarray]],
+    token_ids: Sequence[np.ndarray | None],
+    masks: Sequence[np.ndarray | None],
+) -> OutputAccuracy:
+    """``figures`` as a decoder's logits: next-token agreement (its top-1 per position),
+    and the perplexity of the samples' tokens under each model where they have a next
+    token."""
+    figures = replace(figures, next_token=True)
+    ids = list(token_ids) if len(token_ids) == len(raw) else [None] * len(raw)
+    each = list(masks) if len(masks) == len(raw) else [None] * len(raw)
+    totals, count = np.zeros(2), 0
+    for (r, g), t, m in zip(raw, ids, each, strict=True):
+        if t is None or r.ndim != 3 or r.shape != g.shape or np.shape(t) != r.shape[:2]:
+            continue
+        keep = np.ones(r.shape[:2], bool)
+        if m is not None and np.shape(m)[0] == r.shape[0] and np.shape(m)[1] >= r.shape[1]:
+            keep = np.asarray(m)[:, np.shape(m)[1] - r.shape[1] :] != 0  # the new tokens'
+        valid = keep[:, :-1] & keep[:, 1:]
+        target = np.asarray(t, np.int64)[:, 1:]
+        for k, logits in enumerate((r, g)):
+            totals[k] += float(np.sum(token_nll(logits[:, :-1], target)[valid]))
+        count += int(np.count_nonzero(valid))
+    if not count:
+        return figures
+    ppl_float, ppl = (math.exp(x / count) for x in totals)
+    return replace(figures, perplexity=ppl, perplexity_float=ppl_float, tokens=count)
+
+
+def token_nll(logits: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """The negative log-likelihood of each ``target`` token under ``logits`` [..., V]."""
+    x = np.asarray(logits, np.float64)
+    top = x.max(axis=-1, keepdims=True)
+    lse = np.log(np.exp(x - top).sum(axis=-1)) + top[..., 0]
+    return np.asarray(lse - np.take_along_axis(x, target[..., None], axis=-1)[..., 0])
 
 
 def _agreement(

@@ -55,6 +55,7 @@ from opfuse.quantization.accuracy import OutputAccuracy, Task, brief
 from opfuse.quantization.fallback import MAX_FALLBACK_TRIES, MAX_FLOAT_LAYERS, KeptFloat
 from opfuse.quantization.kept_fusions import KeptFusions, kept_fusions
 from opfuse.quantization.kernels import KernelCoverage, integer_coverage
+from opfuse.quantization.model_kind import OTHER, ModelKind, model_kind
 from opfuse.quantization.restore import Evaluator, Restoration, restore
 from opfuse.quantization.result import (
     FLOAT_OPT,
@@ -149,6 +150,7 @@ class Fused:
     original: str | os.PathLike[str]
     held_reference: list[list[np.ndarray]]
     warnings: tuple[str, ...]
+    kind: ModelKind = ModelKind(OTHER)  # said once: in the progress, the summary, the JSON
 
 
 @dataclass(frozen=True)
@@ -370,6 +372,8 @@ def _fuse(job: QuantizeJob, samples: Samples) -> Fused:
         verify_inputs=sample,
     )
     model = onnx.load_model(str(fused_path))
+    kind = model_kind(model)
+    job.say(f"the model: {kind.describe()}")
     excluded = flow.excluded_names(model, settings.exclude, job.name, samples.calib[0])
     ws = Workspace(
         job.name,
@@ -392,7 +396,9 @@ def _fuse(job: QuantizeJob, samples: Samples) -> Fused:
             "onnxruntime cannot load the model's opset: it is judged and timed as onnx's "
             f"version converter makes it (opset {io.MIN_OPSET})"
         )
-    return Fused(result, fused_path, model, excluded, ws, original, held_reference, tuple(warnings))
+    return Fused(
+        result, fused_path, model, excluded, ws, original, held_reference, tuple(warnings), kind
+    )
 
 
 def _references(
@@ -607,6 +613,7 @@ def _result(
         form=record.form,
         hardswish_written_out=hardswish,
         timed_on=_timed_on(samples) if speed is not None else "",
+        model_kind=fused.kind,
     )
 
 

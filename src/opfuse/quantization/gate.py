@@ -88,6 +88,9 @@ class Gate:
     cosine: float | None = None
     # the ceiling of the task figure's drop where labels or a metric are given
     drop: float | None = None
+    # the ceiling of a decoder's perplexity increase over the float model's (0.05: 5%
+    # higher); None: reported, not checked
+    perplexity: float | None = None
 
     @classmethod
     def parse(cls, text: str | None) -> Gate:
@@ -95,7 +98,7 @@ class Gate:
             return cls()
         if text == "off":
             return cls(None, None, off=True)
-        top1, sqnr, iou, cer, cos, drop = None, None, None, None, None, None
+        top1, sqnr, iou, cer, cos, drop, ppl = None, None, None, None, None, None, None
         parts = [p.strip() for p in text.split(",") if p.strip()]
         if not parts:
             raise OpfuseError(f"--max-drop {text!r}: {KEYS_HELP}")
@@ -118,6 +121,10 @@ class Gate:
                     cer = _ceiling_share(value, "CER", "cer=1% keeps the decoded text within 1%")
                 elif key == "drop":
                     drop = _ceiling_share(value, "drop", "drop=1% keeps the task's figure within 1")
+                elif key == "ppl":
+                    ppl = _ceiling_share(
+                        value, "perplexity increase", "ppl=5% keeps it within 5% of float's"
+                    )
                 elif key == "cos":
                     cos = _floor_share(value, LOWEST_COSINE, "cosine", "cos=0.99 keeps it >= 0.99")
                 elif key == "iou":
@@ -130,7 +137,7 @@ class Gate:
                 raise OpfuseError(f"--max-drop {text!r}: {exc}") from None
         if top1 is None and sqnr is None:  # iou= or cer= alone: classes keep their floor
             top1 = DEFAULT_TOP1
-        return cls(top1, sqnr, map_iou=iou, cer=cer, cosine=cos, drop=drop)
+        return cls(top1, sqnr, map_iou=iou, cer=cer, cosine=cos, drop=drop, perplexity=ppl)
 
     def map_floor(self) -> float | None:
         """The map IoU floor of a Sigmoid-made map (None: judged by its SQNR: ``sqnr=``
@@ -185,7 +192,9 @@ class Gate:
                     out.append(f"{o.name}: embedding cosine {o.embedding_cosine:.4f} < {floor:g}")
                 continue  # an embedding is judged by its cosine, not by SQNR
             if o.top1 is not None and self.top1 is not None and o.top1 < self.top1 - 1e-12:
-                out.append(f"{o.name}: top-1 agreement {o.top1:.1%} < {self.top1:.1%}")
+                what = "next-token" if o.next_token else "top-1"
+                out.append(f"{o.name}: {what} agreement {o.top1:.1%} < {self.top1:.1%}")
+            out += self._perplexity_misses(o)
             iou_floor = self.map_floor() if o.map_iou is not None else None
             if iou_floor is not None and o.map_iou is not None:
                 if o.map_iou < iou_floor - 1e-12:
@@ -198,6 +207,12 @@ class Gate:
             if sqnr_floor is not None and o.sqnr_db < sqnr_floor:
                 out.append(f"{o.name}: SQNR {o.sqnr_db:.1f} dB < {sqnr_floor:g} dB")
         return out
+
+    def _perplexity_misses(self, o: OutputAccuracy) -> list[str]:
+        change, ceiling = o.perplexity_change, self.perplexity
+        if change is None or ceiling is None or change <= ceiling + 1e-12:
+            return []
+        return [f"{o.name}: perplexity {change:+.2%} against the float model's > +{ceiling:.0%}"]
 
     def better(
         self, a: Sequence[OutputAccuracy], b: Sequence[OutputAccuracy], strict: bool = False
@@ -328,6 +343,10 @@ class Gate:
             parts.append(
                 f"top-1 agreement >= {self.top1:.0%} where an output scores classes or holds labels"
             )
+        if self.top1 is not None and measures is not None and "next_token" in measures:
+            parts.append(f"next-token agreement >= {self.top1:.0%} on a decoder's logits")
+        if self.perplexity is not None and wanted("next_token"):
+            parts.append(f"perplexity <= +{self.perplexity:.0%} of float's on a decoder's logits")
         iou = self.map_floor()
         if iou is not None and wanted("map_iou"):
             parts.append(f"map IoU >= {iou:.0%} where a Sigmoid makes a map")
@@ -356,7 +375,7 @@ class Gate:
         top1, sqnr, iou, floor = self.top1, self.sqnr_db, self.map_iou, self.map_floor()
         cer, ceiling = self.cer, self.cer_ceiling()
         cos, cos_floor = self.cosine, self.cosine_floor()
-        drop = self.drop
+        drop, ppl = self.drop, self.perplexity
         for o in outputs:
             if o.task is not None and o.task_float is not None:
                 lost = o.task_float - o.task
@@ -373,7 +392,10 @@ class Gate:
                 top1 = math.floor(o.top1 * 100 + 1e-9) / 100
             if o.map_iou is not None and floor is not None and o.map_iou < (iou or floor):
                 iou = math.floor(o.map_iou * 100 + 1e-9) / 100
-        loose = Gate(top1, sqnr, map_iou=iou, cer=cer, cosine=cos, drop=drop)
+            change = o.perplexity_change
+            if change is not None and ppl is not None and change > ppl:
+                ppl = math.ceil(change * 100 - 1e-9) / 100
+        loose = Gate(top1, sqnr, map_iou=iou, cer=cer, cosine=cos, drop=drop, perplexity=ppl)
         if any("SQNR" in m for m in loose.misses(outputs)):
             # an explicit SQNR floor judges every output, the maps too (kept to their IoU
             # floor by giving it)
@@ -381,7 +403,13 @@ class Gate:
             iou = (iou or floor) if maps else iou
             lowest = min(o.sqnr_db for o in outputs)
             loose = Gate(
-                top1, float(math.floor(lowest)), map_iou=iou, cer=cer, cosine=cos, drop=drop
+                top1,
+                float(math.floor(lowest)),
+                map_iou=iou,
+                cer=cer,
+                cosine=cos,
+                drop=drop,
+                perplexity=ppl,
             )
         option = loose.option()
         try:
@@ -407,6 +435,8 @@ class Gate:
             parts.append(f"cos={self.cosine:g}")
         if self.drop is not None:
             parts.append(f"drop={self.drop * 100:g}%")
+        if self.perplexity is not None:
+            parts.append(f"ppl={self.perplexity * 100:g}%")
         return ",".join(parts) or "auto"
 
 

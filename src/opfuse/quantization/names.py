@@ -13,9 +13,11 @@ KEYS_HELP = (
     "pixels above 0.5 of a map a Sigmoid makes >= 90%), cer=1% (a ceiling: the character "
     "error rate of a CTC-like output's greedy-decoded text against the float model's <= 1%), "
     "cos=0.99 (an embedding's cosine to the float model's, pooled over the attention mask "
-    "and normalised, mean >= 0.99), joined with commas; auto (top1=99% where classes, "
+    "and normalised, mean >= 0.99), ppl=5% (a ceiling, off by default: a decoder's perplexity "
+    "at most 5% above the float model's), joined with commas; auto (top1=99% where classes, "
     "iou=90% where a Sigmoid makes a map, cer=1% where an output is CTC-like, cos=0.99 where "
-    "an output is an embedding, sqnr=20 elsewhere) or off"
+    "an output is an embedding, top1=99% next-token agreement on a decoder's logits, sqnr=20 "
+    "elsewhere) or off"
 )
 RECIPE_HELP = (
     "auto (try the recipes that apply, keep the most accurate on a validation part of the "

@@ -14,6 +14,7 @@ from opfuse.quantization.gate import Gate
 from opfuse.quantization.heads import HeadChoice
 from opfuse.quantization.kept_fusions import KeptFusions
 from opfuse.quantization.kernels import KernelCoverage
+from opfuse.quantization.model_kind import ModelKind
 from opfuse.quantization.trace import TensorError
 from opfuse.runtime.cpu import CpuFeatures
 from opfuse.tuning.measure import Measurement
@@ -97,6 +98,7 @@ class QuantizeResult:
     form: str = "onnxruntime"  # the QDQ form written: the runtime's ("openvino": NNCF's)
     hardswish_written_out: int = 0  # x * HardSigmoid(x) below opset 14: --target-opset 14
     timed_on: str = ""  # the inputs the speed was measured on, said with it
+    model_kind: ModelKind | None = None  # what the graph says the model is
 
     @property
     def measures(self) -> set[str]:
@@ -150,6 +152,7 @@ class QuantizeResult:
             "validation_apart": self.validation_apart,
             "eval_samples": self.eval_samples,
             "eval_source": self.eval_source,
+            "model_kind": None if self.model_kind is None else self.model_kind.to_json(),
             "gate": self.gate.describe(self.measures),
             "recipe": self.recipe,
             "form": self.form,
@@ -204,8 +207,9 @@ class QuantizeResult:
             if self.validation_apart
             else "on the calibration samples themselves (too few to hold a validation part apart)"
         )
+        kind = "" if self.model_kind is None else f"the model: {self.model_kind.describe()}; "
         out = [
-            f"calibrated on {self.calibration_samples} samples (the recipe chosen {valid}); "
+            f"{kind}calibrated on {self.calibration_samples} samples (the recipe chosen {valid}); "
             f"accuracy on {self.eval_samples} {self.eval_source}",
         ]
         if self.recipe_lines:

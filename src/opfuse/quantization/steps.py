@@ -36,6 +36,7 @@ from opfuse.quantization.bias_correction import correct_bias
 from opfuse.quantization.equalize import equalizable_pairs, equalize
 from opfuse.quantization.float_requant import COMPUTE, drop_requant
 from opfuse.quantization.float_stem import STEM_SHARE, stem_nodes
+from opfuse.quantization.model_kind import attention, model_kind
 from opfuse.quantization.names import RECIPE_HELP
 from opfuse.quantization.ort_backend import INT4_BLOCK
 from opfuse.quantization.smooth import smooth, smoothable
@@ -264,16 +265,6 @@ def dynamic_nodes(model: onnx.ModelProto, exclude: Sequence[str] = ()) -> list[s
     ]
 
 
-def attention(model: onnx.ModelProto) -> bool:
-    """Has the model a MatMul of two activations (attention's Q.K^T or P.V)."""
-    constant = {t.name for t in model.graph.initializer}
-    constant |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
-    return any(
-        n.op_type == "MatMul" and len(n.input) == 2 and not set(n.input) & constant
-        for n in model.graph.node
-    )
-
-
 def static_part(model: onnx.ModelProto, exclude: Sequence[str] = ()) -> bool:
     """Has the model convolutions (STATIC_OPS) left for static int8 in a dynamic recipe."""
     return any(n.op_type in STATIC_OPS and n.name not in exclude for n in model.graph.node)
@@ -312,29 +303,14 @@ class Dynamic:
 
 
 INT4 = "int4"
-# the names that make a model a decoder: it reads token ids and carries a key/value cache
-DECODER_IDS = "input_ids"
-DECODER_PAST = ("past_key_values", "past")  # inputs' name prefixes
-DECODER_PRESENT = ("present",)  # outputs' name prefixes
 
 
 def decoder_signs(model: onnx.ModelProto) -> str:
-    """Why ``model`` is a decoder language model ('' when it is not): an ``input_ids``
-    input, and past key/value inputs (``past_key_values.*``, ``past*``) or ``present*``
-    outputs, as exporters (optimum, torch.onnx, onnxruntime-genai) name them."""
-    inputs = [i.name for i in model.graph.input]
-    if DECODER_IDS not in inputs:
-        return ""
-    past = [n for n in inputs if n.startswith(DECODER_PAST)]
-    present = [o.name for o in model.graph.output if o.name.startswith(DECODER_PRESENT)]
-    if not past and not present:
-        return ""
-    said = [DECODER_IDS]
-    for kind, names in (("past inputs", past), ("present outputs", present)):
-        if names:
-            more = f" and {len(names) - 2} more" if len(names) > 2 else ""
-            said.append(f"{len(names)} {kind} ({', '.join(names[:2])}{more})")
-    return "a decoder: " + ", ".join(said)
+    """Why ``model`` is a decoder language model ('' when it is not): its kind
+    (``model_kind``: with past key values, or without past but with a causal mask and
+    logits over the vocabulary) and what in the graph says so."""
+    kind = model_kind(model)
+    return f"a {kind.kind}: {kind.signs}" if kind.decoder else ""
 
 
 class Int4:

@@ -22,11 +22,11 @@ from opfuse.quantization.accuracy import (
     Task,
     compare_outputs,
     embedding_outputs,
-    mask_input,
     probability_maps,
     scoring_outputs,
     text_outputs,
 )
+from opfuse.quantization.model_kind import TOKEN_IDS, mask_input, model_kind
 
 Sample = dict[str, np.ndarray]
 Overrides = dict[str, list[dict[str, object]]]
@@ -163,6 +163,8 @@ class Workspace:
         and ``task``'s figures (the labels' accuracy, the user's metric) where given."""
         mask = self._mask()
         masks = [s.get(mask) if mask is not None else None for s in samples]
+        logits = self._outputs_of("logits", lambda m: set(model_kind(m).logits))
+        ids = [s.get(TOKEN_IDS) for s in samples] if logits else []
         figures = compare_outputs(
             self.output_names,
             reference,
@@ -172,6 +174,8 @@ class Workspace:
             embeddings=self.embeddings,
             masks=masks,
             texts=self._outputs_of("texts", text_outputs),
+            logits=logits,
+            token_ids=ids,
         )
         if task is None:
             return figures
