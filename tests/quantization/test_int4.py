@@ -275,3 +275,40 @@ def test_accuracy_level_follows_vnni_and_an_encoder_is_no_decoder(tmp_path, monk
     del decoder.graph.input[2:]  # input_ids and attention_mask only
     del decoder.graph.output[1:]
     assert steps.decoder_signs(decoder) == ""
+
+
+def test_int8_weights_is_matmulnbits_at_8_bits_and_auto_tries_it_on_a_decoder(tmp_path):
+    """``--recipe int8-weights``: the same MatMulNBits at 8 bits (weight-only int8, the
+    activations float), closer to float than int4, about a third of the float file;
+    weight-only like int4 (not with activation steps); tried by auto on a decoder."""
+    from opfuse.model.sessions import open_session
+    from opfuse.quantization.recipes import with_step
+    from opfuse.quantization.steps import parse_recipe
+
+    model = _attention_block(tmp_path / "block.onnx")
+    calib, evaluation, x = _block_data(tmp_path)
+    out4, out8 = tmp_path / "int4.onnx", tmp_path / "int8w.onnx"
+    quantize_file(model, out4, calib, eval=evaluation, recipe="int4", **OPTIONS)
+    made = quantize_file(model, out8, calib, eval=evaluation, recipe="int8-weights", **OPTIONS)
+    assert made.recipe == "int8-weights"
+    nodes = [n for n in onnx.load(str(out8)).graph.node if n.op_type == "MatMulNBits"]
+    assert len(nodes) == 6 and all({a.name: a.i for a in n.attribute}["bits"] == 8 for n in nodes)
+    ref = open_session(model).run(None, {"x": x})[0]
+
+    def error(path):  # type: ignore[no-untyped-def]
+        got = open_session(path).run(None, {"x": x})[0]
+        return np.linalg.norm(got - ref) / np.linalg.norm(ref)
+
+    assert error(out8) < 0.02 and error(out8) < error(out4) / 4
+    assert 0.25 < out8.stat().st_size / model.stat().st_size < 0.35  # 8 bits + scales
+    assert parse_recipe("int8-weights") == ("int8-weights",)
+    with pytest.raises(OpfuseError, match="int8-weights is weight-only"):
+        parse_recipe("int8-weights,mse")
+    assert with_step(("int4",), "int8-weights") == ("int8-weights",)
+    assert with_step(("int8-weights",), "dynamic") == ("minmax", "dynamic")
+
+    dec = _decoder(tmp_path / "dec.onnx")
+    rng = np.random.default_rng(45)
+    calib_d, evaluation_d = _decoder_samples(rng, 12), _decoder_samples(rng, 6)
+    auto = quantize_file(dec, None, calib_d, eval=evaluation_d, **OPTIONS)
+    assert "int8-weights" in {str(r["recipe"]) for r in auto.recipes}

@@ -25,5 +25,5 @@ RECIPE_HELP = (
     "mse, cle, smoothquant, float-decomposed, float-requant, float-stem, dynamic (the MatMuls "
     "with constant weights dynamic int8, convolutions static), int4 (weight-only: the "
     "MatMuls' constant weights 4-bit in blocks of 32, everything else float; tried by auto "
-    "on decoders only), bias-correction|bias-correction-full"
+    "on decoders only), int8-weights (the same at 8 bits), bias-correction|bias-correction-full"
 )

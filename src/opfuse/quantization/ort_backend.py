@@ -313,7 +313,7 @@ INT4_BLOCK = 32  # the weights' block: one scale per 32 input channels of an out
 
 
 def quantize_int4_proto(
-    model: onnx.ModelProto, nodes: Sequence[str], accuracy_level: int
+    model: onnx.ModelProto, nodes: Sequence[str], accuracy_level: int, bits: int = 4
 ) -> onnx.ModelProto:
     """onnxruntime's weight-only int4 quantization of the MatMuls ``nodes`` (constant 2-D
     weights): each becomes a MatMulNBits (com.microsoft), its weight 4-bit, symmetric, in
@@ -321,7 +321,8 @@ def quantize_int4_proto(
     DEFAULT algorithm); ``accuracy_level``: MatMulNBits' (4: the activations in int8 for
     the dot products, where the CPU has VNNI; 0: unset, the weights dequantized to float).
     Every other MatMul, ``nodes`` excludes (the user's --exclude, the fallback's parts),
-    is in ``nodes_to_exclude``; the activations stay float (no Q/DQ)."""
+    is in ``nodes_to_exclude``; the activations stay float (no Q/DQ). ``bits=8``: the
+    weights int8 the same way (the ``int8-weights`` recipe)."""
     nbits = _nbits_quantizer()
     wanted = set(nodes)
     others = {n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in wanted}
@@ -330,7 +331,7 @@ def quantize_int4_proto(
             block_size=INT4_BLOCK,
             is_symmetric=True,
             accuracy_level=accuracy_level,
-            bits=4,
+            bits=bits,
         )
         quantizer = nbits.MatMulNBitsQuantizer(
             str(src), nodes_to_exclude=sorted(others), algo_config=config

@@ -33,8 +33,9 @@ from opfuse.quantization.accuracy import OutputAccuracy, brief
 from opfuse.quantization.gate import CLASS_MIN_SAMPLES, Gate
 from opfuse.quantization.steps import (
     DYNAMIC,
-    INT4,
+    INT8_WEIGHTS,
     STEPS,
+    WEIGHT_ONLY,
     Int4,
     StepReport,
     decoder_signs,
@@ -53,6 +54,7 @@ from opfuse.quantization.workspace import QuantizeInternalError, Workspace, run_
 CHANGES = (
     "dynamic",
     "int4",
+    "int8-weights",
     "float-decomposed",
     "mean-minmax",
     "bias-correction",
@@ -158,9 +160,13 @@ def build(
         made.reports.append(step.run(ws))
     in_float = ws.exclude if exclude is None else list(dict.fromkeys([*ws.exclude, *exclude]))
     dynamic = dynamic_nodes(ws.float_model, in_float) if DYNAMIC in steps else []
-    if INT4 in steps:  # weight-only: the MatMuls' weights int4, everything else float
+    weight_only = next((s for s in steps if s in WEIGHT_ONLY), None)
+    if weight_only:  # the MatMuls' weights int4 or int8, everything else float
         ws.int8_model = ort_backend.quantize_int4_proto(
-            ws.float_model, dynamic_nodes(ws.float_model, in_float), int4_accuracy_level()
+            ws.float_model,
+            dynamic_nodes(ws.float_model, in_float),
+            int4_accuracy_level(),
+            bits=8 if weight_only == INT8_WEIGHTS else 4,
         )
     elif dynamic and not static_part(ws.float_model, in_float):
         ws.int8_model = ws.float_model  # no convolution: the MatMuls alone, dynamic
@@ -301,7 +307,7 @@ def _kind(name: str) -> str:
     its own."""
     if STEPS[name].phase == "ranges":
         return "ranges"
-    if name in (DYNAMIC, INT4):
+    if name == DYNAMIC or name in WEIGHT_ONLY:
         return "weights"
     return "bias" if name.startswith("bias-correction") else name
 
@@ -311,10 +317,10 @@ def with_step(steps: tuple[str, ...], name: str) -> tuple[str, ...]:
     of its kind, another step joins the others; ``int4`` (weight-only) keeps only the
     float steps, and a step that quantizes activations replaces it."""
     kept = [s for s in steps if _kind(s) != _kind(name)]
-    if name == INT4:
+    if name in WEIGHT_ONLY:
         kept = [s for s in kept if STEPS[s].phase == "float"]
     elif STEPS[name].phase != "float":
-        kept = [s for s in kept if s != INT4]
+        kept = [s for s in kept if s not in WEIGHT_ONLY]
     return recipe_steps([*kept, name])
 
 
@@ -374,7 +380,8 @@ def search(
     ``budget``: the recipes' cost in units of the first one's (default ``recipe_budget``
     of the fused model's nodes: the same recipes are tried on any machine, at any load)."""
     if forced is not None:
-        if INT4 in forced and not STEPS[INT4].applies(base):  # it alone quantizes
+        weight_only = next((s for s in forced if s in WEIGHT_ONLY), None)
+        if weight_only and not STEPS[weight_only].applies(base):  # it alone quantizes
             raise OpfuseError(
                 f"{base.name}: --recipe {recipe_name(forced)}: "
                 f"{Int4().reason(base)}; it would write the float model"
@@ -433,10 +440,11 @@ class _Search:
                     f"or more; {pairable} to compare on)"
                 )
                 continue
-            if name == INT4 and not self.decoder(name):
+            if name in WEIGHT_ONLY and not self.decoder(name):
                 continue
-            if INT4 in self.best.steps and STEPS[name].phase != "float":
-                self.skipped.append(f"{name} (the kept recipe is weight-only int4)")
+            weight_only = next((s for s in self.best.steps if s in WEIGHT_ONLY), None)
+            if weight_only and name not in WEIGHT_ONLY and STEPS[name].phase != "float":
+                self.skipped.append(f"{name} (the kept recipe is weight-only: {weight_only})")
                 continue
             steps = with_step(self.best.steps, name)
             if self.fits(steps) and self.applies(name):  # the budget first: applies() runs it
@@ -510,7 +518,7 @@ class _Search:
             self.base.say(f"{signs}: weight-only {name} tried")
         else:
             self.skipped.append(
-                f"{name} (not a decoder: weight-only int4 trades accuracy for size; "
+                f"{name} (not a decoder: weight-only {name} trades accuracy for size; "
                 f"--recipe {name} forces it)"
             )
         return bool(signs)

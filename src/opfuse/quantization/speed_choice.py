@@ -26,11 +26,11 @@ from opfuse.quantization.accuracy import brief
 from opfuse.quantization.gate import Gate
 from opfuse.quantization.restore import Evaluator, Restoration
 from opfuse.quantization.result import INT8
-from opfuse.quantization.steps import DYNAMIC, INT4, recipe_name, recipe_steps
+from opfuse.quantization.steps import DYNAMIC, WEIGHT_ONLY, recipe_name, recipe_steps
 from opfuse.tuning.measure import Measurement, pct
 
 # the steps that change what runs (the others change scales or weights only)
-FORM_STEPS = frozenset({"float-decomposed", "float-requant", DYNAMIC, INT4, "smoothquant"})
+FORM_STEPS = frozenset({"float-decomposed", "float-requant", DYNAMIC, *WEIGHT_ONLY, "smoothquant"})
 FLOAT_STEM = "float-stem"
 MAX_ALTERNATIVES = 2  # one on a graph of more than recipes.LARGE_GRAPH_NODES nodes
 
