@@ -24,21 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from bench.quant_decoder import SampleReader
 from bench.quant_transformers import OUT, embedding_figures, embeddings, prepare
 
 METHODS = ("rtn-sym", "rtn-sym0", "rtn-asym", "inc-rtn", "k_quant", "hqq", "gptq")
-
-
-class _Reader:
-    def __init__(self, samples: list[dict[str, np.ndarray]]) -> None:
-        self.samples, self.at = samples, 0
-
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        self.at += 1
-        return self.samples[self.at - 1] if self.at <= len(self.samples) else None
-
-    def rewind(self) -> None:
-        self.at = 0
 
 
 def config(method: str, calibration: list[dict[str, np.ndarray]]) -> tuple[Any, dict[str, Any]]:
@@ -59,7 +48,7 @@ def config(method: str, calibration: list[dict[str, np.ndarray]]) -> tuple[Any, 
         return nb.KQuantWeightOnlyQuantConfig(), kwargs
     if method == "hqq":
         return nb.HQQWeightOnlyQuantConfig(block_size=32), kwargs
-    reader = _Reader(calibration[:32])
+    reader = SampleReader(calibration[:32])
     return nb.GPTQWeightOnlyQuantConfig(calibration_data_reader=reader), kwargs
 
 

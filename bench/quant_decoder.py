@@ -210,7 +210,7 @@ def ort_int4(method: str, src: Path, out: Path, data: dict[str, Any]) -> str:
     elif method == "kquant":
         config = nb.KQuantWeightOnlyQuantConfig()
     else:
-        config = nb.GPTQWeightOnlyQuantConfig(calibration_data_reader=_Reader(data["cal"]))
+        config = nb.GPTQWeightOnlyQuantConfig(calibration_data_reader=SampleReader(data["cal"]))
     quantizer = nb.MatMulNBitsQuantizer(
         str(src),
         block_size=32,
@@ -223,7 +223,9 @@ def ort_int4(method: str, src: Path, out: Path, data: dict[str, Any]) -> str:
     return f"onnxruntime MatMulNBitsQuantizer {bits}-bit {method}, block 32, accuracy_level {level}"
 
 
-class _Reader:
+class SampleReader:
+    """onnxruntime's CalibrationDataReader over samples in memory."""
+
     def __init__(self, samples: list[dict[str, np.ndarray]]) -> None:
         self.samples, self.at = samples, 0
 
