@@ -94,3 +94,24 @@ def test_the_gate_keeps_a_tensor_without_weights_in_float(tmp_path):
     ]
     assert "tensor b (" in "\n".join(gated.lines())
     assert gated.to_json()["kept_float"][0]["nodes"] == ["spiky", "out"]
+
+
+def test_weight_rounding_ranks_a_layer_named_as_its_output():
+    """SmolLM2's builder names each MatMul node as its output ("layers.3.q_proj"): the
+    weight's rounding delta and the layer's error got the same name, and onnxruntime
+    refused the ranking model (duplicate definition), exit 3 in the fallback."""
+    from opfuse.quantization.sensitivity import weight_candidates
+
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.normal(0, 1, (8, 8)).astype(np.float32), "w")
+    graph = h.make_graph(
+        [h.make_node("MatMul", ["x", "w"], ["proj"], name="proj")],
+        "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 8])],
+        [h.make_tensor_value_info("proj", T.FLOAT, [1, 8])],
+        initializer=[w],
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    x = rng.normal(0, 1, (1, 8)).astype(np.float32)
+    [found] = weight_candidates(model, ["proj"], [{"x": x}])
+    assert found.label == "proj" and 30 < found.sqnr_db < 60

@@ -129,7 +129,8 @@ def weight_candidates(
         delta = w - _rounded(w.astype(np.float64), _channel_axis(node), per_channel).astype(w.dtype)
         if not np.any(delta):
             continue
-        err_w, err_out = f"{node.name}__weight_error", f"{node.output[0]}__weight_error"
+        # the delta and the error apart even where a node is named as its output (SmolLM2)
+        err_w, err_out = f"{node.name}__weight_delta", f"{node.output[0]}__weight_error"
         graph.initializer.append(numpy_helper.from_array(delta, err_w))
         clone = onnx.NodeProto()
         clone.CopyFrom(node)
