@@ -729,6 +729,7 @@ def test_int8_slower_than_the_float_optimized_model_is_not_written(tmp_path):
         quantize_file(model, out, data, runtime=slow_q, max_drop="off", report=report)
     message = str(caught.value)
     assert message.startswith("int8 is not faster than the float models on fake")
+    assert "x the float optimized model's time" in message and "(paired, the figures" in message
     assert f"as fast or faster, and exact: opfuse optimize {model} -o {out} writes it" in message
     assert "--write-slower writes the int8 model anyway" in message
     assert not out.exists() and json.loads(report.read_text())["speed"]["int8_pays"] is False

@@ -723,9 +723,10 @@ def _check_faster(job: QuantizeJob, result: QuantizeResult) -> None:
     ms = {label: 1000 * t for label, t in speed.medians.items()}
     raise GateError(
         f"int8 is not faster than the float models on {speed.runtime} "
-        f"({result.cpu.describe()}): {ms[INT8]:.3g} ms against {ms[FLOAT_OPT]:.3g} ms for the "
-        f"float optimized model and {speed.original_s * 1000:.3g} ms for the float original "
-        f"(noise +-{speed.noise:.0%}): nothing written"
+        f"({result.cpu.describe()}): it runs at {speed.ratio(INT8, FLOAT_OPT):.2f}x the float "
+        f"optimized model's time and {speed.ratio(INT8):.2f}x the float original's (paired, "
+        f"the figures to trust; medians {ms[INT8]:.3g}, {ms[FLOAT_OPT]:.3g} and "
+        f"{speed.original_s * 1000:.3g} ms; noise +-{speed.noise:.0%}): nothing written"
         + ("; the report is" if job.report is not None else "")
         + f". The float optimized model is as fast or faster, and exact: {command} writes "
         "it (--write-slower writes the int8 model anyway)",
