@@ -212,3 +212,12 @@ def test_a_decoders_cache_is_no_embedding_and_one_token_has_no_next(tmp_path):
     [logits] = [o for o in result.accuracy if o.name == "logits"]
     assert logits.perplexity is None and "no next token" in logits.line()
     assert "next-token agreement >= 99% on a decoder's logits" in result.summary()
+
+
+def test_a_decoders_figures_in_brief_say_next_token_agreement():
+    from opfuse.quantization.accuracy import OutputAccuracy, brief
+
+    logits = OutputAccuracy("logits", 30.0, 0.99, 0.1, top1=0.977, rows=512, next_token=True)
+    label = OutputAccuracy("label", 40.0, 0.99, 0.1, top1=0.99, rows=10)
+    assert brief([logits]) == "next-token agreement 97.7%, SQNR 30.0 dB"
+    assert brief([logits, label]).startswith("next-token agreement 97.7%, top-1 99.0%")

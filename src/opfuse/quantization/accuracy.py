@@ -673,8 +673,10 @@ def _joined(arrays: list[np.ndarray]) -> np.ndarray:
 
 def brief(figures: Sequence[OutputAccuracy]) -> str:
     """The figures in a few words, the lowest of each kind: top-1 where outputs score
-    classes, map IoU where they are maps, and SQNR."""
-    top1 = [a.top1 for a in figures if a.top1 is not None]
+    classes (next-token agreement for a decoder's logits), map IoU where they are maps,
+    and SQNR."""
+    top1 = [a.top1 for a in figures if a.top1 is not None and not a.next_token]
+    tokens = [a.top1 for a in figures if a.top1 is not None and a.next_token]
     maps = [a.map_iou for a in figures if a.map_iou is not None]
     cer = [a.cer for a in figures if a.cer is not None]
     cos = [a.embedding_cosine for a in figures if a.embedding_cosine is not None]
@@ -682,6 +684,7 @@ def brief(figures: Sequence[OutputAccuracy]) -> str:
     return (
         (f"CER {max(cer):.2%}, " if cer else "")
         + (f"embedding cosine {min(cos):.4f}, " if cos else "")
+        + (f"next-token agreement {min(tokens):.1%}, " if tokens else "")
         + (f"top-1 {min(top1):.1%}, " if top1 else "")
         + (f"map IoU {min(maps):.1%}, " if maps else "")
         + (f"SQNR {sqnr:.1f} dB" if not math.isinf(sqnr) else "SQNR inf")
