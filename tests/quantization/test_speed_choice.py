@@ -136,3 +136,22 @@ def test_a_switch_needs_a_second_run_in_the_reverse_order_to_agree():
     assert kept.kept == INT8 and kept.speed.medians[INT8] == pytest.approx(6.0)
     assert "not confirmed, the most accurate kept" in kept.note
     assert "passes the gate too: kept" not in kept.note
+
+
+def test_openvino_s_search_leaves_out_the_dynamic_matmuls_it_runs_slower(tmp_path):
+    """OpenVINO ran the trained MiniLM's dynamic int8 MatMuls at 2.28x its float time
+    (recipes.SLOWER_ON): with --runtime openvino the search does not try them, and says
+    why; onnxruntime's search does."""
+    from opfuse.runtime.settings import RuntimeSettings
+
+    model = _two_layer_encoder(tmp_path / "enc.onnx")
+    calib, held = _data(tmp_path)
+    options = {"eval": held, "max_drop": "off", "benchmark": False}
+    openvino = RuntimeSettings(runtime="openvino")
+    made = quantize_file(model, None, calib, runtime=openvino, **options)
+    assert "dynamic" not in made.recipe.split(",") and made.form == "openvino"
+    assert not any("dynamic" in str(r["recipe"]) for r in made.recipes)
+    [why] = [s for s in made.skipped if s.startswith("dynamic ")]
+    assert "OpenVINO runs dynamic int8 MatMuls slower than float" in why
+    onnxruntime = quantize_file(model, None, calib, **options)
+    assert "minmax,dynamic" in {str(r["recipe"]) for r in onnxruntime.recipes}

@@ -232,7 +232,9 @@ def _run(job: QuantizeJob) -> QuantizeResult:
     samples = _samples(job)  # 2
     fused = _fuse(job, samples)  # 3
     gate = job.settings.gate
-    best, tried, skipped = recipes.search(fused.ws, gate, job.settings.forced)  # 4
+    best, tried, skipped = recipes.search(  # 4
+        fused.ws, gate, job.settings.forced, runtime=job.runtime_name
+    )
     restored, evaluator = _restore(job, samples, fused, best, tried)  # 5
     model, accuracy, form = _form(job, samples, fused, restored)  # 6
     judged = _judge(job, samples, fused, restored, best, model, accuracy)  # 7
