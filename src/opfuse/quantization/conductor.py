@@ -510,9 +510,11 @@ def _cleaned(
     apart: str | None,
     filename: str,
     recipe: tuple[str, ...] = (),
+    float_kernels: dict[str, int] | None = None,
 ) -> Judged:
     """The QDQ graph cleaned up and saved as ``filename``, its gate verdict, integer
-    kernels, nodes and sizes (``apart``: the representativeness warning, said once)."""
+    kernels, nodes and sizes (``apart``: the representativeness warning, said once;
+    ``float_kernels``: the float optimized model's fused kernels, read once)."""
     of = f" of recipe {recipes.recipe_name(recipe)}" if recipe else ""  # a speed candidate
     job.say(f"cleaning up the QDQ graph{of}")
     model = flow.clean_up_proto(model, samples.calib[0], job.name)
@@ -526,7 +528,7 @@ def _cleaned(
     onnx.save_model(model, str(path))
     sizes = {"original": job.source.stat().st_size, "int8": path.stat().st_size}
     coverage = integer_coverage(model, feed=samples.calib[0])
-    fusions = _fusions(job, fused, path)
+    fusions = _fusions(job, fused, path, float_kernels)
     passed = not job.settings.gate.misses(accuracy)
     unsaid = fusions if isinstance(fusions, str) else ""
     warnings = tuple(w for w in (empty, apart, unsaid) if w)
@@ -534,7 +536,9 @@ def _cleaned(
     return Judged(model, path, passed, growth, coverage, nodes, sizes, warnings, apart, kept)
 
 
-def _fusions(job: QuantizeJob, fused: Fused, path: Path) -> KeptFusions | str | None:
+def _fusions(
+    job: QuantizeJob, fused: Fused, path: Path, float_kernels: dict[str, int] | None
+) -> KeptFusions | str | None:
     """onnxruntime's fused kernels (Attention, SkipLayerNormalization, Gelu...) the int8
     model keeps against the float optimized model, on the provider measured (None where
     the model is written for another runtime)."""
@@ -542,7 +546,7 @@ def _fusions(job: QuantizeJob, fused: Fused, path: Path) -> KeptFusions | str | 
         return None
     runtime = job.runtime
     provider = runtime.provider if isinstance(runtime, RuntimeSettings) else None
-    return kept_fusions(fused.path, path, provider or "CPUExecutionProvider")
+    return kept_fusions(fused.path, path, provider or "CPUExecutionProvider", float_kernels)
 
 
 @dataclass(frozen=True)
@@ -643,12 +647,14 @@ def _other_forms(
     )
     out = []
     made = speed_choice.candidates(ev, gate, restored, recipes_to_try)
-    apart = record.judged.apart
+    apart, read = record.judged.apart, record.judged.fusions
+    before = None if read is None else read.float_kernels  # the float model's, read once
     for k, other in enumerate(made):
         filename = f"int8-other{k}.onnx"
         judged = _cleaned(
-            job, samples, fused, other.model, other.accuracy, [], apart, filename, other.recipe
-        )
+            job, samples, fused, other.model, other.accuracy, [], apart, filename, other.recipe,
+            before,
+        )  # fmt: skip
         out.append((other, judged))
     return out
 

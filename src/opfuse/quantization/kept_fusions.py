@@ -82,11 +82,17 @@ def kept_fusions(
     float_path: str | os.PathLike[str],
     int8_path: str | os.PathLike[str],
     provider: str = "CPUExecutionProvider",
+    float_kernels: dict[str, int] | None = None,
 ) -> KeptFusions | str:
-    """The fused kernels onnxruntime makes of the two files, compared; where it cannot
-    save its graph (an execution provider that does not), the reason, said in a note."""
+    """The fused kernels onnxruntime makes of the two files, compared (``float_kernels``:
+    the float model's, when already read for another int8 model); where it cannot save
+    its graph (an execution provider that does not), the reason, said in a note."""
     try:
-        before: Counter[str] = runtime_kernels(float_path, provider)
+        before: Counter[str] = (
+            Counter(float_kernels)
+            if float_kernels is not None
+            else runtime_kernels(float_path, provider)
+        )
         after: Counter[str] = runtime_kernels(int8_path, provider)
     except OpfuseError as exc:
         return f"onnxruntime's fused kernels not compared: {exc}"

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from opfuse.quantization import recipes
 from opfuse.quantization.accuracy import brief
+from opfuse.quantization.fallback import STEM as FLOAT_STEM
 from opfuse.quantization.gate import Gate
 from opfuse.quantization.restore import Evaluator, Restoration
 from opfuse.quantization.result import INT8
@@ -31,7 +32,6 @@ from opfuse.tuning.measure import Measurement, pct
 
 # the steps that change what runs (the others change scales or weights only)
 FORM_STEPS = frozenset({"float-decomposed", "float-requant", DYNAMIC, *WEIGHT_ONLY, "smoothquant"})
-FLOAT_STEM = "float-stem"
 MAX_ALTERNATIVES = 2  # one on a graph of more than recipes.LARGE_GRAPH_NODES nodes
 
 
